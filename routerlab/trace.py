@@ -1,0 +1,130 @@
+"""Plain-data records of a generation: one Step per token, a Trace per run, matrices for plots, JSON.
+
+Knows nothing about torch, models or the UI. A Step describes one token *as an input*: the router
+scores and decisions of every layer while that token ran through the model. Layers without a
+router hold `None`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import RouterLabError
+
+TRACE_VERSION = 1
+
+
+@dataclass
+class Step:
+    position: int
+    token_id: int
+    text: str
+    is_prompt: bool
+    scores: list[float | None]  # one per decoder layer
+    executed: list[bool | None]  # one per decoder layer; None where the layer has no router
+    threshold: float
+    seconds: float  # wall time of the forward pass that processed this token (prompt: share of prefill)
+
+    @property
+    def routed(self) -> int:
+        return sum(e is not None for e in self.executed)
+
+    @property
+    def skipped(self) -> int:
+        return sum(e is False for e in self.executed)
+
+    @property
+    def layers_used(self) -> int:
+        """Decoder layers whose routed sub-layer ran for this token (unrouted layers always run)."""
+        return sum(e is not False for e in self.executed)
+
+
+@dataclass
+class Trace:
+    """A whole run. `meta` carries model name, granularity, kv_policy and timings."""
+
+    n_layers: int
+    steps: list[Step] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- views ---------------------------------------------------------------------------------
+    @property
+    def prompt_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.is_prompt]
+
+    @property
+    def generated_steps(self) -> list[Step]:
+        return [s for s in self.steps if not s.is_prompt]
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.generated_steps)
+
+    def score_matrix(self) -> list[list[float | None]]:
+        """layers x tokens router scores (rows: layers, columns: steps in order)."""
+        return [[s.scores[i] for s in self.steps] for i in range(self.n_layers)]
+
+    def executed_matrix(self, threshold: float | None = None) -> list[list[bool | None]]:
+        """layers x tokens decisions; with `threshold`, the what-if decisions from the recorded scores."""
+        if threshold is None:
+            return [[s.executed[i] for s in self.steps] for i in range(self.n_layers)]
+        return [[None if s.scores[i] is None else s.scores[i] >= threshold for s in self.steps] for i in range(self.n_layers)]
+
+    def skip_rate(self, threshold: float | None = None, generated_only: bool = True) -> float:
+        """Skipped / routed sub-layer executions (over generated tokens by default)."""
+        idx = [j for j, s in enumerate(self.steps) if not (generated_only and s.is_prompt)]
+        cells = [row[j] for row in self.executed_matrix(threshold) for j in idx]
+        routed = [c for c in cells if c is not None]
+        return sum(not c for c in routed) / len(routed) if routed else 0.0
+
+    def layer_skip_rates(self, generated_only: bool = True) -> list[float | None]:
+        rates: list[float | None] = []
+        for row in self.executed_matrix():
+            cells = [c for c, s in zip(row, self.steps) if c is not None and not (generated_only and s.is_prompt)]
+            rates.append(sum(not c for c in cells) / len(cells) if cells else None)
+        return rates
+
+    def decode_tokens_per_second(self) -> float:
+        timed = [s.seconds for s in self.generated_steps if s.seconds > 0]
+        return len(timed) / sum(timed) if timed else 0.0
+
+    # -- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": TRACE_VERSION, "n_layers": self.n_layers, "meta": self.meta, "steps": [asdict(s) for s in self.steps]}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(_finite(self.to_dict()), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Trace":
+        try:
+            n_layers = int(data["n_layers"])
+            steps = [Step(**s) for s in data["steps"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise RouterLabError(f"Not a RouterLab trace ({err}).", "Export a trace from the app or `generate --json`.") from None
+        for s in steps:
+            if len(s.scores) != n_layers or len(s.executed) != n_layers:
+                raise RouterLabError("Trace is inconsistent: a step's layer count differs from n_layers.")
+        return cls(n_layers=n_layers, steps=steps, meta=dict(data.get("meta", {})))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise RouterLabError(f"Trace file is not valid JSON ({err.msg}).") from None
+        return cls.from_dict(data)
+
+
+def _finite(obj):
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
