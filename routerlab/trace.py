@@ -128,3 +128,48 @@ def _finite(obj):
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
+
+
+def savings(trace: Trace, threshold: float | None = None) -> dict[str, float]:
+    """Work and memory the skipped cells saved, from the cost figures the engine put in `trace.meta`.
+
+    meta["costs"] holds per-token FLOPs of one layer: q, k, v, o projections, mlp, and
+    `score_per_ctx` (attention scores + weighted sum, per cached token), plus `kv_bytes` (one token's
+    keys and values at one layer). Under `mask` nothing is saved; under `kv` a skipped token still
+    pays k and v and keeps its cache entry; under `drop` it pays nothing and stores nothing.
+    """
+    costs = trace.meta.get("costs")
+    if not costs:
+        return {"attention_flops_saved": 0.0, "routed_flops_saved": 0.0, "kv_bytes_saved": 0.0, "kv_bytes_full": 0.0}
+    target = trace.meta.get("target", "attention")
+    policy = trace.meta.get("kv_policy_effective", trace.meta.get("kv_policy", "kv"))
+    proj = costs["q"] + costs["k"] + costs["v"] + costs["o"]
+    attn_total = attn_saved = routed_total = routed_saved = kv_saved = 0.0
+    matrix = trace.executed_matrix(threshold)
+    for j, step in enumerate(trace.steps):
+        ctx = step.position + 1
+        attn = proj + costs["score_per_ctx"] * ctx
+        for i in range(trace.n_layers):
+            attn_total += attn
+            decision = matrix[i][j]
+            sub = {"attention": attn, "mlp": costs["mlp"], "block": attn + costs["mlp"]}[target]
+            if decision is None:
+                continue
+            routed_total += sub
+            if decision or policy == "mask":
+                continue
+            keeps_kv = policy == "kv" and target != "mlp"
+            saved_attn = (attn - costs["k"] - costs["v"]) if keeps_kv else attn
+            if target == "mlp":
+                saved_attn = 0.0
+            attn_saved += saved_attn
+            routed_saved += saved_attn + (costs["mlp"] if target != "attention" else 0.0)
+            if target != "mlp" and not keeps_kv:
+                kv_saved += costs["kv_bytes"]
+    kv_full = costs["kv_bytes"] * trace.n_layers * len(trace.steps)
+    return {
+        "attention_flops_saved": attn_saved / attn_total if attn_total else 0.0,
+        "routed_flops_saved": routed_saved / routed_total if routed_total else 0.0,
+        "kv_bytes_saved": kv_saved,
+        "kv_bytes_full": kv_full,
+    }
