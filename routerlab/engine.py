@@ -1,0 +1,425 @@
+"""The decode loop with real skipping: prefill, one token at a time, KV policies, one Step per token.
+
+The engine runs the model's own weights through its own forward (resolved by `routed.Anatomy`),
+so a skipped sub-layer is not computed at all, and the routing of each request (routers,
+threshold, KV policy) travels in a per-request `Plan`, never as state on shared modules: one
+model serves many generations at once.
+
+KV policies for a skipped attention (see config.KV_POLICY_HELP):
+  mask  compute, then zero the update (reference semantics, saves nothing)
+  kv    compute only the skipped token's keys/values (same numbers as mask)
+  drop  the skipped token writes nothing at that layer; each layer's cache keeps its own positions
+
+Knows nothing about checkpoints, training loops or the UI.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .config import GenerateConfig, check_kv_policy, check_threshold
+from .errors import RouterLabError
+from .routed import Anatomy, AttentionParts, LayerParts
+from .router import RouterSet
+from .trace import Step, Trace
+
+
+# -- per-request state ---------------------------------------------------------------------------
+class Control:
+    """A handle on one running generation: move its threshold live, or ask it to stop.
+
+    Written by another thread (a UI slider), read by the engine between steps.
+    """
+
+    def __init__(self, threshold: float = 0.5):
+        self._threshold = check_threshold(threshold)
+        self._stop = threading.Event()
+        self.trace: Trace | None = None
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @threshold.setter
+    def threshold(self, value: float) -> None:
+        self._threshold = check_threshold(value)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+
+@dataclass
+class Plan:
+    """How one request routes: which routers, the threshold in force, the KV policy.
+
+    `ste=True` is the training mode: every sub-layer runs and the hard gate multiplies its update
+    with a straight-through gradient to the router (the `mask`/`kv` semantics).
+    """
+
+    routers: RouterSet | None
+    threshold: float = 0.5
+    policy: str = "kv"
+    ste: bool = False
+    sequence: dict[int, tuple[torch.Tensor, bool]] = field(default_factory=dict)  # level=sequence: decided at prefill
+
+    @property
+    def target(self) -> str | None:
+        return self.routers.config.target if self.routers is not None else None
+
+    @property
+    def level(self) -> str | None:
+        return self.routers.config.level if self.routers is not None else None
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Which tokens of this forward run a sub-layer: all, none, some (by index), or soft (multiply)."""
+
+    kind: str  # "all" | "none" | "some" | "soft"
+    index: torch.Tensor | None = None  # (n,) positions within the forward, kind == "some"
+    mult: torch.Tensor | None = None  # (T,) 0/1 gate (with STE gradient when training), kind == "soft"
+
+
+ALL, NONE = Gate("all"), Gate("none")
+
+
+# -- the KV cache: one growable buffer per layer, with the positions it holds -----------------
+class LayerCache:
+    def __init__(self, a: AttentionParts, capacity: int, dtype: torch.dtype, device: torch.device):
+        self.k = torch.empty(1, a.n_kv_heads, capacity, a.head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+        self.pos = torch.empty(capacity, dtype=torch.long, device=device)
+        self.n = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = k.shape[2]
+        self.k[:, :, self.n : self.n + t] = k  # (1, Hkv, t, hd)
+        self.v[:, :, self.n : self.n + t] = v
+        self.pos[self.n : self.n + t] = pos
+        self.n += t
+        return self.k[:, :, : self.n], self.v[:, :, : self.n], self.pos[: self.n]
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.n * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
+
+
+# -- attention pieces ------------------------------------------------------------------------
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (1, 1, T, hd)
+    return x * cos + _rotate_half(x) * sin  # (1, H, T, hd)
+
+
+def _heads(proj: nn.Module, norm: nn.Module | None, x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    y = proj(x).view(1, x.shape[1], -1, head_dim)  # (1, T, H, hd)
+    if norm is not None:
+        y = norm(y)  # Qwen 3 / Gemma 3 normalise each head
+    return y.transpose(1, 2)  # (1, H, T, hd)
+
+
+def project_q(a: AttentionParts, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return _rope(_heads(a.q_proj, a.q_norm, x, a.head_dim), cos, sin)
+
+
+def project_kv(a: AttentionParts, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    k = _rope(_heads(a.k_proj, a.k_norm, x, a.head_dim), cos, sin)
+    v = _heads(a.v_proj, None, x, a.head_dim)
+    return k, v
+
+
+def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention by positions, so caches may have holes."""
+    _, hq, tq, hd = q.shape
+    g = hq // a.n_kv_heads
+    mask = None
+    if tq > 1 or a.sliding_window:
+        mask = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk)
+        if a.sliding_window:
+            mask = mask & (q_pos[:, None] - k_pos[None, :] < a.sliding_window)
+        mask = mask.repeat(g, 1)  # rows ordered (group, query) to match the folded heads below
+    # Fold the query heads of each KV group into the query axis: no repeat_kv copy of the cache.
+    qg = q.reshape(1, a.n_kv_heads, g * tq, hd)  # (1, Hkv, G*Tq, hd)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
+    out = out.view(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
+    return a.o_proj(out.reshape(1, tq, hq * hd))  # (1, Tq, D)
+
+
+# -- one layer -------------------------------------------------------------------------------
+def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: torch.Tensor) -> Gate:
+    """Score the tokens of `x` (1, T, D) and turn the scores into a Gate under `plan`."""
+    t = x.shape[1]
+    if plan.level == "sequence":
+        if layer not in plan.sequence:  # prefill: decide once from the mean-pooled prompt
+            s = torch.sigmoid(router.logits(x.mean(dim=1)))[0]  # ()
+            plan.sequence[layer] = (s, bool(s >= plan.threshold))
+        s, run = plan.sequence[layer]
+        scores[:, layer] = s.detach()
+        if plan.ste:
+            return Gate("soft", mult=(float(run) + s - s.detach()).expand(t))
+        if plan.policy == "mask":
+            return Gate("soft", mult=torch.full((t,), float(run), device=x.device))
+        return ALL if run else NONE
+    s = router(x)[0]  # (T,)
+    scores[:, layer] = s.detach()
+    hard = s >= plan.threshold
+    if plan.ste:
+        return Gate("soft", mult=hard.to(s.dtype) + s - s.detach())
+    if plan.policy == "mask":
+        return Gate("soft", mult=hard.to(x.dtype))
+    # Real skipping needs the decision on the host: one sync per routed layer (free on CPU).
+    if t == 1:
+        return ALL if bool(hard[0]) else NONE
+    n = int(hard.sum())
+    return ALL if n == t else NONE if n == 0 else Gate("some", index=hard.nonzero().squeeze(1))
+
+
+def _gated_add(h: torch.Tensor, update: torch.Tensor, gate: Gate) -> torch.Tensor:
+    if gate.kind == "soft":
+        update = update * gate.mult.to(update.dtype)[None, :, None]
+    if gate.kind == "some":
+        return h.index_add(1, gate.index, update)
+    return h + update
+
+
+def attention_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate, positions: torch.Tensor,
+                   rope: tuple[torch.Tensor, torch.Tensor], cache: LayerCache | None, plan: Plan) -> torch.Tensor:
+    a = parts.attn
+    cos, sin = rope
+    keeps_kv = plan.policy == "kv" and plan.level != "sequence"  # sequence level: nobody ever queries a skipped layer
+    if gate.kind == "none":
+        if keeps_kv and cache is not None:
+            cache.append(*project_kv(a, x, cos, sin), positions)
+        return h
+    if gate.kind == "some":
+        idx = gate.index
+        qx, q_pos, q_cos, q_sin = x[:, idx], positions[idx], cos[:, idx], sin[:, idx]
+        if keeps_kv:
+            k, v, k_pos = *project_kv(a, x, cos, sin), positions
+        else:
+            k, v, k_pos = *project_kv(a, qx, q_cos, q_sin), q_pos
+    else:
+        qx, q_pos, q_cos, q_sin = x, positions, cos, sin
+        k, v, k_pos = *project_kv(a, x, cos, sin), positions
+    if cache is not None:
+        k, v, k_pos = cache.append(k, v, k_pos)
+    out = attend(a, project_q(a, qx, q_cos, q_sin), q_pos, k, v, k_pos)
+    if parts.attn_post_norm is not None:
+        out = parts.attn_post_norm(out)
+    return _gated_add(h, out, gate)
+
+
+def mlp_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate) -> torch.Tensor:
+    if gate.kind == "none":
+        return h
+    out = parts.mlp(x[:, gate.index] if gate.kind == "some" else x)
+    if parts.mlp_post_norm is not None:
+        out = parts.mlp_post_norm(out)
+    return _gated_add(h, out, gate)
+
+
+def run_layer(i: int, parts: LayerParts, h: torch.Tensor, positions: torch.Tensor, rope, cache: LayerCache | None,
+              plan: Plan, scores: torch.Tensor) -> torch.Tensor:
+    router = plan.routers.get(i) if plan.routers is not None else None
+    x = parts.attn_norm(h)
+    gate = ALL
+    if router is not None and plan.target in ("attention", "block"):
+        gate = decide(router, x, i, plan, scores)
+    h = attention_part(parts, h, x, gate, positions, rope, cache, plan)
+    if plan.target != "block":
+        gate = ALL
+    if gate.kind == "none":
+        return h
+    x = parts.mlp_norm(h)
+    if router is not None and plan.target == "mlp":
+        gate = decide(router, x, i, plan, scores)
+    return mlp_part(parts, h, x, gate)
+
+
+def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache] | None, plan: Plan,
+            all_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `ids` (1, T) at `positions` (T,). Returns logits (1, T or 1, V) and scores (T, L), NaN where unrouted."""
+    h = an.embed(ids)  # (1, T, D)
+    tables = an.rope(h, positions)
+    scores = torch.full((ids.shape[1], an.n_layers), math.nan, device=h.device)
+    for i, parts in enumerate(an.layers):
+        cache = caches[i] if caches is not None else None
+        h = run_layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
+    return an.logits(h if all_logits else h[:, -1:]), scores
+
+
+# -- sampling ----------------------------------------------------------------------------------
+def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
+    logits = logits[0, -1].float()  # (V,)
+    if config.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / config.temperature, dim=-1)
+    if config.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < config.top_p  # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# -- the engine --------------------------------------------------------------------------------
+class Engine:
+    """One loaded model, shared by every request. `generate` yields Steps; requests share nothing."""
+
+    def __init__(self, model: nn.Module, tokenizer=None, name: str = ""):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
+        self.anatomy = Anatomy(model)
+        self.n_layers = self.anatomy.n_layers
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.max_context = int(getattr(self.anatomy.config, "max_position_embeddings", 0) or 1 << 30)
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        return ids
+
+    # -- text <-> ids ----------------------------------------------------------------------
+    def encode(self, prompt: str, config: GenerateConfig) -> list[int]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RouterLabError("The prompt is empty.", "Type a question or pick an example.")
+        if self.tokenizer is None:
+            raise RouterLabError("This model has no tokenizer.", "Pass token ids to generate_ids instead.")
+        tok = self.tokenizer
+        if config.chat and getattr(tok, "chat_template", None):
+            messages = [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+            messages.append({"role": "user", "content": prompt})
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        return list(tok(prompt)["input_ids"])
+
+    def _token_text(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"<{token_id}>"
+        return self.tokenizer.convert_tokens_to_string([self.tokenizer.convert_ids_to_tokens(token_id)])
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else "".join(f"<{i}>" for i in ids)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def new_caches(self, capacity: int) -> list[LayerCache]:
+        return [LayerCache(p.attn, capacity, self.dtype, self.device) for p in self.anatomy.layers]
+
+    @torch.inference_mode()
+    def _forward(self, ids: list[int], start: int, caches: list[LayerCache], plan: Plan) -> tuple[torch.Tensor, list]:
+        t = torch.tensor([ids], device=self.device)
+        positions = torch.arange(start, start + len(ids), device=self.device)
+        logits, scores = forward(self.anatomy, t, positions, caches, plan)
+        return logits, scores.cpu().tolist()  # the one host copy of this step's scores
+
+    def trace_meta(self, routers: RouterSet | None, config: GenerateConfig) -> dict:
+        level = routers.config.level if routers is not None else None
+        effective = "drop" if (level == "sequence" and config.kv_policy == "kv") else config.kv_policy
+        return {
+            "model": self.name,
+            "granularity": routers.granularity if routers is not None else "full",
+            "target": routers.config.target if routers is not None else None,
+            "level": level,
+            "routed_layers": list(routers.config.layers) if routers is not None else [],
+            "kv_policy": config.kv_policy,
+            "kv_policy_effective": effective,
+            "threshold_start": config.threshold,
+            "costs": self.anatomy.costs(torch.finfo(self.dtype).bits // 8),
+        }
+
+    def generate(self, prompt: str, routers: RouterSet | None, config: GenerateConfig, control: Control | None = None) -> Iterator[Step]:
+        """Stream the prompt's Steps (after prefill), then one Step per generated token."""
+        return self.generate_ids(self.encode(prompt, config), routers, config, control)
+
+    def generate_ids(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig,
+                     control: Control | None = None) -> Iterator[Step]:
+        self._check(ids, routers, config)
+        control = control or Control(config.threshold)
+        trace = Trace(self.n_layers, meta=self.trace_meta(routers, config))
+        control.trace = trace
+        return self._loop(ids, routers, config, control, trace)
+
+    def _check(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig) -> None:
+        if not ids:
+            raise RouterLabError("The prompt is empty.", "Type a question or pick an example.")
+        if len(ids) + config.max_new_tokens > self.max_context:
+            raise RouterLabError(
+                f"The prompt ({len(ids)} tokens) plus {config.max_new_tokens} new tokens exceeds the model's "
+                f"context of {self.max_context} tokens.", "Shorten the prompt or ask for fewer new tokens.")
+        if routers is not None and (routers.n_layers, routers.hidden_size) != (self.n_layers, self.anatomy.hidden_size):
+            raise RouterLabError(
+                f"These routers were made for a model with {routers.n_layers} layers and hidden size "
+                f"{routers.hidden_size}, not {self.n_layers} and {self.anatomy.hidden_size}.",
+                "Load routers trained for this model, or train new ones with `python -m routerlab train`.")
+        check_kv_policy(config.kv_policy)
+
+    def _loop(self, ids, routers, config, control, trace) -> Iterator[Step]:
+        plan = Plan(routers, control.threshold, config.kv_policy)
+        sequence = plan.level == "sequence"  # decided once at prefill, with the threshold in force then
+        caches = self.new_caches(len(ids) + config.max_new_tokens)
+        generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+
+        t0 = time.perf_counter()
+        logits, scores = self._forward(ids, 0, caches, plan)
+        prefill = time.perf_counter() - t0
+        trace.meta.update(prefill_seconds=prefill, prompt_tokens=len(ids), stop_reason="max_new_tokens")
+        for p, (tid, row) in enumerate(zip(ids, scores)):
+            yield self._record(trace, p, tid, self._token_text(tid), True, row, plan.threshold, prefill / len(ids))
+
+        generated: list[int] = []
+        text = ""
+        for n in range(config.max_new_tokens):
+            t0 = time.perf_counter()
+            if control.stop_requested:
+                trace.meta["stop_reason"] = "stopped"
+                return
+            token = sample(logits, config, generator)
+            if token in self.eos_ids:
+                trace.meta["stop_reason"] = "eos"
+                return
+            generated.append(token)
+            new_text = self._decode(generated)
+            piece, text = new_text[len(text):], new_text
+            position = len(ids) + n
+            if n == config.max_new_tokens - 1:  # the last token is never fed back: no scores for it
+                yield self._record(trace, position, token, piece, False, [math.nan] * self.n_layers, plan.threshold, 0.0)
+                return
+            if not sequence:
+                plan.threshold = control.threshold  # a live slider takes effect here, between tokens
+            logits, scores = self._forward([token], position, caches, plan)
+            yield self._record(trace, position, token, piece, False, scores[0], plan.threshold, time.perf_counter() - t0)
+
+    @staticmethod
+    def _record(trace: Trace, position, token_id, text, is_prompt, row, threshold, seconds) -> Step:
+        clean = [None if math.isnan(s) else s for s in row]
+        step = Step(position, token_id, text, is_prompt, clean, [None if s is None else s >= threshold for s in clean],
+                    threshold, seconds)
+        trace.steps.append(step)
+        return step
+
+    def run(self, prompt: str, routers: RouterSet | None, config: GenerateConfig) -> Trace:
+        """Generate to the end and return the Trace."""
+        control = Control(config.threshold)
+        for _ in self.generate(prompt, routers, config, control):
+            pass
+        return control.trace
