@@ -1,0 +1,465 @@
+"""Figures and small HTML views of a run: pure functions of a Trace (or a results table) to plotly / HTML.
+
+Knows nothing about torch, models, the engine or Gradio. Every function takes plain data and
+returns a new figure or string, so the UI can call them from any thread, and tests can call them
+on synthetic traces. Figures are built with `plotly.graph_objects` from numpy arrays (plotly then
+ships them as compact typed arrays), never with plotly express: a 300-token x 30-layer heatmap
+must redraw in a few tens of milliseconds while a generation streams.
+
+Colour conventions, shared by every figure:
+  - a cell that RAN is coloured by its router score on a warm scale (yellow-orange-red);
+  - a cell that was SKIPPED is coloured by its score on a grey scale (light = low score);
+  - a layer without a router (always runs) is left blank (the neutral plot background).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable
+
+import numpy as np
+import plotly.graph_objects as go
+
+from .trace import Step, Trace, savings
+
+RAN_SCALE = [[0.0, "#fff3b0"], [0.5, "#f4a259"], [1.0, "#b23a48"]]
+SKIP_SCALE = [[0.0, "#f4f4f4"], [1.0, "#6b7280"]]
+BACKGROUND = "#e9e6df"  # unrouted cells: the plot background shows through
+FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+MAX_TICKS = 40
+
+
+# -- small text helpers ----------------------------------------------------------------------------
+def token_label(text: str, width: int = 10) -> str:
+    """A short, visible label for a token: whitespace made visible, HTML escaped, truncated."""
+    shown = text.replace("\n", "⏎").replace("\t", "⇥")
+    if shown.strip() == "":
+        shown = "␣" * max(1, min(len(shown), 3))
+    elif shown.startswith(" "):
+        shown = "·" + shown[1:]
+    if len(shown) > width:
+        shown = shown[: width - 1] + "…"
+    return html.escape(shown, quote=False)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _empty_figure(message: str, height: int = 260) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        height=height,
+        font=FONT,
+        xaxis=dict(visible=False),
+        yaxis=dict(visible=False),
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        margin=dict(l=20, r=20, t=30, b=20),
+        annotations=[dict(text=html.escape(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14, color="#6b7280"))],
+    )
+    return fig
+
+
+def empty_heatmap(message: str = "Generate to see which layers each token skips.") -> go.Figure:
+    return _empty_figure(message, height=320)
+
+
+# -- the layers x tokens heatmap -------------------------------------------------------------------
+def _decisions(trace: Trace, threshold: float | None) -> np.ndarray:
+    """layers x tokens: 1 ran, 0 skipped, NaN unrouted (recorded decisions, or what-if at `threshold`)."""
+    matrix = trace.executed_matrix(threshold)
+    return np.array([[np.nan if c is None else float(c) for c in row] for row in matrix], dtype=float).reshape(trace.n_layers, len(trace.steps))
+
+
+def _scores(trace: Trace) -> np.ndarray:
+    rows = trace.score_matrix()
+    return np.array([[np.nan if c is None else float(c) for c in row] for row in rows], dtype=float).reshape(trace.n_layers, len(trace.steps))
+
+
+def _threshold_changes(steps: list[Step]) -> list[tuple[int, float]]:
+    """(position, new threshold) where the live threshold moved during generation."""
+    changes, last = [], None
+    for s in steps:
+        if last is not None and not s.is_prompt and abs(s.threshold - last) > 1e-9:
+            changes.append((s.position, s.threshold))
+        last = s.threshold
+    return changes
+
+
+def _ticks(positions: list[int], labels: list[str], max_ticks: int = MAX_TICKS) -> tuple[list[int], list[str]]:
+    if not positions:
+        return [], []
+    every = max(1, math.ceil(len(positions) / max_ticks))
+    idx = list(range(0, len(positions), every))
+    return [positions[j] for j in idx], [labels[j] for j in idx]
+
+
+def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool = False, title: str | None = None) -> go.Figure:
+    """Layers (rows, layer 0 at the bottom) x tokens (columns, integer positions): router score and decision.
+
+    `what_if=True` re-decides every cell from the recorded scores at `threshold` (nothing is re-run)
+    and says so in the title; cells whose decision differs from the recorded run get a ring.
+    Vertical lines mark the prompt/generated boundary and every live threshold change.
+    """
+    if trace is None or not trace.steps:
+        return empty_heatmap()
+    steps = trace.steps
+    n_layers, n_tok = trace.n_layers, len(steps)
+    positions = [s.position for s in steps]
+    labels = [token_label(s.text) for s in steps]
+    scores = _scores(trace)
+    recorded = _decisions(trace, None)
+    decided = _decisions(trace, threshold) if what_if and threshold is not None else recorded
+    ran = np.where(decided == 1.0, scores, np.nan)
+    skipped = np.where(decided == 0.0, scores, np.nan)
+    hover_tokens = [labels] * n_layers  # the same token text on every row (one list, shared)
+    layers = list(range(n_layers))
+
+    common = dict(type="heatmap", x=positions, y=layers, text=hover_tokens, zmin=0.0, zmax=1.0, hoverongaps=False, xgap=0, ygap=1)
+    bar = dict(thickness=10, len=0.45, tickfont=dict(size=10))
+    data = [
+        dict(
+            common,
+            z=ran,
+            colorscale=RAN_SCALE,
+            name="ran",
+            hovertemplate="<b>%{text}</b> · pos %{x}<br>layer %{y} · score %{z:.3f}<br>ran<extra></extra>",
+            colorbar=dict(bar, y=0.77, title=dict(text="ran: score", side="right", font=dict(size=11))),
+        ),
+        dict(
+            common,
+            z=skipped,
+            colorscale=SKIP_SCALE,
+            name="skipped",
+            hovertemplate="<b>%{text}</b> · pos %{x}<br>layer %{y} · score %{z:.3f}<br><b>skipped</b><extra></extra>",
+            colorbar=dict(bar, y=0.23, title=dict(text="skipped: score", side="right", font=dict(size=11))),
+        ),
+    ]
+    changed_count = 0
+    if what_if and threshold is not None:
+        diff = (decided != recorded) & ~np.isnan(decided)
+        changed_count = int(diff.sum())
+        if 0 < changed_count <= 3000:
+            li, tj = np.nonzero(diff)
+            data.append(
+                dict(
+                    type="scatter",
+                    x=np.asarray(positions)[tj],
+                    y=li,
+                    mode="markers",
+                    marker=dict(symbol="circle-open", size=5 if n_tok > 150 else 7, color="#1d4ed8", line=dict(width=1)),
+                    name="differs from recorded",
+                    hoverinfo="skip",
+                    showlegend=False,
+                )
+            )
+
+    shapes, annotations = [], []
+    first_gen = next((s.position for s in steps if not s.is_prompt), None)
+    if first_gen is not None and first_gen > positions[0]:
+        shapes.append(dict(type="line", x0=first_gen - 0.5, x1=first_gen - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#111827", width=2)))
+        annotations.append(dict(x=first_gen - 0.5, y=1.0, yref="paper", text="prompt │ generated", showarrow=False, yanchor="bottom", font=dict(size=11)))
+    if not what_if:
+        for pos, thr in _threshold_changes(steps):
+            shapes.append(dict(type="line", x0=pos - 0.5, x1=pos - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#1d4ed8", width=2, dash="dash")))
+            annotations.append(dict(x=pos - 0.5, y=-0.02, yref="paper", text=f"t→{thr:.2f}", showarrow=False, yanchor="top", font=dict(size=10, color="#1d4ed8")))
+
+    if title is None:
+        meta = trace.meta
+        where = f"{meta.get('model', 'model')} · {meta.get('granularity', '?')} · kv={meta.get('kv_policy_effective', meta.get('kv_policy', '?'))}"
+        if what_if and threshold is not None:
+            rate = trace.skip_rate(threshold)
+            title = (
+                f"<b>WHAT-IF</b> at threshold {threshold:.2f}, re-decided from the recorded scores (not a new run): "
+                f"skip rate {rate:.0%}, {changed_count} cells differ (rings) · {where}"
+            )
+        else:
+            title = f"Recorded run · skip rate {trace.skip_rate():.0%} (generated tokens) · {where}"
+    tickvals, ticktext = _ticks(positions, labels)
+    layout = dict(
+        title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
+        height=max(300, min(720, 110 + 16 * n_layers)),
+        margin=dict(l=50, r=90, t=60, b=70),
+        font=FONT,
+        plot_bgcolor=BACKGROUND,
+        paper_bgcolor="white",
+        xaxis=dict(title=None, tickmode="array", tickvals=tickvals, ticktext=ticktext, tickangle=-50, tickfont=dict(size=10), showgrid=False, zeroline=False, range=[positions[0] - 0.5, positions[-1] + 0.5]),
+        yaxis=dict(title="layer", dtick=1 if n_layers <= 24 else 2, showgrid=False, zeroline=False, range=[-0.5, n_layers - 0.5]),
+        shapes=shapes,
+        annotations=annotations,
+        uirevision="heatmap",  # keep the user's zoom while streaming
+        hoverlabel=dict(font=dict(family="ui-monospace, monospace")),
+    )
+    return _fast_figure(data, layout)
+
+
+def _fast_figure(data: list[dict], layout: dict) -> go.Figure:
+    """A figure built without plotly's per-element validation (30x faster for a 300x30 heatmap).
+
+    Validation walks every cell of every array in Python; the streaming heatmap cannot afford it.
+    tests/test_plots.py rebuilds each figure with validation on, so a misspelt property still fails there.
+    """
+    return go.Figure(data=data, layout=layout, _validate=False)
+
+
+# -- per-layer views -------------------------------------------------------------------------------
+def layer_skip_bar(trace: Trace | None, threshold: float | None = None) -> go.Figure:
+    """Skip rate per layer over generated tokens (recorded, or what-if at `threshold`)."""
+    if trace is None or not trace.steps:
+        return _empty_figure("No run yet.")
+    gen = [j for j, s in enumerate(trace.steps) if not s.is_prompt] or list(range(len(trace.steps)))
+    decided = _decisions(trace, threshold)[:, gen]
+    rates, colours, texts = [], [], []
+    for i in range(trace.n_layers):
+        row = decided[i][~np.isnan(decided[i])]
+        if row.size == 0:
+            rates.append(0.0)
+            colours.append("#cbd5e1")
+            texts.append("not routed")
+        else:
+            r = float(1.0 - row.mean())
+            rates.append(r)
+            colours.append("#b23a48")
+            texts.append(f"{r:.0%}")
+    fig = go.Figure(
+        go.Bar(
+            x=list(range(trace.n_layers)),
+            y=rates,
+            marker_color=colours,
+            text=texts,
+            textposition="outside",
+            cliponaxis=False,
+            hovertemplate="layer %{x}<br>skipped %{y:.1%}<extra></extra>",
+        )
+    )
+    label = f"what-if at {threshold:.2f}" if threshold is not None else "recorded"
+    fig.update_layout(
+        title=dict(text=f"Skip rate per layer ({label}; grey = layer has no router)", font=dict(size=13)),
+        height=320,
+        font=FONT,
+        margin=dict(l=50, r=20, t=50, b=40),
+        xaxis=dict(title="layer", dtick=1 if trace.n_layers <= 32 else 2),
+        yaxis=dict(title="skipped", tickformat=".0%", range=[0, 1.1]),
+        plot_bgcolor="white",
+    )
+    return fig
+
+
+def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None = None) -> go.Figure:
+    """Per-layer score distributions as one layers x score-bins heatmap (share of that layer's tokens)."""
+    if trace is None or not trace.steps:
+        return _empty_figure("No run yet.")
+    scores = _scores(trace)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    counts = np.full((trace.n_layers, bins), np.nan)
+    for i in range(trace.n_layers):
+        row = scores[i][~np.isnan(scores[i])]
+        if row.size:
+            h, _ = np.histogram(np.clip(row, 0.0, 1.0), bins=edges)
+            counts[i] = h / row.size
+    centers = ((edges[:-1] + edges[1:]) / 2).tolist()
+    fig = go.Figure(
+        go.Heatmap(
+            z=counts,
+            x=centers,
+            y=list(range(trace.n_layers)),
+            colorscale="Blues",
+            zmin=0.0,
+            hoverongaps=False,
+            colorbar=dict(title=dict(text="share", side="right"), thickness=10, tickformat=".0%"),
+            hovertemplate="layer %{y}<br>score ≈ %{x:.2f}<br>%{z:.1%} of tokens<extra></extra>",
+        )
+    )
+    thr = threshold if threshold is not None else (trace.steps[-1].threshold if trace.steps else None)
+    shapes = []
+    if thr is not None:
+        shapes.append(dict(type="line", x0=thr, x1=thr, y0=0, y1=1, yref="paper", line=dict(color="#b23a48", width=2, dash="dash")))
+    fig.update_layout(
+        title=dict(text=f"Router score distribution per layer (all tokens; dashed line: threshold {thr:.2f})" if thr is not None else "Router score distribution per layer", font=dict(size=13)),
+        height=max(300, min(640, 100 + 14 * trace.n_layers)),
+        font=FONT,
+        margin=dict(l=50, r=60, t=50, b=40),
+        xaxis=dict(title="router score", range=[0, 1]),
+        yaxis=dict(title="layer", dtick=1 if trace.n_layers <= 24 else 2),
+        plot_bgcolor=BACKGROUND,
+        shapes=shapes,
+    )
+    return fig
+
+
+# -- live numbers ----------------------------------------------------------------------------------
+def live_stats(trace: Trace | None, full_tokens_per_second: float | None = None, threshold: float | None = None) -> dict[str, Any]:
+    """The numbers the Explore tab shows: skip rate, speed, speedup vs the full model, work and memory saved."""
+    if trace is None:
+        return {}
+    tps = trace.decode_tokens_per_second()
+    saved = savings(trace, threshold)
+    return {
+        "generated_tokens": len(trace.generated_steps),
+        "prompt_tokens": len(trace.prompt_steps),
+        "skip_rate": trace.skip_rate(threshold),
+        "tokens_per_second": tps,
+        "full_tokens_per_second": full_tokens_per_second,
+        "speedup": (tps / full_tokens_per_second) if (full_tokens_per_second and tps) else None,
+        "attention_flops_saved": saved["attention_flops_saved"],
+        "routed_flops_saved": saved["routed_flops_saved"],
+        "kv_bytes_saved": saved["kv_bytes_saved"],
+        "kv_bytes_full": saved["kv_bytes_full"],
+        "prefill_seconds": trace.meta.get("prefill_seconds"),
+        "stop_reason": trace.meta.get("stop_reason"),
+        "kv_policy": trace.meta.get("kv_policy_effective", trace.meta.get("kv_policy")),
+        "granularity": trace.meta.get("granularity"),
+        "what_if": threshold is not None,
+    }
+
+
+def stats_html(stats: dict[str, Any], running: bool = False) -> str:
+    """The live numbers as a row of small cards (plain HTML, no scripts)."""
+    if not stats:
+        return "<div class='rl-stats rl-muted'>No run yet.</div>"
+
+    def card(label: str, value: str, hint: str = "") -> str:
+        return f"<div class='rl-card' title='{html.escape(hint)}'><div class='rl-card-v'>{html.escape(value)}</div><div class='rl-card-l'>{html.escape(label)}</div></div>"
+
+    speedup = stats.get("speedup")
+    full = stats.get("full_tokens_per_second")
+    kv_full = stats.get("kv_bytes_full") or 0.0
+    kv_saved = stats.get("kv_bytes_saved") or 0.0
+    cards = [
+        card("skip rate" + (" (what-if)" if stats.get("what_if") else ""), f"{stats['skip_rate']:.0%}", "skipped / routed sub-layer runs over generated tokens"),
+        card("tokens/s", f"{stats['tokens_per_second']:.1f}", "decode tokens per second, measured wall time per token"),
+        card("vs full model", f"{speedup:.2f}×" if speedup else "–", f"full model measured at {full:.1f} tokens/s on this machine" if full else "full-model speed not measured yet"),
+        card("attention FLOPs saved", f"{stats['attention_flops_saved']:.0%}", "share of attention FLOPs (projections + scores) not computed"),
+        card("KV cache saved", _fmt_bytes(kv_saved) + (f" ({kv_saved / kv_full:.0%})" if kv_full else ""), "bytes of keys/values never stored (drop policy only)"),
+        card("tokens", f"{stats['generated_tokens']} + {stats['prompt_tokens']} prompt", "generated + prompt tokens"),
+    ]
+    state = "running…" if running else (f"stopped: {stats['stop_reason']}" if stats.get("stop_reason") else "")
+    foot = f"<div class='rl-foot'>{html.escape(str(stats.get('granularity') or ''))} · kv policy <b>{html.escape(str(stats.get('kv_policy') or '?'))}</b> · {html.escape(state)}</div>"
+    return f"<div class='rl-stats'>{''.join(cards)}</div>{foot}"
+
+
+# -- token text ------------------------------------------------------------------------------------
+def _tint(fraction_used: float) -> str:
+    """Background for a token that used `fraction_used` of the layers: white (all) -> teal (few)."""
+    f = max(0.0, min(1.0, 1.0 - fraction_used))
+    # interpolate white (255,255,255) -> teal (45,160,160)
+    r, g, b = (round(255 + (t - 255) * min(1.0, f * 2.5)) for t in (45, 160, 160))
+    return f"rgb({r},{g},{b})"
+
+
+def token_html(
+    trace: Trace | None,
+    threshold: float | None = None,
+    diverge_at: int | None = None,
+    include_prompt: bool = False,
+    steps: Iterable[Step] | None = None,
+) -> str:
+    """Generated text with each token tinted by how many layers it used (deeper tint = more skipped).
+
+    Everything the model wrote is HTML-escaped. `diverge_at` (index among generated tokens) gets a
+    red outline: the first token where this run and the other one in Compare disagree.
+    """
+    if trace is None:
+        return "<div class='rl-text rl-muted'>The generated text appears here.</div>"
+    n = max(1, trace.n_layers)
+    chosen = list(steps) if steps is not None else [s for s in trace.steps if include_prompt or not s.is_prompt]
+    index = {id(s): j for j, s in enumerate(trace.steps)}
+    matrix = trace.executed_matrix(threshold) if threshold is not None else None
+    parts, gen_i = [], 0
+    for s in chosen:
+        if matrix is not None:
+            j = index[id(s)]
+            used = sum(matrix[i][j] is not False for i in range(trace.n_layers))
+        else:
+            used = s.layers_used
+        text = html.escape(s.text).replace("\n", "⏎<br>")
+        title = f"pos {s.position} · {used}/{n} layers used"
+        cls = "rl-tok rl-prompt" if s.is_prompt else "rl-tok"
+        if not s.is_prompt and diverge_at is not None and gen_i == diverge_at:
+            cls += " rl-diverge"
+            title += " · first token that differs"
+        parts.append(f"<span class='{cls}' style='background:{_tint(used / n)}' title='{html.escape(title)}'>{text}</span>")
+        if not s.is_prompt:
+            gen_i += 1
+    body = "".join(parts) or "<span class='rl-muted'>(no tokens yet)</span>"
+    legend = (
+        "<div class='rl-legend'>tint: <span class='rl-tok' style='background:" + _tint(1.0) + "'>all layers</span> "
+        "<span class='rl-tok' style='background:" + _tint(0.8) + "'>80%</span> "
+        "<span class='rl-tok' style='background:" + _tint(0.6) + "'>≤60% of layers used</span></div>"
+    )
+    return f"<div class='rl-text'>{body}</div>{legend}"
+
+
+def first_divergence(a: Trace | None, b: Trace | None) -> int | None:
+    """Index of the first generated token where two runs differ (None when one is a prefix of the other)."""
+    if a is None or b is None:
+        return None
+    ga, gb = a.generated_steps, b.generated_steps
+    for j, (x, y) in enumerate(zip(ga, gb)):
+        if x.token_id != y.token_id:
+            return j
+    return None
+
+
+# -- trade-off -------------------------------------------------------------------------------------
+def tradeoff_curve(df, current_threshold: float | None = None) -> go.Figure:
+    """Speed (x) vs quality (y: perplexity, lower is better) per method, one line per method.
+
+    `df` is a pandas DataFrame with at least `method`, `speedup`, `perplexity`; optional columns
+    `threshold`, `kv_policy`, `skip_rate` show in the hover. None or an empty frame gives a
+    placeholder figure instead of an error.
+    """
+    if df is None or len(df) == 0 or not {"method", "speedup", "perplexity"} <= set(df.columns):
+        return _empty_figure("No benchmark results yet (assets/bench/). Run a sweep to draw the curve.", height=380)
+    fig = go.Figure()
+    extra = [c for c in ("threshold", "kv_policy", "skip_rate") if c in df.columns]
+    for method, group in df.groupby("method", sort=False):
+        group = group.sort_values("speedup")
+        custom = group[extra].astype(str).values.tolist() if extra else None
+        hover = "<b>%{fullData.name}</b><br>speedup %{x:.2f}×<br>perplexity %{y:.2f}"
+        for k, col in enumerate(extra):
+            hover += f"<br>{col} %{{customdata[{k}]}}"
+        fig.add_trace(
+            go.Scatter(
+                x=group["speedup"].astype(float).tolist(),
+                y=group["perplexity"].astype(float).tolist(),
+                mode="lines+markers",
+                name=html.escape(str(method)),
+                customdata=custom,
+                hovertemplate=hover + "<extra></extra>",
+            )
+        )
+    if current_threshold is not None and "threshold" in df.columns:
+        near = df.iloc[(df["threshold"].astype(float) - current_threshold).abs().argsort()[:1]]
+        fig.add_trace(
+            go.Scatter(
+                x=near["speedup"].astype(float).tolist(),
+                y=near["perplexity"].astype(float).tolist(),
+                mode="markers",
+                marker=dict(size=16, symbol="circle-open", color="#111827", line=dict(width=2)),
+                name=f"current threshold {current_threshold:.2f}",
+                hoverinfo="skip",
+            )
+        )
+    fig.update_layout(
+        title=dict(text="Speed vs quality (right = faster, down = better)", font=dict(size=13)),
+        height=420,
+        font=FONT,
+        margin=dict(l=60, r=20, t=50, b=50),
+        xaxis=dict(title="speedup vs full model (×)"),
+        yaxis=dict(title="perplexity (lower is better)"),
+        plot_bgcolor="white",
+        legend=dict(orientation="h", y=-0.2),
+    )
+    return fig
+
+
+def figure_html(fig: go.Figure) -> str:
+    """A standalone HTML page of a figure that works offline (plotly.js embedded)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})

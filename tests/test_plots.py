@@ -1,0 +1,192 @@
+"""plots.py on synthetic traces: figures are finite, shaped layers x tokens, and what-if re-decides."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from routerlab import plots
+from routerlab.trace import Step, Trace
+
+COSTS = {"q": 10.0, "k": 5.0, "v": 5.0, "o": 10.0, "mlp": 60.0, "score_per_ctx": 1.0, "kv_bytes": 256.0}
+
+
+def synthetic_trace(n_layers=6, n_prompt=5, n_gen=20, thresholds=None, seed=0, texts=None, routed=None) -> Trace:
+    """Random scores on routed layers (all but first and last by default); decisions follow each step's threshold."""
+    rng = random.Random(seed)
+    routed = set(range(1, n_layers - 1)) if routed is None else set(routed)
+    steps = []
+    for p in range(n_prompt + n_gen):
+        is_prompt = p < n_prompt
+        thr = 0.5 if thresholds is None else thresholds(p)
+        scores = [rng.random() if i in routed else None for i in range(n_layers)]
+        executed = [None if s is None else s >= thr for s in scores]
+        text = texts[p % len(texts)] if texts else f" t{p}"
+        steps.append(Step(position=p, token_id=p % 97, text=text, is_prompt=is_prompt, scores=scores, executed=executed, threshold=thr, seconds=0.0 if is_prompt else 0.02))
+    meta = {"model": "synthetic", "granularity": "attention-token", "kv_policy": "kv", "kv_policy_effective": "kv", "costs": COSTS, "stop_reason": "max_new_tokens", "prefill_seconds": 0.05}
+    return Trace(n_layers=n_layers, steps=steps, meta=meta)
+
+
+def _finite_or_nan(arr) -> bool:
+    a = np.asarray(arr, dtype=float)
+    return bool(np.all(np.isfinite(a) | np.isnan(a)))
+
+
+def test_heatmap_is_layers_by_tokens_with_ran_and_skipped_split():
+    trace = synthetic_trace(n_layers=6, n_prompt=5, n_gen=20)
+    fig = plots.heatmap(trace)
+    ran, skipped = fig.data[0], fig.data[1]
+    assert np.asarray(ran.z).shape == (6, 25) and np.asarray(skipped.z).shape == (6, 25)
+    assert list(ran.x) == list(range(25))
+    z_ran, z_skip = np.asarray(ran.z, float), np.asarray(skipped.z, float)
+    # every routed cell is in exactly one of the two layers; unrouted rows (0 and 5) are blank in both
+    assert np.all(np.isnan(z_ran[[0, 5]])) and np.all(np.isnan(z_skip[[0, 5]]))
+    assert np.all(np.isnan(z_ran[1:5]) ^ np.isnan(z_skip[1:5]))
+    assert np.nanmin(z_ran) >= 0.5 and np.nanmax(z_skip) < 0.5
+    assert _finite_or_nan(z_ran) and _finite_or_nan(z_skip)
+    assert "Recorded run" in fig.layout.title.text
+
+
+def test_heatmap_marks_prompt_boundary_and_threshold_changes():
+    trace = synthetic_trace(n_prompt=5, n_gen=20, thresholds=lambda p: 0.5 if p < 12 else 0.3)
+    fig = plots.heatmap(trace)
+    xs = sorted(s.x0 for s in fig.layout.shapes)
+    assert xs == [4.5, 11.5]
+    assert any("t→0.30" in a.text for a in fig.layout.annotations)
+    # decisions really follow the moved threshold in the synthetic trace
+    z_skip = np.asarray(fig.data[1].z, float)
+    assert np.nanmax(z_skip[:, 12:]) < 0.3
+
+
+def test_heatmap_ticks_are_sparse_for_long_runs():
+    trace = synthetic_trace(n_layers=30, n_prompt=40, n_gen=260)
+    fig = plots.heatmap(trace)
+    assert len(fig.layout.xaxis.tickvals) <= plots.MAX_TICKS
+    assert all(isinstance(v, int) for v in fig.layout.xaxis.tickvals)
+
+
+def test_what_if_differs_from_recorded_when_threshold_moves():
+    trace = synthetic_trace(n_gen=40)
+    recorded = plots.heatmap(trace)
+    same = plots.heatmap(trace, threshold=0.5, what_if=True)
+    moved = plots.heatmap(trace, threshold=0.8, what_if=True)
+    assert "WHAT-IF" in moved.layout.title.text and "not a new run" in moved.layout.title.text
+    np.testing.assert_array_equal(np.isnan(np.asarray(recorded.data[0].z, float)), np.isnan(np.asarray(same.data[0].z, float)))
+    assert not np.array_equal(np.isnan(np.asarray(recorded.data[0].z, float)), np.isnan(np.asarray(moved.data[0].z, float)))
+    assert len(moved.data) == 3  # rings on the cells that changed
+    assert trace.skip_rate(0.8) > trace.skip_rate()
+
+
+def test_hover_and_ticks_escape_html():
+    trace = synthetic_trace(n_prompt=1, n_gen=3, texts=["<script>", " a&b", "\n"])
+    fig = plots.heatmap(trace)
+    assert "<script>" not in str(fig.data[0].text) and "&lt;script&gt;" in str(fig.data[0].text)
+    assert "⏎" in "".join(fig.layout.xaxis.ticktext)
+
+
+def test_token_html_escapes_and_tints_by_layers_used():
+    trace = synthetic_trace(n_prompt=1, n_gen=3, texts=["x", "<b>bold</b>", " & ", "\n"])
+    out = plots.token_html(trace)
+    assert "<b>bold</b>" not in out and "&lt;b&gt;bold&lt;/b&gt;" in out
+    assert out.count("class='rl-tok'") == 3 + 3  # 3 tokens + 3 legend swatches
+    assert "layers used" in out
+    marked = plots.token_html(trace, diverge_at=1)
+    assert marked.count("rl-diverge") == 1
+
+
+def test_empty_inputs_give_placeholders_not_errors():
+    for fig in (plots.heatmap(None), plots.layer_skip_bar(None), plots.score_histogram(None), plots.tradeoff_curve(None), plots.tradeoff_curve(pd.DataFrame())):
+        assert isinstance(fig, go.Figure)
+    assert "No run" in plots.stats_html({})
+    assert "appears here" in plots.token_html(None)
+    empty = Trace(n_layers=4, steps=[], meta={})
+    assert isinstance(plots.heatmap(empty), go.Figure)
+
+
+def test_layer_views_have_one_entry_per_layer():
+    trace = synthetic_trace(n_layers=8)
+    bar = plots.layer_skip_bar(trace)
+    assert len(bar.data[0].y) == 8 and bar.data[0].text[0] == "not routed"
+    hist = plots.score_histogram(trace)
+    z = np.asarray(hist.data[0].z, float)
+    assert z.shape == (8, 20)
+    np.testing.assert_allclose(np.nansum(z[1:7], axis=1), 1.0)
+    what_if = plots.layer_skip_bar(trace, threshold=0.9)
+    assert sum(what_if.data[0].y) > sum(bar.data[0].y)
+
+
+def test_live_stats_numbers_are_finite_and_sane():
+    trace = synthetic_trace(n_gen=30)
+    stats = plots.live_stats(trace, full_tokens_per_second=40.0)
+    assert stats["tokens_per_second"] == pytest.approx(50.0)
+    assert stats["speedup"] == pytest.approx(50.0 / 40.0)
+    assert 0.0 < stats["skip_rate"] < 1.0 and 0.0 < stats["attention_flops_saved"] < 1.0
+    assert all(math.isfinite(v) for v in stats.values() if isinstance(v, float))
+    html = plots.stats_html(stats)
+    assert "1.25×" in html and "kv policy" in html
+    assert plots.live_stats(trace, None)["speedup"] is None
+
+
+def test_first_divergence():
+    a, b = synthetic_trace(seed=1), synthetic_trace(seed=1)
+    assert plots.first_divergence(a, b) is None
+    b.generated_steps[3].token_id += 1
+    assert plots.first_divergence(a, b) == 3
+
+
+def test_tradeoff_curve_one_line_per_method():
+    df = pd.DataFrame(
+        {
+            "method": ["routed"] * 3 + ["full"],
+            "threshold": [0.3, 0.5, 0.7, 0.0],
+            "speedup": [1.0, 1.2, 1.5, 1.0],
+            "perplexity": [10.0, 10.5, 13.0, 10.0],
+        }
+    )
+    fig = plots.tradeoff_curve(df, current_threshold=0.5)
+    assert [t.name for t in fig.data][:2] == ["routed", "full"]
+    assert fig.data[-1].x == (1.2,)
+
+
+def test_figure_html_is_standalone():
+    page = plots.figure_html(plots.heatmap(synthetic_trace()))
+    assert "<html>" in page[:100] and "plotly" in page.lower() and "<script src=\"https://cdn" not in page
+
+
+def test_heatmap_redraw_time_300_tokens_x_30_layers():
+    """Prints the redraw time (the figure and its JSON); timing is reported, not asserted."""
+    trace = synthetic_trace(n_layers=30, n_prompt=40, n_gen=260)
+    plots.heatmap(trace)  # warm plotly's validators
+    t0 = time.perf_counter()
+    for _ in range(5):
+        fig = plots.heatmap(trace, threshold=0.6, what_if=True)
+        fig.to_json()
+    ms = (time.perf_counter() - t0) / 5 * 1e3
+    print(f"\nwhat-if heatmap 300 tokens x 30 layers: {ms:.1f} ms per redraw (figure + JSON)")
+
+
+def test_every_figure_passes_plotly_validation_and_strict_json():
+    """The fast heatmap skips plotly's validation; rebuild each figure with it on to catch typos, and
+    check the JSON the browser gets has no NaN (JSON.parse rejects it)."""
+    import json
+
+    trace = synthetic_trace(thresholds=lambda p: 0.5 if p < 12 else 0.3)
+    df = pd.DataFrame({"method": ["a", "a"], "threshold": [0.4, 0.6], "speedup": [1.1, 1.3], "perplexity": [9.0, 9.5]})
+    figures = [
+        plots.heatmap(trace),
+        plots.heatmap(trace, threshold=0.7, what_if=True),
+        plots.heatmap(None),
+        plots.layer_skip_bar(trace),
+        plots.score_histogram(trace),
+        plots.tradeoff_curve(df, 0.5),
+    ]
+    for fig in figures:
+        go.Figure(fig.to_dict())  # raises ValueError on an invalid property
+        text = fig.to_json()
+        json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
