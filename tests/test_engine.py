@@ -1,0 +1,194 @@
+"""The engine against plain transformers, on tiny random models of every supported family."""
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from routerlab.config import GenerateConfig, RoutingConfig
+from routerlab.engine import Control, Engine, Plan, forward
+from routerlab.errors import RouterLabError
+from routerlab.models import TINY_FAMILIES, tiny_model
+from routerlab.router import RouterSet
+
+GRANULARITIES = ["attention-token", "mlp-token", "block-token", "attention-sequence"]
+POLICIES = ["mask", "kv", "drop"]
+ROUTED = [1, 2]
+
+
+def routers(model, granularity, seed=None):
+    rs = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, ROUTED))
+    if seed is not None:  # random weights: roughly half the tokens skip at threshold 0.5
+        g = torch.Generator().manual_seed(seed)
+        for r in rs.routers.values():
+            r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3.0
+    return rs
+
+
+def run(engine, ids, plan, prefill=8):
+    """Prefill `prefill` tokens, then decode the rest one at a time; logits for every position."""
+    caches = engine.new_caches(ids.shape[1])
+    with torch.no_grad():
+        logits, _ = forward(engine.anatomy, ids[:, :prefill], torch.arange(prefill), caches, plan, all_logits=True)
+        out = [logits]
+        for t in range(prefill, ids.shape[1]):
+            step, _ = forward(engine.anatomy, ids[:, t : t + 1], torch.tensor([t]), caches, plan)
+            out.append(step)
+    return torch.cat(out, dim=1)
+
+
+class NoAttention(nn.Module):
+    def forward(self, hidden_states, *args, **kwargs):
+        return torch.zeros_like(hidden_states), None
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_never_skip_matches_base_logits(family):
+    model = tiny_model(family)
+    engine = Engine(model)
+    ids = torch.randint(0, 128, (1, 14), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits
+    for granularity in GRANULARITIES:
+        for policy in POLICIES:
+            got = run(engine, ids, Plan(routers(model, granularity), 0.5, policy))
+            torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4, msg=f"{granularity} {policy}")
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_kv_policy_gives_mask_outputs_with_partial_skipping(family):
+    model = tiny_model(family)
+    engine = Engine(model)
+    ids = torch.randint(0, 128, (1, 14), generator=torch.Generator().manual_seed(2))
+    for granularity in ["attention-token", "block-token"]:
+        rs = routers(model, granularity, seed=3)
+        masked = run(engine, ids, Plan(rs, 0.5, "mask"))
+        kv = run(engine, ids, Plan(rs, 0.5, "kv"))
+        torch.testing.assert_close(kv, masked, atol=1e-4, rtol=1e-4)
+        drop = run(engine, ids, Plan(rs, 0.5, "drop"))
+        assert (drop - masked).abs().max() > 1e-3, "drop should change the numbers when tokens skip"
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_always_skipping_attention_equals_attention_removed(family, policy):
+    model = tiny_model(family)
+    engine = Engine(model)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(4))
+    got = run(engine, ids, Plan(routers(model, "attention-token"), 0.51, policy))  # zero routers score 0.5
+    for i in ROUTED:
+        model.model.layers[i].self_attn = NoAttention()
+    with torch.no_grad():
+        ref = model(ids).logits
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_sequence_level_drop_equals_mask():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(5))
+    for seed in range(4):
+        rs = routers(model, "attention-sequence", seed=seed)
+        torch.testing.assert_close(run(engine, ids, Plan(rs, 0.5, "drop")), run(engine, ids, Plan(rs, 0.5, "mask")))
+
+
+def test_skipped_attention_is_not_computed_under_drop():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    calls = []
+    for i in range(4):
+        model.model.layers[i].self_attn.q_proj.register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+    config = GenerateConfig(max_new_tokens=5, threshold=0.51, kv_policy="drop")
+    list(engine.generate_ids([1, 2, 3], routers(model, "attention-token"), config))
+    assert set(calls) == {0, 3}, "layers 1 and 2 were skipped and must never run their query projection"
+
+
+def test_generate_records_one_step_per_token():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    control = Control(0.5)
+    steps = list(engine.generate_ids([5, 6, 7], routers(model, "attention-token", seed=0), GenerateConfig(max_new_tokens=6), control))
+    assert [s.is_prompt for s in steps] == [True] * 3 + [False] * 6
+    assert [s.position for s in steps] == list(range(9))
+    assert steps[1].scores[0] is None and steps[1].scores[1] is not None
+    assert control.trace.steps == steps and control.trace.meta["stop_reason"] == "max_new_tokens"
+
+
+def test_live_threshold_change_applies_to_later_tokens():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    control = Control(0.0)
+    rs = routers(model, "attention-token", seed=0)
+    seen = []
+    for step in engine.generate_ids([5, 6, 7], rs, GenerateConfig(max_new_tokens=10, threshold=0.0), control):
+        seen.append(step)
+        if len(seen) == 6:
+            control.threshold = 1.0
+    generated = [s for s in seen if not s.is_prompt and s.scores[1] is not None]
+    assert all(s.executed[1] for s in generated if s.threshold == 0.0)
+    assert not any(s.executed[1] for s in generated if s.threshold == 1.0)
+    assert {s.threshold for s in generated} == {0.0, 1.0}
+
+
+def test_stop_request_ends_generation():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    control = Control()
+    n = 0
+    for step in engine.generate_ids([1, 2], None, GenerateConfig(max_new_tokens=50), control):
+        n += not step.is_prompt
+        if n == 3:
+            control.request_stop()
+    assert n == 3 and control.trace.meta["stop_reason"] == "stopped"
+
+
+def test_concurrent_generations_keep_their_own_thresholds():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    rs = routers(model, "attention-token", seed=0)
+    alone, together = {}, {}
+
+    def work(t, into):
+        control = Control(t)
+        list(engine.generate_ids([3, 4, 5], rs, GenerateConfig(max_new_tokens=30, threshold=t), control))
+        into[t] = control.trace
+
+    for t in (0.2, 0.8):
+        work(t, alone)
+    threads = [threading.Thread(target=work, args=(t, together)) for t in alone]
+    [th.start() for th in threads]
+    [th.join() for th in threads]
+    for t in alone:
+        assert [s.token_id for s in together[t].steps] == [s.token_id for s in alone[t].steps]
+        assert together[t].executed_matrix() == alone[t].executed_matrix()
+        assert all(s.threshold == t for s in together[t].steps)
+    assert alone[0.2].skip_rate() < alone[0.8].skip_rate()
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    engine = Engine(tiny_model("llama"))
+    cfg = GenerateConfig(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+    a = [s.token_id for s in engine.generate_ids([1, 2], None, cfg)]
+    b = [s.token_id for s in engine.generate_ids([1, 2], None, cfg)]
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "config, ids, message",
+    [
+        (dict(max_new_tokens=300), [1] * 10, "exceeds the model's context"),
+        (dict(), [], "prompt is empty"),
+    ],
+)
+def test_bad_requests_get_clear_errors(config, ids, message):
+    engine = Engine(tiny_model("llama"))
+    with pytest.raises(RouterLabError, match=message):
+        engine.generate_ids(ids, None, GenerateConfig(**config))
+
+
+def test_routers_for_another_model_are_refused():
+    engine = Engine(tiny_model("llama"))
+    other = RouterSet.zeros(tiny_model("llama", num_hidden_layers=6), RoutingConfig.from_granularity("attention-token", [1]))
+    with pytest.raises(RouterLabError, match="made for a model with 6 layers"):
+        engine.generate_ids([1, 2], other, GenerateConfig())
