@@ -1,0 +1,133 @@
+"""Command line: `python -m routerlab generate | train | eval | bench speed | bench tradeoff`.
+
+Parses arguments, calls the library, prints text or one JSON object. Bad input ends with a
+one-line `error: ...` (exit code 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import GRANULARITIES, KV_POLICIES
+from .errors import RouterLabError
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--routers", default=None, help="router checkpoint folder (default: shipped routers for --granularity)")
+    p.add_argument("--granularity", default="attention-token", help=f"one of {', '.join(GRANULARITIES)}")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m routerlab", description="See and steer dynamic depth in language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate with routers and print the text (or a JSON trace)")
+    _add_model_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--threshold", type=float, default=None, help="skip threshold in [0, 1] (default: the routers' own)")
+    g.add_argument("--kv-policy", default=None, help=f"one of {', '.join(KV_POLICIES)} (default: what the routers were trained for)")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, without the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object with the text and the per-token trace")
+    g.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="measured benchmarks").add_subparsers(dest="bench", required=True)
+    s = bench.add_parser("speed", help="decode tokens/s: transformers generate vs the engine, KV policies side by side")
+    s.add_argument("--model", default=None)
+    s.add_argument("--prompt-tokens", type=int, default=512)
+    s.add_argument("--new-tokens", type=int, default=128)
+    s.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
+    s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_bench_speed)
+    return parser
+
+
+def _generate(args) -> int:
+    from .config import GenerateConfig, RoutingConfig
+    from .engine import Control, Engine
+    from .models import load_model
+    from .checkpoint import resolve_routers
+
+    if not args.prompt.strip():  # fail before spending seconds on loading
+        raise RouterLabError("The prompt is empty.", "Pass some text with --prompt.")
+    if args.granularity != "full":
+        RoutingConfig.from_granularity(args.granularity)
+    GenerateConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                           threshold=0.5 if args.threshold is None else args.threshold, kv_policy=args.kv_policy or "kv")
+    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+    routers, defaults = resolve_routers(args.routers, args.granularity, loaded.model)
+    config = GenerateConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        threshold=defaults["threshold"] if args.threshold is None else args.threshold,
+        kv_policy=args.kv_policy or defaults["kv_policy"],
+        chat=not args.no_chat,
+        seed=args.seed,
+    )
+    engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
+    stream = not args.json
+    control = Control(config.threshold)
+    for step in engine.generate(args.prompt, routers, config, control):
+        if stream and not step.is_prompt:
+            print(step.text, end="", flush=True)
+    trace = control.trace
+    if stream:
+        print()
+        print(f"[{len(trace.generated_steps)} tokens, skip rate {trace.skip_rate():.1%}, "
+              f"{trace.decode_tokens_per_second():.1f} tokens/s, {trace.meta['granularity']}, "
+              f"kv policy {config.kv_policy}, threshold {config.threshold}]", file=sys.stderr)
+        return 0
+    out = {
+        "text": trace.text,
+        "model": trace.meta["model"],
+        "granularity": trace.meta["granularity"],
+        "kv_policy": config.kv_policy,
+        "threshold": config.threshold,
+        "routers": defaults.get("source"),
+        "skip_rate": trace.skip_rate(),
+        "decode_tokens_per_second": trace.decode_tokens_per_second(),
+        "prefill_seconds": trace.meta["prefill_seconds"],
+        "stop_reason": trace.meta["stop_reason"],
+        "tokens": [
+            {"position": s.position, "id": s.token_id, "text": s.text, "is_prompt": s.is_prompt,
+             "scores": s.scores, "executed": s.executed, "threshold": s.threshold, "seconds": s.seconds}
+            for s in trace.steps
+        ],
+    }
+    print(json.dumps(out))
+    return 0
+
+
+def _bench_speed(args) -> int:
+    from .bench import speed_benchmark, format_speed
+
+    result = speed_benchmark(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                             rounds=args.rounds, threads=args.threads)
+    print(json.dumps(result, indent=1) if args.json else format_speed(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RouterLabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

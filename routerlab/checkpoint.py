@@ -1,0 +1,161 @@
+"""Router checkpoints: routers only, as `routers.safetensors` + `router.json`, never pickle.
+
+A checkpoint folder holds the router weights and a JSON config: granularity, routed layers, the
+default threshold and KV policy, a training summary, and the identity of the base model it was
+made for. Loading validates all of it and refuses a mismatched base with a clear message.
+Writes are atomic (a temporary folder renamed into place), so a crash leaves nothing half-written.
+
+Knows nothing about training or decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
+from .errors import RouterLabError
+from .router import RouterSet
+
+FORMAT = "routerlab-routers"
+FORMAT_VERSION = 1
+WEIGHTS, CONFIG = "routers.safetensors", "router.json"
+SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "routers"
+
+
+def model_identity(model: torch.nn.Module) -> dict[str, Any]:
+    """What a router file must match: family, layer count, hidden size, and a hash of some weights."""
+    text = model.config.get_text_config()
+    emb = model.get_input_embeddings().weight
+    probe = emb[: min(8, emb.shape[0])].detach().float().cpu().contiguous()
+    return {
+        "name": getattr(model.config, "_name_or_path", "") or text.model_type,
+        "model_type": text.model_type,
+        "n_layers": text.num_hidden_layers,
+        "hidden_size": text.hidden_size,
+        "weights_sha256": hashlib.sha256(probe.numpy().tobytes()).hexdigest()[:16],
+    }
+
+
+def save_routers(routers: RouterSet, folder: str | Path, model: torch.nn.Module, *, threshold: float = 0.5,
+                 kv_policy: str = "kv", summary: dict | None = None) -> Path:
+    """Write `folder` atomically: router weights (safetensors) + router.json."""
+    folder = Path(folder)
+    config = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "granularity": routers.granularity,
+        "layers": list(routers.config.layers),
+        "threshold": check_threshold(threshold),
+        "kv_policy": check_kv_policy(kv_policy),
+        "base_model": model_identity(model),
+        "training": summary or {},
+    }
+    tensors = {f"layer.{i}": routers.get(i).proj.weight.detach().float().cpu().contiguous() for i in routers.config.layers}
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """The validated router.json of a checkpoint folder."""
+    folder = Path(folder)
+    path = folder / CONFIG
+    if not path.is_file() or not (folder / WEIGHTS).is_file():
+        raise RouterLabError(f"{folder} is not a router checkpoint (it needs {CONFIG} and {WEIGHTS}).",
+                             "Point --routers at a folder written by `python -m routerlab train`.")
+    try:
+        config = json.loads(path.read_text())
+        assert isinstance(config, dict) and config.get("format") == FORMAT, "wrong format tag"
+        assert config["granularity"] in GRANULARITIES, f"unknown granularity {config['granularity']!r}"
+        assert isinstance(config["layers"], list) and all(isinstance(i, int) for i in config["layers"]), "bad layers"
+        check_threshold(config["threshold"])
+        check_kv_policy(config["kv_policy"])
+        base = config["base_model"]
+        assert isinstance(base["n_layers"], int) and isinstance(base["hidden_size"], int), "bad base_model"
+    except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError) as err:
+        raise RouterLabError(f"{path} is corrupted or not a RouterLab router config ({err}).",
+                             "Re-save the routers, or train them again.") from None
+    return config
+
+
+def load_routers(folder: str | Path, model: torch.nn.Module) -> tuple[RouterSet, dict[str, Any]]:
+    """Load and validate a checkpoint for `model`. Returns the routers and their config."""
+    folder = Path(folder)
+    config = read_config(folder)
+    mine, theirs = model_identity(model), config["base_model"]
+    for key in ("n_layers", "hidden_size"):
+        if mine[key] != theirs[key]:
+            raise RouterLabError(
+                f"These routers were made for {theirs.get('name', 'another model')} ({theirs['n_layers']} layers, "
+                f"hidden size {theirs['hidden_size']}), not {mine['name']} ({mine['n_layers']} layers, hidden size "
+                f"{mine['hidden_size']}).", "Use routers trained for this model, or train new ones.")
+    if theirs.get("weights_sha256") not in (None, mine["weights_sha256"]):
+        raise RouterLabError(f"These routers were trained on different weights ({theirs.get('name')}) than the loaded model.",
+                             "Use routers trained for this exact model, or train new ones.")
+    routers = RouterSet(RoutingConfig.from_granularity(config["granularity"], config["layers"]), mine["n_layers"], mine["hidden_size"])
+    try:
+        tensors = load_file(str(folder / WEIGHTS))
+    except Exception as err:  # the Rust loader raises its own types on truncated or random bytes
+        raise RouterLabError(f"{folder / WEIGHTS} is corrupted ({err}).", "Re-save the routers, or train them again.") from None
+    expected = {f"layer.{i}" for i in routers.config.layers}
+    if set(tensors) != expected:
+        raise RouterLabError(f"{folder / WEIGHTS} holds {sorted(tensors)[:4]}... but router.json names layers {config['layers']}.",
+                             "The folder is inconsistent: train or save the routers again.")
+    for i in routers.config.layers:
+        w = tensors[f"layer.{i}"]
+        if tuple(w.shape) != (1, mine["hidden_size"]) or not torch.isfinite(w).all():
+            raise RouterLabError(f"Router weights for layer {i} are malformed (shape {tuple(w.shape)} or non-finite).",
+                                 "Train the routers again.")
+        routers.get(i).proj.weight.data.copy_(w)
+    return routers.to(next(model.parameters()).device), config
+
+
+def shipped_routers() -> dict[str, Path]:
+    """Granularity -> shipped checkpoint folder in assets/routers/."""
+    if not SHIPPED.is_dir():
+        return {}
+    found = {}
+    for folder in sorted(SHIPPED.iterdir()):
+        if (folder / CONFIG).is_file():
+            try:
+                found[read_config(folder)["granularity"]] = folder
+            except RouterLabError:
+                continue
+    return found
+
+
+def resolve_routers(path: str | None, granularity: str, model: torch.nn.Module) -> tuple[RouterSet | None, dict[str, Any]]:
+    """Routers for the CLI and the app: a given folder, else the shipped ones, else fresh (never-skipping) ones.
+
+    Returns (routers, defaults) where defaults holds threshold, kv_policy and `source`.
+    """
+    if granularity == "full":
+        return None, {"threshold": 0.5, "kv_policy": "kv", "source": "none (full model)"}
+    if path is None:
+        RoutingConfig.from_granularity(granularity)  # validates the name
+        path = shipped_routers().get(granularity)
+        if path is not None and model_identity(model)["weights_sha256"] != read_config(path)["base_model"].get("weights_sha256"):
+            path = None  # shipped routers are for the embedded model; another base gets fresh ones
+    if path is None:
+        n = model.config.get_text_config().num_hidden_layers
+        routers = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, default_layers(n)))
+        return routers, {"threshold": 0.5, "kv_policy": "kv", "source": "untrained (fresh routers never skip at 0.5)"}
+    routers, config = load_routers(path, model)
+    return routers, {"threshold": config["threshold"], "kv_policy": config["kv_policy"], "source": str(path), "config": config}
