@@ -408,27 +408,35 @@ def first_divergence(a: Trace | None, b: Trace | None) -> int | None:
 
 
 # -- trade-off -------------------------------------------------------------------------------------
-def tradeoff_curve(df, current_threshold: float | None = None) -> go.Figure:
-    """Speed (x) vs quality (y: perplexity, lower is better) per method, one line per method.
+QUALITY_AXES = {
+    "perplexity": ("perplexity (lower is better)", "down = better"),
+    "agreement": ("agreement with the full model (higher is better)", "up = better"),
+}
 
-    `df` is a pandas DataFrame with at least `method`, `speedup`, `perplexity`; optional columns
+
+def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "perplexity") -> go.Figure:
+    """Speed (x) vs quality (y) per method, one line per method.
+
+    `df` is a pandas DataFrame with at least `method`, `speedup` and the `quality` column
+    (`perplexity`, lower is better, or `agreement`, higher is better); optional columns
     `threshold`, `kv_policy`, `skip_rate` show in the hover. None or an empty frame gives a
     placeholder figure instead of an error.
     """
-    if df is None or len(df) == 0 or not {"method", "speedup", "perplexity"} <= set(df.columns):
+    if df is None or len(df) == 0 or not {"method", "speedup", quality} <= set(df.columns):
         return _empty_figure("No benchmark results yet (assets/bench/). Run a sweep to draw the curve.", height=380)
+    y_title, better = QUALITY_AXES.get(quality, (quality, ""))
     fig = go.Figure()
     extra = [c for c in ("threshold", "kv_policy", "skip_rate") if c in df.columns]
     for method, group in df.groupby("method", sort=False):
         group = group.sort_values("speedup")
         custom = group[extra].astype(str).values.tolist() if extra else None
-        hover = "<b>%{fullData.name}</b><br>speedup %{x:.2f}×<br>perplexity %{y:.2f}"
+        hover = "<b>%{fullData.name}</b><br>speedup %{x:.2f}×<br>" + quality + " %{y:.3f}"
         for k, col in enumerate(extra):
             hover += f"<br>{col} %{{customdata[{k}]}}"
         fig.add_trace(
             go.Scatter(
                 x=group["speedup"].astype(float).tolist(),
-                y=group["perplexity"].astype(float).tolist(),
+                y=group[quality].astype(float).tolist(),
                 mode="lines+markers",
                 name=html.escape(str(method)),
                 customdata=custom,
@@ -436,11 +444,12 @@ def tradeoff_curve(df, current_threshold: float | None = None) -> go.Figure:
             )
         )
     if current_threshold is not None and "threshold" in df.columns:
-        near = df.iloc[(df["threshold"].astype(float) - current_threshold).abs().argsort()[:1]]
+        with_t = df[df["threshold"].notna()]
+        near = with_t.iloc[(with_t["threshold"].astype(float) - current_threshold).abs().argsort()[:1]]
         fig.add_trace(
             go.Scatter(
                 x=near["speedup"].astype(float).tolist(),
-                y=near["perplexity"].astype(float).tolist(),
+                y=near[quality].astype(float).tolist(),
                 mode="markers",
                 marker=dict(size=16, symbol="circle-open", color="#111827", line=dict(width=2)),
                 name=f"current threshold {current_threshold:.2f}",
@@ -448,12 +457,12 @@ def tradeoff_curve(df, current_threshold: float | None = None) -> go.Figure:
             )
         )
     fig.update_layout(
-        title=dict(text="Speed vs quality (right = faster, down = better)", font=dict(size=13)),
+        title=dict(text=f"Speed vs quality (right = faster, {better})", font=dict(size=13)),
         height=420,
         font=FONT,
         margin=dict(l=60, r=20, t=50, b=50),
         xaxis=dict(title="speedup vs full model (×)"),
-        yaxis=dict(title="perplexity (lower is better)"),
+        yaxis=dict(title=y_title),
         plot_bgcolor="white",
         legend=dict(orientation="h", y=-0.2),
     )

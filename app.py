@@ -1,0 +1,67 @@
+"""RouterLab app: load the model once, build the Gradio demo, launch it.
+
+    python app.py                      # embedded SmolLM2-135M-Instruct, offline, http://127.0.0.1:7860
+    python app.py --host 0.0.0.0 --port 8080 --model ./my-model
+
+Environment (all optional): GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, ROUTERLAB_MODEL,
+ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTERLAB_MAX_NEW_TOKENS
+(256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (16), ROUTERLAB_CONCURRENCY (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from routerlab import ui
+from routerlab.errors import RouterLabError
+
+
+def load_engine(spec: str | None):
+    from routerlab.engine import Engine
+    from routerlab.models import load_model
+
+    loaded = load_model(spec)
+    return Engine(loaded.model, loaded.tokenizer, name=loaded.name), loaded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    parser.add_argument("--model", default=os.environ.get("ROUTERLAB_MODEL") or None, help="hub id or folder (default: the embedded model)")
+    parser.add_argument("--no-warmup", action="store_true", help="skip measuring the full model's speed at start-up")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    print(f"RouterLab: loading {args.model or 'the embedded model (SmolLM2-135M-Instruct)'} … (first start converts it, ~1 min; later starts take seconds)", flush=True)
+    start = time.perf_counter()
+    try:
+        engine, loaded = load_engine(args.model)
+    except RouterLabError as err:
+        print(f"RouterLab: cannot load the model. {err}", file=sys.stderr)
+        return 1
+    print(f"RouterLab: {engine.name} ready ({engine.n_layers} layers, from {loaded.source}) in {time.perf_counter() - start:.1f} s", flush=True)
+
+    limits = ui.Limits.from_env()
+    res = ui.Resources(
+        engine,
+        limits,
+        model_loader=lambda name: load_engine(name)[0],
+        status=f"Model **{engine.name}** loaded ({engine.n_layers} layers, {loaded.source}). Pick a prompt and press **Generate**.",
+    )
+    if not args.no_warmup:
+        print("RouterLab: measuring the full model's speed on this machine …", flush=True)
+        print(f"RouterLab: full model decodes {res.measure_full_speed():.1f} tokens/s", flush=True)
+
+    demo = ui.build_demo(res)
+    demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
+    demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

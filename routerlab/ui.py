@@ -1,0 +1,757 @@
+"""The Gradio app: layout, event wiring and thin handlers over the engine and plots.py.
+
+Knows nothing about tensors: handlers call `Engine.generate` and plotting functions, nothing else.
+Nothing is loaded at import time; `app.py` loads the model and calls `build_demo(Resources(...))`.
+
+Sharing rules (one model serves every visitor):
+  - `Resources` is shared and read-mostly: engines, router sets, limits, the full-model speed.
+  - `Session` (in a `gr.State`, one per browser tab or API client) holds that visitor's running
+    `Control`s and last Trace. A slider event reaches the running generation only through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+from . import plots
+from .config import GRANULARITIES, KV_POLICIES, KV_POLICY_HELP, GenerateConfig, RoutingConfig, default_layers
+from .errors import RouterLabError
+from .trace import Trace
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "assets"
+ROUTERS_DIR = ASSETS / "routers"
+BENCH_DIR = ASSETS / "bench"
+PROMPTS_FILE = ASSETS / "prompts.json"
+CSS_FILE = ASSETS / "css" / "app.css"
+UNTRAINED = "attention-token (untrained)"
+FULL = "full model (no routing)"
+
+HEATMAP_INTERVAL = 0.25  # seconds between heatmap redraws while streaming (4 per second at most)
+TEXT_INTERVAL = 0.08  # seconds between text/stat updates while streaming
+FALLBACK_PROMPTS = [
+    "Explain in three sentences why the sky is blue.",
+    "Write a short poem about a lighthouse keeper.",
+    "List three tips for learning a new language.",
+]
+
+
+# -- shared, read-mostly resources --------------------------------------------------------------
+def _env_int(name: str, default: int, low: int = 1) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return max(low, int(raw))
+    except ValueError:
+        log.warning("ignoring %s=%r: not a whole number", name, raw)
+        return default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Operator caps, from the environment (see README): what one visitor may ask of a shared server."""
+
+    max_new_tokens: int = 256
+    max_prompt_chars: int = 4000
+    queue_size: int = 16
+    concurrency: int = 2  # generations running at once (each Compare runs two models in turn)
+    allowed_models: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        allowed = tuple(m.strip() for m in os.environ.get("ROUTERLAB_ALLOWED_MODELS", "").split(",") if m.strip())
+        return cls(
+            max_new_tokens=_env_int("ROUTERLAB_MAX_NEW_TOKENS", 256),
+            max_prompt_chars=_env_int("ROUTERLAB_MAX_PROMPT_CHARS", 4000),
+            queue_size=_env_int("ROUTERLAB_QUEUE_SIZE", 16),
+            concurrency=_env_int("ROUTERLAB_CONCURRENCY", 2),
+            allowed_models=allowed,
+        )
+
+
+@dataclass(frozen=True)
+class RouterSetInfo:
+    """One choice in the granularity dropdown: a shipped folder, or untrained zero routers."""
+
+    label: str
+    granularity: str
+    path: Path | None = None  # None: RouterSet.zeros on the default layers
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def available_router_sets(root: Path = ROUTERS_DIR) -> list[RouterSetInfo]:
+    """Router sets shipped under `root` (each subfolder with router.json + routers.safetensors), then the untrained one."""
+    found: list[RouterSetInfo] = []
+    if root.is_dir():
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+            if not ((folder / "router.json").is_file() and (folder / "routers.safetensors").is_file()):
+                continue
+            try:
+                meta = json.loads((folder / "router.json").read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                log.warning("skipping %s: unreadable router.json (%s)", folder, err)
+                continue
+            routing = meta.get("routing", meta) if isinstance(meta, dict) else {}
+            granularity = meta.get("granularity") or f"{routing.get('target', 'attention')}-{routing.get('level', 'token')}"
+            if granularity not in GRANULARITIES:
+                log.warning("skipping %s: unknown granularity %r", folder, granularity)
+                continue
+            found.append(RouterSetInfo(label=f"{granularity} ({folder.name})", granularity=granularity, path=folder, meta=meta))
+    found.append(RouterSetInfo(label=UNTRAINED, granularity="attention-token"))
+    return found
+
+
+def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
+    try:
+        items = json.loads(path.read_text())
+        prompts = [i["prompt"] if isinstance(i, dict) else str(i) for i in items]
+        return [p for p in prompts if p.strip()] or FALLBACK_PROMPTS
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return FALLBACK_PROMPTS
+
+
+def load_bench(folder: Path = BENCH_DIR):
+    """All benchmark CSVs in `folder` with method/speedup/perplexity columns, concatenated; None when absent."""
+    import pandas as pd
+
+    frames = []
+    for csv in sorted(folder.glob("*.csv")) if folder.is_dir() else []:
+        try:
+            df = pd.read_csv(csv)
+        except Exception as err:  # a broken results file must not take the app down
+            log.warning("skipping %s: %s", csv, err)
+            continue
+        if {"method", "speedup", "perplexity"} <= set(df.columns):
+            frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+class Resources:
+    """What every session shares: the engines (one per allowed model, loaded once), router sets, limits."""
+
+    def __init__(self, engine, limits: Limits | None = None, router_sets: list[RouterSetInfo] | None = None,
+                 prompts: list[str] | None = None, model_loader: Callable[[str], Any] | None = None,
+                 status: str = ""):
+        self.engine = engine
+        self.default_model = engine.name
+        self.limits = limits or Limits()
+        self.router_sets = router_sets if router_sets is not None else available_router_sets()
+        self.prompts = prompts or load_prompts()
+        self.model_loader = model_loader  # name -> Engine, for operator-allowed models
+        self.status = status or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
+        self.full_tokens_per_second: float | None = None
+        self._engines = {engine.name: engine}
+        self._routers: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    # -- models and routers ----------------------------------------------------------------
+    @property
+    def model_choices(self) -> list[str]:
+        return [self.default_model] + [m for m in self.limits.allowed_models if m != self.default_model]
+
+    def engine_for(self, name: str | None):
+        name = name or self.default_model
+        if name in self._engines:
+            return self._engines[name]
+        if name not in self.limits.allowed_models or self.model_loader is None:
+            raise RouterLabError(f"Model {name!r} is not available on this server.", "The operator lists allowed models in ROUTERLAB_ALLOWED_MODELS.")
+        with self._lock:  # one load per model, whoever asks first
+            if name not in self._engines:
+                log.info("loading allowed model %s ...", name)
+                self._engines[name] = self.model_loader(name)
+        return self._engines[name]
+
+    def router_labels(self) -> list[str]:
+        return [FULL] + [r.label for r in self.router_sets]
+
+    def routers_for(self, engine, label: str):
+        """The RouterSet for dropdown `label` on `engine` (None for the full model); built or loaded once."""
+        if label in (None, "", FULL):
+            return None
+        info = next((r for r in self.router_sets if r.label == label), None)
+        if info is None:
+            raise RouterLabError(f"Unknown router set {label!r}.", "Pick one from the granularity list.")
+        key = (engine.name, label)
+        with self._lock:
+            if key not in self._routers:
+                self._routers[key] = self._build_routers(engine, info)
+            return self._routers[key]
+
+    @staticmethod
+    def _build_routers(engine, info: RouterSetInfo):
+        from .router import RouterSet  # torch lives behind this import; ui.py itself never touches tensors
+
+        if info.path is None:
+            config = RoutingConfig.from_granularity(info.granularity, default_layers(engine.n_layers))
+            return RouterSet.zeros(engine.model, config)
+        if not hasattr(RouterSet, "load"):
+            raise RouterLabError(f"This build cannot load router files yet ({info.path.name}).", f"Use {UNTRAINED!r} for now.")
+        return RouterSet.load(info.path, engine.model)
+
+    def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None) -> GenerateConfig:
+        try:
+            max_new = int(max_new_tokens)
+        except (TypeError, ValueError):
+            raise RouterLabError(f"max new tokens {max_new_tokens!r} is not a whole number.") from None
+        return GenerateConfig(
+            max_new_tokens=max_new,
+            temperature=float(temperature or 0.0),
+            threshold=float(threshold),
+            kv_policy=kv_policy,
+            seed=seed,
+            max_new_tokens_cap=self.limits.max_new_tokens,
+        )
+
+    def check_prompt(self, prompt: str) -> str:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RouterLabError("The prompt is empty.", "Type a question or pick an example.")
+        if len(prompt) > self.limits.max_prompt_chars:
+            raise RouterLabError(
+                f"The prompt has {len(prompt)} characters; this server accepts up to {self.limits.max_prompt_chars}.",
+                "Shorten it (the operator sets ROUTERLAB_MAX_PROMPT_CHARS).",
+            )
+        return prompt
+
+    def measure_full_speed(self, max_new_tokens: int = 24) -> float:
+        """Decode tokens/s of the full default model on this machine (the 'speedup' denominator)."""
+        from .engine import Control
+
+        prompt = self.prompts[0] if self.engine.tokenizer is not None else None
+        control = Control(0.5)
+        config = GenerateConfig(max_new_tokens=max_new_tokens, max_new_tokens_cap=max(max_new_tokens, self.limits.max_new_tokens))
+        steps = self.engine.generate(prompt, None, config, control) if prompt else self.engine.generate_ids([1, 2, 3, 4], None, config, control)
+        for _ in steps:
+            pass
+        self.full_tokens_per_second = control.trace.decode_tokens_per_second() or None
+        return self.full_tokens_per_second or 0.0
+
+
+# -- per-session state --------------------------------------------------------------------------
+class Session:
+    """One visitor's state, kept in a gr.State: never shared between sessions.
+
+    `control` / `compare_control` are the live handles of a running Explore / Compare generation;
+    `trace` is the last Explore run (for what-if views and export).
+    """
+
+    def __init__(self):
+        self.control = None
+        self.compare_control = None
+        self.trace: Trace | None = None
+        self.compare: tuple[Trace | None, Trace | None] = (None, None)
+        self.running = False
+        self.compare_running = False
+        self._dir: str | None = None
+
+    def workdir(self) -> Path:
+        if self._dir is None or not os.path.isdir(self._dir):
+            self._dir = tempfile.mkdtemp(prefix="routerlab-")
+        return Path(self._dir)
+
+    def cleanup(self) -> None:
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _delete_session(session: Session | None) -> None:
+    if isinstance(session, Session):
+        if session.control is not None:
+            session.control.request_stop()
+        if session.compare_control is not None:
+            session.compare_control.request_stop()
+        session.cleanup()
+
+
+# -- handlers (thin: engine + plots, no tensors) ------------------------------------------------
+def _status(kind: str, text: str) -> str:
+    icon = {"ok": "✅", "run": "⏳", "warn": "⚠️", "whatif": "🔍", "stop": "⏹️"}.get(kind, "")
+    return f"{icon} {text}".strip()
+
+
+def _warn(err: Exception) -> str:
+    gr.Warning(str(err))
+    return _status("warn", str(err))
+
+
+def _export(session: Session, trace: Trace) -> tuple[str, str]:
+    """Write the run's trace JSON and a standalone heatmap HTML page; return their paths."""
+    folder = session.workdir()
+    trace_path = folder / "routerlab-trace.json"
+    trace_path.write_text(trace.to_json(indent=1))
+    html_path = folder / "routerlab-heatmap.html"
+    html_path.write_text(plots.figure_html(plots.heatmap(trace)))
+    return str(trace_path), str(html_path)
+
+
+def _done_status(trace: Trace, res: Resources, wall: float) -> str:
+    m = trace.meta
+    n = len(trace.generated_steps)
+    reason = {"eos": "end of text", "max_new_tokens": "max new tokens reached", "stopped": "stopped by you"}.get(m.get("stop_reason"), m.get("stop_reason"))
+    return _status(
+        "stop" if m.get("stop_reason") == "stopped" else "ok",
+        f"Done: {n} tokens in {wall:.1f} s ({reason}); decode {trace.decode_tokens_per_second():.1f} tok/s, "
+        f"skip rate {trace.skip_rate():.0%}, granularity {m.get('granularity')}, kv policy {m.get('kv_policy_effective')}. "
+        "Move the threshold slider to see a what-if view from the recorded scores.",
+    )
+
+
+def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session) -> Iterator[tuple]:
+    """Stream one generation: text, heatmap (throttled), stats, status; then figures and exports.
+
+    Yields 9 values: text, heatmap, stats, status, trace file, heatmap html file, layer bar, score histogram, generate button.
+    """
+    from .engine import Control
+
+    skip = gr.skip()
+    session = session if isinstance(session, Session) else Session()
+    try:
+        res.check_prompt(prompt)
+        engine = res.engine_for(model_name)
+        routers = res.routers_for(engine, router_label)
+        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy)
+        control = Control(config.threshold)
+        steps = engine.generate(prompt, routers, config, control)
+    except RouterLabError as err:
+        yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
+        return
+    if session.control is not None:  # one Explore run per session: a new click ends the old one
+        session.control.request_stop()
+    session.control, session.trace, session.running = control, control.trace, True
+    trace = control.trace
+    live = routers is not None and routers.config.level == "token"
+    note = "" if live else (" (full model: the threshold has no effect)" if routers is None else " (sequence level: decided once per prompt)")
+    yield skip, skip, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False)
+
+    start = time.perf_counter()
+    last_text = last_plot = 0.0
+    try:
+        for step in steps:
+            now = time.perf_counter()
+            if step.is_prompt and step.position < trace.meta.get("prompt_tokens", 0) - 1:
+                continue  # the prompt arrives at once after prefill: draw after its last step
+            if now - last_text < TEXT_INTERVAL:
+                continue
+            last_text = now
+            text = plots.token_html(trace)
+            if now - last_plot >= HEATMAP_INTERVAL:
+                last_plot = now
+                fig = plots.heatmap(trace)
+                stats = plots.stats_html(plots.live_stats(trace, res.full_tokens_per_second), running=True)
+                yield text, fig, stats, _status("run", f"Generating… {len(trace.generated_steps)} tokens, threshold {control.threshold:.2f}{note}"), skip, skip, skip, skip, skip
+            else:
+                yield text, skip, skip, skip, skip, skip, skip, skip, skip
+    except RouterLabError as err:
+        yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
+        return
+    except Exception as err:  # keep the page alive; the console has the traceback
+        log.exception("generation failed")
+        gr.Warning(f"Generation failed: {err}")
+        yield skip, skip, skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True)
+        return
+    finally:
+        session.running = False
+    yield (*_final_view(res, session, trace, time.perf_counter() - start),)
+
+
+def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
+    trace_file, html_file = _export(session, trace)
+    stats = plots.stats_html(plots.live_stats(trace, res.full_tokens_per_second))
+    return (
+        plots.token_html(trace),
+        plots.heatmap(trace),
+        stats,
+        _done_status(trace, res, wall),
+        gr.DownloadButton(value=trace_file, visible=True),
+        gr.DownloadButton(value=html_file, visible=True),
+        plots.layer_skip_bar(trace),
+        plots.score_histogram(trace),
+        gr.Button(interactive=True),
+    )
+
+
+def stop_run(session: Session):
+    """Ask this session's running generations to stop; returns the status line."""
+    stopped = False
+    for control in (getattr(session, "control", None), getattr(session, "compare_control", None)):
+        if control is not None:
+            control.request_stop()
+            stopped = True
+    return _status("stop", "Stopping…" if stopped else "Nothing is running.")
+
+
+def show_last(res: Resources, session: Session):
+    """After Stop (which also cancels the stream): show whatever the stopped run recorded."""
+    trace = getattr(session, "trace", None)
+    if isinstance(session, Session):
+        session.running = False  # the cancelled stream may never reach its own `finally`
+    if trace is None or not trace.steps:
+        return (gr.skip(),) * 8 + (gr.Button(interactive=True),)
+    view = list(_final_view(res, session, trace, 0.0))
+    view[3] = _status("stop", f"Stopped after {len(trace.generated_steps)} tokens. Move the slider for a what-if view, or regenerate.")
+    return tuple(view)
+
+
+def threshold_moved(res: Resources, threshold, session: Session):
+    """Slider moved: steer a running generation, or show the what-if view of the last run.
+
+    Returns heatmap, text, stats, status, layer bar, score histogram.
+    """
+    skip = gr.skip()
+    try:
+        from .config import check_threshold
+
+        value = check_threshold(threshold)
+    except RouterLabError as err:
+        return skip, skip, skip, _warn(err), skip, skip
+    session = session if isinstance(session, Session) else None
+    if session is None:
+        return (skip,) * 6
+    steered = []
+    if session.running and session.control is not None:
+        session.control.threshold = value
+        steered.append("Explore")
+    if session.compare_running and session.compare_control is not None:
+        session.compare_control.threshold = value
+        steered.append("Compare")
+    if steered:
+        return skip, skip, skip, _status("run", f"Threshold → {value:.2f} from the next token ({' and '.join(steered)} run)."), skip, skip
+    trace = session.trace
+    if trace is None or not trace.steps:
+        return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip
+    stats = plots.live_stats(trace, res.full_tokens_per_second, threshold=value)
+    stats["tokens_per_second"] = trace.decode_tokens_per_second()
+    recorded = trace.skip_rate()
+    return (
+        plots.heatmap(trace, threshold=value, what_if=True),
+        plots.token_html(trace, threshold=value),
+        plots.stats_html(stats),
+        _status(
+            "whatif",
+            f"**What-if view** at threshold {value:.2f}: decisions re-made from the recorded scores, nothing re-run "
+            f"(skip rate {trace.skip_rate(value):.0%} vs {recorded:.0%} recorded; tokens/s and text are the recorded run's). "
+            "Press **Regenerate at this threshold** for the true run.",
+        ),
+        plots.layer_skip_bar(trace, threshold=value),
+        plots.score_histogram(trace, threshold=value),
+    )
+
+
+def compare_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session):
+    """The same prompt through the full model and the routed model, interleaved step by step.
+
+    Yields full text, routed text, comparison HTML, routed heatmap, status.
+    """
+    from .engine import Control
+
+    skip = gr.skip()
+    session = session if isinstance(session, Session) else Session()
+    try:
+        res.check_prompt(prompt)
+        engine = res.engine_for(model_name)
+        label = router_label if router_label not in (None, "", FULL) else UNTRAINED
+        routers = res.routers_for(engine, label)
+        seed = 0 if float(temperature or 0) > 0 else None  # same samples for both when sampling
+        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy, seed=seed)
+        full_control, routed_control = Control(config.threshold), Control(config.threshold)
+        full_steps = engine.generate(prompt, None, config, full_control)
+        routed_steps = engine.generate(prompt, routers, config, routed_control)
+    except RouterLabError as err:
+        yield skip, skip, skip, skip, _warn(err)
+        return
+    if session.compare_control is not None:
+        session.compare_control.request_stop()
+    session.compare_control, session.compare_running = _StopBoth(full_control, routed_control), True
+    full, routed = full_control.trace, routed_control.trace
+    yield plots.token_html(None), plots.token_html(None), skip, skip, _status("run", "Prefilling both…")
+    last_text = last_plot = 0.0
+    iterators = [full_steps, routed_steps]
+    try:
+        while iterators:
+            for it in list(iterators):
+                try:
+                    next(it)
+                except StopIteration:
+                    iterators.remove(it)
+            now = time.perf_counter()
+            if now - last_text < TEXT_INTERVAL and iterators:
+                continue
+            last_text = now
+            div = plots.first_divergence(full, routed)
+            fig = skip
+            if now - last_plot >= HEATMAP_INTERVAL or not iterators:
+                last_plot = now
+                fig = plots.heatmap(routed)
+            yield (
+                plots.token_html(full, diverge_at=div),
+                plots.token_html(routed, diverge_at=div),
+                compare_html(full, routed, div),
+                fig,
+                _status("run", "Generating both…") if iterators else _status("ok", "Done. The red outline marks the first token where the two runs differ."),
+            )
+    except RouterLabError as err:
+        yield skip, skip, skip, skip, _warn(err)
+    finally:
+        session.compare_running = False
+        session.compare = (full, routed)
+
+
+class _StopBoth:
+    """The Compare run's Control as the session sees it: threshold goes to the routed run, Stop to both."""
+
+    def __init__(self, full, routed):
+        self.full, self.routed = full, routed
+
+    @property
+    def threshold(self) -> float:
+        return self.routed.threshold
+
+    @threshold.setter
+    def threshold(self, value: float) -> None:
+        self.routed.threshold = value
+
+    def request_stop(self) -> None:
+        self.full.request_stop()
+        self.routed.request_stop()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.routed.stop_requested or self.full.stop_requested
+
+
+def compare_html(full: Trace | None, routed: Trace | None, diverge_at: int | None) -> str:
+    if full is None or routed is None:
+        return ""
+    f_tps, r_tps = full.decode_tokens_per_second(), routed.decode_tokens_per_second()
+    speed = f"{r_tps / f_tps:.2f}×" if f_tps and r_tps else "–"
+    if diverge_at is None:
+        same = min(len(full.generated_steps), len(routed.generated_steps))
+        div = f"identical so far ({same} tokens)"
+    else:
+        tok = routed.generated_steps[diverge_at].text
+        div = f"first difference at generated token {diverge_at + 1} (routed wrote “{plots.token_label(tok, 16)}”)"
+    stats = {
+        "full": (f"{f_tps:.1f} tok/s", f"{len(full.generated_steps)} tokens"),
+        "routed": (f"{r_tps:.1f} tok/s", f"{len(routed.generated_steps)} tokens, skip rate {routed.skip_rate():.0%}"),
+    }
+    return (
+        "<div class='rl-stats'>"
+        f"<div class='rl-card'><div class='rl-card-v'>{stats['full'][0]}</div><div class='rl-card-l'>full model · {stats['full'][1]}</div></div>"
+        f"<div class='rl-card'><div class='rl-card-v'>{stats['routed'][0]}</div><div class='rl-card-l'>routed · {stats['routed'][1]}</div></div>"
+        f"<div class='rl-card'><div class='rl-card-v'>{speed}</div><div class='rl-card-l'>routed vs full (measured side by side)</div></div>"
+        f"</div><div class='rl-foot'>{div}</div>"
+    )
+
+
+def tradeoff_pick(df, evt: gr.SelectData):
+    """A row of the results table was clicked: set Explore's threshold to its threshold and go there."""
+    try:
+        row = evt.row_value if evt.row_value is not None else df.iloc[evt.index[0]].tolist()
+        cols = list(df.columns)
+        value = float(row[cols.index("threshold")])
+    except (ValueError, TypeError, IndexError, AttributeError, KeyError):
+        return gr.skip(), gr.skip(), _status("warn", "That row has no threshold to use.")
+    return gr.Slider(value=value), gr.Tabs(selected="explore"), _status("ok", f"Threshold set to {value:.2f} from the trade-off table.")
+
+
+def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, progress=gr.Progress()):
+    """A quick sweep when no benchmark results ship: tokens/s and agreement with the full model per threshold."""
+    import pandas as pd
+
+    from .engine import Control
+
+    try:
+        res.check_prompt(prompt)
+        engine = res.engine_for(model_name)
+        label = router_label if router_label not in (None, "", FULL) else UNTRAINED
+        routers = res.routers_for(engine, label)
+        config = res.generate_config(min(32, res.limits.max_new_tokens), 0.0, 0.5, kv_policy)
+    except RouterLabError as err:
+        return plots.tradeoff_curve(None), None, _warn(err)
+    thresholds = [0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
+    progress(0.0, desc="full model")
+    full = engine.run(prompt, None, config)
+    full_ids = [s.token_id for s in full.generated_steps]
+    rows = [dict(method="full", threshold=None, speedup=1.0, agreement=1.0, skip_rate=0.0, kv_policy=kv_policy)]
+    f_tps = full.decode_tokens_per_second() or 1.0
+    for k, t in enumerate(thresholds):
+        progress((k + 1) / (len(thresholds) + 1), desc=f"threshold {t:.2f}")
+        trace = engine.run(prompt, routers, dataclasses.replace(config, threshold=t))
+        ids = [s.token_id for s in trace.generated_steps]
+        same = next((j for j, (a, b) in enumerate(zip(full_ids, ids)) if a != b), min(len(full_ids), len(ids)))
+        rows.append(dict(method=label, threshold=t, speedup=trace.decode_tokens_per_second() / f_tps, agreement=same / max(1, len(full_ids)), skip_rate=trace.skip_rate(), kv_policy=kv_policy))
+    df = pd.DataFrame(rows)
+    return plots.tradeoff_curve(df, quality="agreement"), df.round(3), _status("ok", "Sweep done: agreement = share of the full model's greedy tokens reproduced before the first difference.")
+
+
+# -- layout ---------------------------------------------------------------------------------------
+ABOUT_MD = """
+### What you are looking at
+A **router** is one tiny linear layer in front of a sub-layer (here: attention). For every token it
+reads the normalised hidden state and outputs a score `sigmoid(w · x)`. The sub-layer runs only if
+**score ≥ threshold**; otherwise the token goes straight on through the residual connection.
+In **Router-Tuning** only these routers are trained (about 1,000 instructions, one epoch), the base
+model stays frozen. Fresh routers output 0.5 everywhere, so at threshold 0.5 nothing is skipped.
+
+### Three ways to skip attention with a KV cache
+* **mask**: compute everything, then zero the skipped update. Same numbers as the reference, saves nothing (what the official code does).
+* **kv**: a skipped token computes only its keys and values, so later tokens can still attend to it; skips the query, the attention and the output projection. Same numbers as *mask*, less work.
+* **drop**: a skipped token writes nothing at that layer; later tokens cannot attend to it there. Saves the most compute and KV-cache memory, and changes the numbers.
+
+### What is measured, and how
+* **Heatmap**: one column per token (prompt, then generated), one row per layer. Warm colours: the layer ran, coloured by router score; greys: skipped; blank rows: layers without a router (they always run). Dashed blue lines: where you moved the threshold during the run.
+* **tokens/s**: wall time of each decode step on this machine, measured in the engine (the UI's drawing is not included).
+* **vs full model**: tokens/s divided by the full model's tokens/s measured on this machine at start-up (Compare measures both side by side).
+* **attention FLOPs saved**: share of the attention work (projections + scores) not computed for routed layers, from the model's shapes and the recorded decisions.
+* **KV cache saved**: keys/values never stored (only the *drop* policy saves memory).
+* **What-if**: after a run, moving the slider re-decides every cell from the recorded scores. Nothing is re-run: tokens after the first changed decision could have been different. Use *Regenerate at this threshold* for the true run.
+* Exports: the trace as JSON (every token's scores and decisions), the heatmap as a standalone HTML page; the camera icon on any plot saves a PNG.
+"""
+
+DIAGRAM = """
+<svg viewBox="0 0 640 150" class="rl-diagram" role="img" aria-label="router diagram">
+ <defs><marker id="a" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#374151"/></marker></defs>
+ <g font-family="Inter,system-ui,sans-serif" font-size="13" fill="#111827">
+  <rect x="10" y="55" width="70" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="45" y="78" text-anchor="middle">h (token)</text>
+  <rect x="110" y="55" width="70" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="145" y="78" text-anchor="middle">norm</text>
+  <rect x="210" y="10" width="120" height="36" rx="6" fill="#fde68a" stroke="#d97706"/><text x="270" y="33" text-anchor="middle">router: σ(w·x)</text>
+  <rect x="210" y="100" width="120" height="36" rx="6" fill="#fecaca" stroke="#b23a48"/><text x="270" y="123" text-anchor="middle">attention</text>
+  <rect x="380" y="10" width="120" height="36" rx="6" fill="#fff" stroke="#9ca3af"/><text x="440" y="33" text-anchor="middle">score ≥ threshold?</text>
+  <circle cx="560" cy="73" r="18" fill="#fff" stroke="#374151"/><text x="560" y="78" text-anchor="middle">+</text>
+  <path d="M80,73 L108,73" stroke="#374151" marker-end="url(#a)"/>
+  <path d="M180,73 L195,73 L195,28 L208,28" stroke="#374151" fill="none" marker-end="url(#a)"/>
+  <path d="M195,73 L195,118 L208,118" stroke="#374151" fill="none" marker-end="url(#a)"/>
+  <path d="M330,28 L378,28" stroke="#374151" marker-end="url(#a)"/>
+  <path d="M440,46 L440,118 L330,118" stroke="#d97706" stroke-dasharray="4 3" fill="none"/><text x="446" y="95" font-size="11" fill="#92400e">no: skip</text>
+  <path d="M330,118 L540,118 L555,90" stroke="#374151" fill="none" marker-end="url(#a)"/>
+  <path d="M45,55 L45,5 L600,5 L600,73 L580,73" stroke="#9ca3af" fill="none" marker-end="url(#a)"/><text x="300" y="2" font-size="11" fill="#6b7280" dy="12"></text>
+  <text x="610" y="60" font-size="11" fill="#6b7280">residual</text>
+ </g>
+</svg>
+"""
+
+
+def theme():
+    return gr.themes.Soft(primary_hue="orange", neutral_hue="stone")
+
+
+def launch_options() -> dict:
+    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch)."""
+    return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None)
+
+
+def build_demo(res: Resources) -> gr.Blocks:
+    """The whole app. Handlers are bound to `res`; per-visitor state lives in a gr.State(Session)."""
+    limits = res.limits
+    labels = res.router_labels()
+    default_routers = next((r.label for r in res.router_sets if r.path is not None), UNTRAINED)
+    with gr.Blocks(title="RouterLab: see and steer dynamic depth") as demo:
+        session = gr.State(Session(), delete_callback=_delete_session)
+        gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
+        status = gr.Markdown(res.status, elem_id="rl-status")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
+                threshold = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
+                router_label = gr.Dropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
+                kv_policy = gr.Radio(list(KV_POLICIES), value="kv", label="KV policy", info=" · ".join(f"{k}: {v}" for k, v in KV_POLICY_HELP.items()), elem_id="rl-kv")
+                max_new = gr.Slider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
+                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
+                model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
+            with gr.Column(scale=4):
+                with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
+                    with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore"):
+                        prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt")
+                        gr.Examples([[p] for p in res.prompts], inputs=[prompt], label="Example prompts")
+                        with gr.Row():
+                            go_btn = gr.Button("Generate", variant="primary", elem_id="rl-generate")
+                            regen_btn = gr.Button("Regenerate at this threshold", elem_id="rl-regenerate")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="rl-stop")
+                        text = gr.HTML(plots.token_html(None), elem_id="rl-text")
+                        stats = gr.HTML(plots.stats_html({}), elem_id="rl-stats")
+                        heat = gr.Plot(plots.empty_heatmap(), label="Layers × tokens", elem_id="rl-heatmap")
+                        with gr.Row():
+                            trace_dl = gr.DownloadButton("Download trace (JSON)", visible=False, size="sm", elem_id="rl-dl-trace")
+                            html_dl = gr.DownloadButton("Download heatmap (HTML)", visible=False, size="sm", elem_id="rl-dl-html")
+                        gr.Markdown("PNG: use the camera icon in the heatmap's toolbar.", elem_classes=["rl-muted"])
+                    with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare"):
+                        gr.Markdown("The same prompt through the **full model** and the **routed model**, token by token, with the settings on the left (untrained routers if *full model* is selected).")
+                        c_prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt")
+                        with gr.Row():
+                            c_btn = gr.Button("Compare", variant="primary", elem_id="rl-compare")
+                            c_stop = gr.Button("Stop", variant="stop", elem_id="rl-c-stop")
+                        c_stats = gr.HTML("", elem_id="rl-c-stats")
+                        with gr.Row():
+                            with gr.Column():
+                                gr.Markdown("**Full model**")
+                                c_full = gr.HTML(plots.token_html(None), elem_id="rl-c-full")
+                            with gr.Column():
+                                gr.Markdown("**Routed**")
+                                c_routed = gr.HTML(plots.token_html(None), elem_id="rl-c-routed")
+                        c_heat = gr.Plot(plots.empty_heatmap("The routed run's heatmap appears here."), label="Routed run: layers × tokens", elem_id="rl-c-heatmap")
+                    with gr.Tab("Trade-off", id="tradeoff", elem_id="rl-tab-tradeoff"):
+                        bench = load_bench()
+                        gr.Markdown(
+                            "Speed against quality for each method and threshold. Click a row of the table to use its threshold in Explore."
+                            if bench is not None
+                            else "No benchmark results ship with this build yet (`assets/bench/`). Run a quick sweep on the Explore prompt: "
+                            "tokens/s and agreement with the full model's greedy output, per threshold."
+                        )
+                        t_plot = gr.Plot(plots.tradeoff_curve(bench), elem_id="rl-tradeoff")
+                        t_table = gr.Dataframe(bench, interactive=False, elem_id="rl-t-table")
+                        t_btn = gr.Button("Run a quick sweep (about a minute)", elem_id="rl-sweep")
+                    with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers"):
+                        gr.Markdown("Per-layer view of the last Explore run (follows the what-if threshold after a run).")
+                        l_bar = gr.Plot(plots.layer_skip_bar(None), elem_id="rl-layer-bar")
+                        l_hist = gr.Plot(plots.score_histogram(None), elem_id="rl-layer-hist")
+                    with gr.Tab("About", id="about", elem_id="rl-tab-about"):
+                        gr.HTML(DIAGRAM)
+                        gr.Markdown(ABOUT_MD)
+
+        run_inputs = [prompt, threshold, router_label, kv_policy, max_new, temperature, model, session]
+        run_outputs = [text, heat, stats, status, trace_dl, html_dl, l_bar, l_hist, go_btn]
+
+        def _explore(*args):
+            yield from explore_run(res, *args)
+
+        def _show_last(s):
+            return show_last(res, s)
+
+        def _moved(t, s):
+            return threshold_moved(res, t, s)
+
+        def _compare(*args):
+            yield from compare_run(res, *args)
+
+        def _sweep(p, r, k, m, progress=gr.Progress()):
+            return tradeoff_sweep(res, p, r, k, m, progress)
+
+        limit = max(1, limits.concurrency)
+        gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        stop_btn.click(stop_run, [session], [status], api_name="stop", cancels=[gen_evt, prompt_evt, regen_evt], queue=False).then(
+            _show_last, [session], run_outputs, api_name=False
+        )
+        threshold.change(
+            _moved, [threshold, session], [heat, text, stats, status, l_bar, l_hist],
+            api_name="set_threshold", trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+        )
+        cmp_evt = c_btn.click(_compare, [c_prompt, threshold, router_label, kv_policy, max_new, temperature, model, session], [c_full, c_routed, c_stats, c_heat, status], api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)
+        t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
+        t_btn.click(_sweep, [prompt, router_label, kv_policy, model], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
+    return demo

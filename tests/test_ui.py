@@ -1,0 +1,258 @@
+"""ui.py handlers on a tiny random model with a character tokenizer: no downloads, no server.
+
+The handlers are called directly (as Gradio would call them); the gradio_client tests in
+test_app_client.py drive the real app with the embedded model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gradio as gr
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from routerlab import ui
+from routerlab.config import RoutingConfig
+from routerlab.errors import RouterLabError
+from routerlab.trace import Trace
+
+RANDOM = "attention-token (random, test)"
+
+
+def char_tokenizer():
+    """A 128-symbol character tokenizer matching tiny_model's vocabulary; id 3 is end of text."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(i) if i >= 32 else f"<{i}>": i for i in range(128)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="?", eos_token="<127>")
+
+
+def random_routers(model, seed=0):
+    """Routers with small random weights: scores spread around 0.5, about half the tokens skip."""
+    from routerlab.router import RouterSet
+
+    rs = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", [1, 2]))
+    g = torch.Generator().manual_seed(seed)
+    for r in rs.routers.values():
+        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 0.15
+    return rs
+
+
+@pytest.fixture(scope="module")
+def res():
+    from routerlab.engine import Engine
+    from routerlab.models import tiny_model
+
+    model = tiny_model("llama")
+    engine = Engine(model, char_tokenizer(), name="tiny-llama")
+    sets = [ui.RouterSetInfo(label=RANDOM, granularity="attention-token"), *ui.available_router_sets(Path("/nonexistent"))]
+    resources = ui.Resources(engine, ui.Limits(max_new_tokens=64, max_prompt_chars=200), router_sets=sets, prompts=["Hello there"])
+    resources._routers[(engine.name, RANDOM)] = random_routers(model)  # stands in for a shipped, trained set
+    return resources
+
+
+def run_all(gen):
+    return list(gen)
+
+
+def explore(res, session, prompt="Hello there", threshold=0.5, label=RANDOM, policy="kv", max_new=24, temperature=0.0):
+    return ui.explore_run(res, prompt, threshold, label, policy, max_new, temperature, res.default_model, session)
+
+
+def file_path(update) -> Path:
+    value = update.value if hasattr(update, "value") else update["value"]
+    return Path(value["path"] if isinstance(value, dict) else value)
+
+
+@pytest.fixture
+def every_step(monkeypatch):
+    """Yield on every token (the tiny model is faster than the UI throttle)."""
+    monkeypatch.setattr(ui, "TEXT_INTERVAL", 0.0)
+
+
+def advance(gen, session, n_generated):
+    """Pull the stream until the session's run has `n_generated` generated tokens."""
+    for _ in gen:
+        if session.trace is not None and len(session.trace.generated_steps) >= n_generated:
+            return
+
+
+def is_skip(value) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+def test_explore_streams_text_then_final_figures_and_exports(res):
+    session = ui.Session()
+    outs = run_all(explore(res, session))
+    assert len(outs) >= 3 and all(len(o) == 9 for o in outs)
+    text, heat, stats, status, trace_dl, html_dl, bar, hist, _ = outs[-1]
+    assert "rl-tok" in text and isinstance(heat, go.Figure) and isinstance(bar, go.Figure) and isinstance(hist, go.Figure)
+    assert status.startswith("✅ Done")
+    assert any(isinstance(o[1], go.Figure) for o in outs[:-1]), "the heatmap streams before the end"
+    trace = Trace.from_json(file_path(trace_dl).read_text())
+    assert trace.generated_steps and trace.meta["granularity"] == "attention-token"
+    assert "plotly" in file_path(html_dl).read_text()[:200000].lower()
+    assert session.trace is not None and not session.running
+
+
+def test_bad_input_is_a_status_line_not_an_exception(res):
+    session = ui.Session()
+    for prompt in ("", "x" * 201):
+        outs = run_all(explore(res, session, prompt=prompt))
+        assert len(outs) == 1 and outs[0][3].startswith("⚠️")
+        assert all(is_skip(v) for v in outs[0][:3])  # text and figures untouched (the prompt box is never an output)
+    outs = run_all(explore(res, session, max_new=10_000))
+    assert "max_new_tokens" in outs[0][3]
+
+
+def test_unknown_or_disallowed_model_is_refused(res):
+    with pytest.raises(RouterLabError, match="not available"):
+        res.engine_for("someone/huge-model")
+    outs = run_all(ui.explore_run(res, "Hi", 0.5, RANDOM, "kv", 8, 0.0, "someone/huge-model", ui.Session()))
+    assert "not available" in outs[0][3]
+
+
+def test_threshold_change_mid_run_changes_later_decisions(res, every_step):
+    session = ui.Session()
+    gen = explore(res, session, threshold=0.0, max_new=40)
+    advance(gen, session, 5)
+    out = ui.threshold_moved(res, 1.0, session)
+    assert "from the next token" in out[3]
+    run_all(gen)
+    trace = session.trace
+    gen_steps = [s for s in trace.generated_steps if any(e is not None for e in s.executed)]
+    before = [s for s in gen_steps if s.threshold == 0.0]
+    after = [s for s in gen_steps if s.threshold == 1.0]
+    assert before and after
+    assert all(e is not False for s in before for e in s.executed)  # threshold 0: everything ran
+    assert all(e == (sc >= 1.0) for s in after for e, sc in zip(s.executed[1:3], s.scores[1:3]))
+    assert sum(e is False for s in after for e in s.executed) > 0  # threshold 1: (nearly) every routed layer skipped
+
+
+def test_what_if_after_run_is_labelled_and_differs(res):
+    session = ui.Session()
+    run_all(explore(res, session, threshold=0.5))
+    heat, text, stats, status, bar, hist = ui.threshold_moved(res, 0.9, session)
+    assert "What-if" in status and "WHAT-IF" in heat.layout.title.text
+    assert "(what-if)" in stats
+    assert session.trace.skip_rate(0.9) > session.trace.skip_rate()
+    recorded = ui.threshold_moved(res, 0.5, session)[0]
+    assert "WHAT-IF" in recorded.layout.title.text  # still labelled, even at the recorded threshold
+
+
+def test_threshold_before_any_run_only_sets_the_next_start(res):
+    out = ui.threshold_moved(res, 0.3, ui.Session())
+    assert all(is_skip(v) for i, v in enumerate(out) if i != 3) and "next generation" in out[3]
+
+
+def test_stop_ends_the_run_early(res, every_step):
+    session = ui.Session()
+    gen = explore(res, session, max_new=60)
+    advance(gen, session, 3)
+    assert "Stopping" in ui.stop_run(session)
+    outs = run_all(gen)
+    assert session.trace.meta["stop_reason"] == "stopped"
+    assert len(session.trace.generated_steps) < 60
+    assert "stopped" in outs[-1][3].lower()
+    assert "Nothing" in ui.stop_run(ui.Session())
+
+
+def test_show_last_after_cancel_renders_the_partial_run(res, every_step):
+    session = ui.Session()
+    gen = explore(res, session, max_new=40)
+    advance(gen, session, 3)
+    gen.close()  # what a Gradio cancel does to the stream
+    view = ui.show_last(res, session)
+    assert len(view) == 9 and "Stopped after" in view[3] and not session.running
+
+
+def test_sessions_do_not_share_controls(res, every_step):
+    a, b = ui.Session(), ui.Session()
+    gen_a = explore(res, a, threshold=0.2, max_new=30)
+    gen_b = explore(res, b, threshold=0.8, max_new=30)
+    advance(gen_a, a, 3), advance(gen_b, b, 3)
+    ui.threshold_moved(res, 0.6, a)
+    run_all(gen_a), run_all(gen_b)
+    assert {s.threshold for s in b.trace.steps} == {0.8}
+    assert {s.threshold for s in a.trace.steps} == {0.2, 0.6}
+
+
+def test_compare_streams_both_and_marks_divergence(res):
+    session = ui.Session()
+    outs = run_all(ui.compare_run(res, "Hello there", 0.9, RANDOM, "kv", 20, 0.0, res.default_model, session))
+    full_html, routed_html, cmp_html, heat, status = outs[-1]
+    full, routed = session.compare
+    assert full.meta["granularity"] == "full" and routed.meta["granularity"] == "attention-token"
+    assert "tok/s" in cmp_html and status.startswith("✅")
+    div = ui.plots.first_divergence(full, routed)
+    if div is not None:
+        assert "rl-diverge" in routed_html and "first difference" in cmp_html
+    assert not session.compare_running
+
+
+def test_full_model_choice_runs_without_routers(res):
+    session = ui.Session()
+    run_all(explore(res, session, label=ui.FULL))
+    assert session.trace.meta["granularity"] == "full"
+    assert session.trace.skip_rate() == 0.0
+
+
+def test_untrained_router_set_never_skips_at_half(res):
+    session = ui.Session()
+    run_all(explore(res, session, label=ui.UNTRAINED, threshold=0.5))
+    assert session.trace.skip_rate() == 0.0 and session.trace.meta["routed_layers"] == [1, 2]
+
+
+def test_available_router_sets_lists_complete_folders_then_untrained(tmp_path):
+    good = tmp_path / "smol-attn"
+    good.mkdir()
+    (good / "router.json").write_text(json.dumps({"routing": {"target": "attention", "level": "sequence"}}))
+    (good / "routers.safetensors").write_bytes(b"")
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "router.json").write_text("{}")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "router.json").write_text("{not json")
+    (broken / "routers.safetensors").write_bytes(b"")
+    sets = ui.available_router_sets(tmp_path)
+    assert [s.label for s in sets] == ["attention-sequence (smol-attn)", ui.UNTRAINED]
+    assert sets[0].path == good and sets[1].path is None
+
+
+def test_limits_from_env(monkeypatch):
+    monkeypatch.setenv("ROUTERLAB_MAX_NEW_TOKENS", "32")
+    monkeypatch.setenv("ROUTERLAB_MAX_PROMPT_CHARS", "oops")
+    monkeypatch.setenv("ROUTERLAB_ALLOWED_MODELS", " a/b , c ")
+    limits = ui.Limits.from_env()
+    assert limits.max_new_tokens == 32 and limits.max_prompt_chars == 4000 and limits.allowed_models == ("a/b", "c")
+
+
+def test_tradeoff_pick_sets_threshold_and_switches_tab():
+    import pandas as pd
+
+    df = pd.DataFrame({"method": ["r"], "threshold": [0.42], "speedup": [1.2], "perplexity": [9.0]})
+    evt = gr.SelectData(None, {"index": [0, 2], "value": 1.2, "row_value": ["r", 0.42, 1.2, 9.0]})
+    slider, tabs, status = ui.tradeoff_pick(df, evt)
+    assert slider.value == 0.42 and tabs.selected == "explore" and "0.42" in status
+
+
+def test_load_bench_handles_absence_and_bad_files(tmp_path):
+    assert ui.load_bench(tmp_path / "missing") is None
+    (tmp_path / "a.csv").write_text("method,speedup,perplexity,threshold\nrouted,1.2,9.5,0.5\n")
+    (tmp_path / "b.csv").write_text("unrelated,columns\n1,2\n")
+    df = ui.load_bench(tmp_path)
+    assert list(df["method"]) == ["routed"]
+
+
+def test_build_demo_wires_named_endpoints(res):
+    demo = ui.build_demo(res)
+    names = {d.api_name for d in demo.fns.values() if d.api_name}
+    assert {"generate", "regenerate", "stop", "set_threshold", "compare"} <= names
