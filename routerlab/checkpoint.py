@@ -10,7 +10,6 @@ Knows nothing about training or decoding.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,26 +22,13 @@ from safetensors.torch import load_file, save_file
 
 from .config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
 from .errors import RouterLabError
+from .models import model_identity
 from .router import RouterSet
 
 FORMAT = "routerlab-routers"
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG = "routers.safetensors", "router.json"
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "routers"
-
-
-def model_identity(model: torch.nn.Module) -> dict[str, Any]:
-    """What a router file must match: family, layer count, hidden size, and a hash of some weights."""
-    text = model.config.get_text_config()
-    emb = model.get_input_embeddings().weight
-    probe = emb[: min(8, emb.shape[0])].detach().float().cpu().contiguous()
-    return {
-        "name": getattr(model.config, "_name_or_path", "") or text.model_type,
-        "model_type": text.model_type,
-        "n_layers": text.num_hidden_layers,
-        "hidden_size": text.hidden_size,
-        "weights_sha256": hashlib.sha256(probe.numpy().tobytes()).hexdigest()[:16],
-    }
 
 
 def save_routers(routers: RouterSet, folder: str | Path, model: torch.nn.Module, *, threshold: float = 0.5,
