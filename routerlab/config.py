@@ -87,6 +87,7 @@ class GenerateConfig:
     chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
     seed: int | None = None
     system_prompt: str | None = None
+    ignore_eos: bool = False  # benchmarks: always produce max_new_tokens
     max_new_tokens_cap: int = field(default=4096, repr=False)
 
     def __post_init__(self):

@@ -394,7 +394,7 @@ class Engine:
                 trace.meta["stop_reason"] = "stopped"
                 return
             token = sample(logits, config, generator)
-            if token in self.eos_ids:
+            if token in self.eos_ids and not config.ignore_eos:
                 trace.meta["stop_reason"] = "eos"
                 return
             generated.append(token)
