@@ -95,23 +95,23 @@ class RouterSetInfo:
 
 
 def available_router_sets(root: Path = ROUTERS_DIR) -> list[RouterSetInfo]:
-    """Router sets shipped under `root` (each subfolder with router.json + routers.safetensors), then the untrained one."""
+    """Router sets shipped under `root` (each subfolder with router.json + routers.safetensors), then the untrained one.
+
+    A folder whose router.json does not validate is skipped with a warning, never offered.
+    """
+    from .checkpoint import read_config  # validates the JSON; weights are only read when chosen
+
     found: list[RouterSetInfo] = []
     if root.is_dir():
-        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if not ((folder / "router.json").is_file() and (folder / "routers.safetensors").is_file()):
                 continue
             try:
-                meta = json.loads((folder / "router.json").read_text())
-            except (OSError, json.JSONDecodeError) as err:
-                log.warning("skipping %s: unreadable router.json (%s)", folder, err)
+                meta = read_config(folder)
+            except RouterLabError as err:
+                log.warning("skipping router set %s: %s", folder, err)
                 continue
-            routing = meta.get("routing", meta) if isinstance(meta, dict) else {}
-            granularity = meta.get("granularity") or f"{routing.get('target', 'attention')}-{routing.get('level', 'token')}"
-            if granularity not in GRANULARITIES:
-                log.warning("skipping %s: unknown granularity %r", folder, granularity)
-                continue
-            found.append(RouterSetInfo(label=f"{granularity} ({folder.name})", granularity=granularity, path=folder, meta=meta))
+            found.append(RouterSetInfo(label=f"{meta['granularity']} · {folder.name}", granularity=meta["granularity"], path=folder, meta=meta))
     found.append(RouterSetInfo(label=UNTRAINED, granularity="attention-token"))
     return found
 
@@ -199,9 +199,9 @@ class Resources:
         if info.path is None:
             config = RoutingConfig.from_granularity(info.granularity, default_layers(engine.n_layers))
             return RouterSet.zeros(engine.model, config)
-        if not hasattr(RouterSet, "load"):
-            raise RouterLabError(f"This build cannot load router files yet ({info.path.name}).", f"Use {UNTRAINED!r} for now.")
-        return RouterSet.load(info.path, engine.model)
+        from .checkpoint import load_routers
+
+        return load_routers(info.path, engine.model)[0]
 
     def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None) -> GenerateConfig:
         try:
@@ -338,34 +338,97 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     yield skip, skip, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False)
 
     start = time.perf_counter()
-    last_text = last_plot = 0.0
+    decoder = Decoder([steps])
     try:
-        for step in steps:
-            now = time.perf_counter()
-            if step.is_prompt and step.position < trace.meta.get("prompt_tokens", 0) - 1:
-                continue  # the prompt arrives at once after prefill: draw after its last step
-            if now - last_text < TEXT_INTERVAL:
-                continue
-            last_text = now
-            text = plots.token_html(trace)
-            if now - last_plot >= HEATMAP_INTERVAL:
-                last_plot = now
-                fig = plots.heatmap(trace)
-                stats = plots.stats_html(plots.live_stats(trace, res.full_tokens_per_second), running=True)
-                yield text, fig, stats, _status("run", f"Generating… {len(trace.generated_steps)} tokens, threshold {control.threshold:.2f}{note}"), skip, skip, skip, skip, skip
+        for snap, draw_plot in decoder.frames([trace]):
+            snap = snap[0]
+            if decoder.done.is_set():
+                break  # the final view below draws everything once
+            if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):
+                continue  # still prefilling
+            text = plots.token_html(snap)
+            if draw_plot:
+                fig = plots.heatmap(snap)
+                stats = plots.stats_html(plots.live_stats(snap, res.full_tokens_per_second), running=True)
+                yield text, fig, stats, _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}"), skip, skip, skip, skip, skip
             else:
                 yield text, skip, skip, skip, skip, skip, skip, skip, skip
+        decoder.raise_error()
     except RouterLabError as err:
         yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
         return
     except Exception as err:  # keep the page alive; the console has the traceback
-        log.exception("generation failed")
+        log.error("generation failed", exc_info=err)
         gr.Warning(f"Generation failed: {err}")
         yield skip, skip, skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True)
         return
     finally:
+        control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled
         session.running = False
     yield (*_final_view(res, session, trace, time.perf_counter() - start),)
+
+
+class Decoder:
+    """Runs engine step iterators to the end in a worker thread, so drawing never pauses decoding.
+
+    The engine appends every Step to its Control's Trace itself; the UI only reads consistent
+    snapshots of those traces at its own pace (`frames`). Several iterators are advanced in turn,
+    one step each, so runs that share the machine (Compare) are timed under the same load.
+    """
+
+    def __init__(self, iterators: list[Iterator]):
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._drain, args=(list(iterators),), name="routerlab-decode", daemon=True)
+        self._thread.start()
+
+    def _drain(self, live: list[Iterator]) -> None:
+        try:
+            while live:
+                for it in list(live):
+                    if next(it, None) is None:
+                        live.remove(it)
+        except BaseException as err:  # reported by raise_error() in the UI thread
+            self.error = err
+        finally:
+            self.done.set()
+
+    def frames(self, traces: list[Trace], text_every: float | None = None, plot_every: float | None = None) -> Iterator[tuple[list[Trace], bool]]:
+        """Yield (snapshots, draw_plot) whenever a trace grew: text on every frame, plots at most every `plot_every` s.
+
+        The last frame, after decoding ended, always has draw_plot=True.
+        """
+        text_every = TEXT_INTERVAL if text_every is None else text_every
+        plot_every = HEATMAP_INTERVAL if plot_every is None else plot_every
+        next_text = next_plot = time.perf_counter()
+        seen = -1
+        while True:
+            finished = self.done.wait(max(0.0, min(next_text, next_plot) - time.perf_counter()))
+            now = time.perf_counter()
+            snaps = [snapshot(t) for t in traces]
+            size = sum(len(t.steps) for t in snaps)
+            if finished:
+                yield snaps, True
+                return
+            if size == seen or size == 0 or now < next_text:
+                next_text = max(next_text, now + 0.02)
+                continue
+            seen = size
+            draw = now >= next_plot
+            next_text = now + text_every
+            if draw:
+                next_plot = now + plot_every
+            yield snaps, draw
+
+    def raise_error(self) -> None:
+        self._thread.join(timeout=5.0)
+        if self.error is not None:
+            raise self.error
+
+
+def snapshot(trace: Trace) -> Trace:
+    """A consistent view of a trace another thread is still appending to (steps are never mutated)."""
+    return Trace(trace.n_layers, trace.steps[: len(trace.steps)], trace.meta)
 
 
 def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
@@ -475,37 +538,30 @@ def compare_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         return
     if session.compare_control is not None:
         session.compare_control.request_stop()
-    session.compare_control, session.compare_running = _StopBoth(full_control, routed_control), True
+    both = _StopBoth(full_control, routed_control)
+    session.compare_control, session.compare_running = both, True
     full, routed = full_control.trace, routed_control.trace
     yield plots.token_html(None), plots.token_html(None), skip, skip, _status("run", "Prefilling both…")
-    last_text = last_plot = 0.0
-    iterators = [full_steps, routed_steps]
+    decoder = Decoder([full_steps, routed_steps])
     try:
-        while iterators:
-            for it in list(iterators):
-                try:
-                    next(it)
-                except StopIteration:
-                    iterators.remove(it)
-            now = time.perf_counter()
-            if now - last_text < TEXT_INTERVAL and iterators:
-                continue
-            last_text = now
-            div = plots.first_divergence(full, routed)
-            fig = skip
-            if now - last_plot >= HEATMAP_INTERVAL or not iterators:
-                last_plot = now
-                fig = plots.heatmap(routed)
+        for (f, r), draw_plot in decoder.frames([full, routed]):
+            div = plots.first_divergence(f, r)
+            finished = decoder.done.is_set()
             yield (
-                plots.token_html(full, diverge_at=div),
-                plots.token_html(routed, diverge_at=div),
-                compare_html(full, routed, div),
-                fig,
-                _status("run", "Generating both…") if iterators else _status("ok", "Done. The red outline marks the first token where the two runs differ."),
+                plots.token_html(f, diverge_at=div),
+                plots.token_html(r, diverge_at=div),
+                compare_html(f, r, div),
+                plots.heatmap(r) if draw_plot and r.steps else skip,
+                _status("ok", "Done. The red outline marks the first token where the two runs differ.") if finished else _status("run", "Generating both, one token each in turn…"),
             )
+        decoder.raise_error()
     except RouterLabError as err:
         yield skip, skip, skip, skip, _warn(err)
+    except Exception as err:
+        log.error("compare failed", exc_info=err)
+        yield skip, skip, skip, skip, _status("warn", f"Compare failed: {type(err).__name__}: {err}")
     finally:
+        both.request_stop()  # ends the decoder if the stream was cancelled
         session.compare_running = False
         session.compare = (full, routed)
 

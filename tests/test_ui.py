@@ -7,6 +7,7 @@ test_app_client.py drive the real app with the embedded model.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -51,7 +52,7 @@ def res():
     from routerlab.models import tiny_model
 
     model = tiny_model("llama")
-    engine = Engine(model, char_tokenizer(), name="tiny-llama")
+    engine = Paced(Engine(model, char_tokenizer(), name="tiny-llama"))
     sets = [ui.RouterSetInfo(label=RANDOM, granularity="attention-token"), *ui.available_router_sets(Path("/nonexistent"))]
     resources = ui.Resources(engine, ui.Limits(max_new_tokens=64, max_prompt_chars=200), router_sets=sets, prompts=["Hello there"])
     resources._routers[(engine.name, RANDOM)] = random_routers(model)  # stands in for a shipped, trained set
@@ -71,10 +72,26 @@ def file_path(update) -> Path:
     return Path(value["path"] if isinstance(value, dict) else value)
 
 
-@pytest.fixture
-def every_step(monkeypatch):
-    """Yield on every token (the tiny model is faster than the UI throttle)."""
-    monkeypatch.setattr(ui, "TEXT_INTERVAL", 0.0)
+class Paced:
+    """An Engine that waits `delay` s after each generated token: the tiny model is faster than the UI's
+    frame rate, and tests need to act while a run is still going."""
+
+    def __init__(self, engine, delay: float = 0.01):
+        self._engine, self._delay = engine, delay
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, *args, **kwargs):
+        steps = self._engine.generate(*args, **kwargs)  # bad input raises here, before any step
+
+        def paced():
+            for step in steps:
+                if not step.is_prompt:
+                    time.sleep(self._delay)
+                yield step
+
+        return paced()
 
 
 def advance(gen, session, n_generated):
@@ -90,7 +107,7 @@ def is_skip(value) -> bool:
 
 def test_explore_streams_text_then_final_figures_and_exports(res):
     session = ui.Session()
-    outs = run_all(explore(res, session))
+    outs = run_all(explore(res, session, max_new=40))
     assert len(outs) >= 3 and all(len(o) == 9 for o in outs)
     text, heat, stats, status, trace_dl, html_dl, bar, hist, _ = outs[-1]
     assert "rl-tok" in text and isinstance(heat, go.Figure) and isinstance(bar, go.Figure) and isinstance(hist, go.Figure)
@@ -119,7 +136,7 @@ def test_unknown_or_disallowed_model_is_refused(res):
     assert "not available" in outs[0][3]
 
 
-def test_threshold_change_mid_run_changes_later_decisions(res, every_step):
+def test_threshold_change_mid_run_changes_later_decisions(res):
     session = ui.Session()
     gen = explore(res, session, threshold=0.0, max_new=40)
     advance(gen, session, 5)
@@ -152,7 +169,7 @@ def test_threshold_before_any_run_only_sets_the_next_start(res):
     assert all(is_skip(v) for i, v in enumerate(out) if i != 3) and "next generation" in out[3]
 
 
-def test_stop_ends_the_run_early(res, every_step):
+def test_stop_ends_the_run_early(res):
     session = ui.Session()
     gen = explore(res, session, max_new=60)
     advance(gen, session, 3)
@@ -164,7 +181,7 @@ def test_stop_ends_the_run_early(res, every_step):
     assert "Nothing" in ui.stop_run(ui.Session())
 
 
-def test_show_last_after_cancel_renders_the_partial_run(res, every_step):
+def test_show_last_after_cancel_renders_the_partial_run(res):
     session = ui.Session()
     gen = explore(res, session, max_new=40)
     advance(gen, session, 3)
@@ -173,7 +190,7 @@ def test_show_last_after_cancel_renders_the_partial_run(res, every_step):
     assert len(view) == 9 and "Stopped after" in view[3] and not session.running
 
 
-def test_sessions_do_not_share_controls(res, every_step):
+def test_sessions_do_not_share_controls(res):
     a, b = ui.Session(), ui.Session()
     gen_a = explore(res, a, threshold=0.2, max_new=30)
     gen_b = explore(res, b, threshold=0.8, max_new=30)
@@ -210,11 +227,10 @@ def test_untrained_router_set_never_skips_at_half(res):
     assert session.trace.skip_rate() == 0.0 and session.trace.meta["routed_layers"] == [1, 2]
 
 
-def test_available_router_sets_lists_complete_folders_then_untrained(tmp_path):
-    good = tmp_path / "smol-attn"
-    good.mkdir()
-    (good / "router.json").write_text(json.dumps({"routing": {"target": "attention", "level": "sequence"}}))
-    (good / "routers.safetensors").write_bytes(b"")
+def test_available_router_sets_lists_valid_folders_then_untrained(tmp_path, res):
+    from routerlab.checkpoint import save_routers
+
+    save_routers(random_routers(res.engine.model), tmp_path / "tiny-attn", res.engine.model, threshold=0.5, kv_policy="kv")
     half = tmp_path / "half"
     half.mkdir()
     (half / "router.json").write_text("{}")
@@ -223,8 +239,13 @@ def test_available_router_sets_lists_complete_folders_then_untrained(tmp_path):
     (broken / "router.json").write_text("{not json")
     (broken / "routers.safetensors").write_bytes(b"")
     sets = ui.available_router_sets(tmp_path)
-    assert [s.label for s in sets] == ["attention-sequence (smol-attn)", ui.UNTRAINED]
-    assert sets[0].path == good and sets[1].path is None
+    assert [s.label for s in sets] == ["attention-token · tiny-attn", ui.UNTRAINED]
+    assert sets[0].path == tmp_path / "tiny-attn" and sets[1].path is None
+    # a shipped set loads through the checkpoint module and then routes a run
+    shipped = ui.Resources(res.engine, res.limits, router_sets=sets, prompts=["Hi"])
+    session = ui.Session()
+    run_all(ui.explore_run(shipped, "Hello", 0.5, sets[0].label, "kv", 12, 0.0, res.default_model, session))
+    assert session.trace.meta["routed_layers"] == [1, 2] and session.trace.skip_rate() > 0
 
 
 def test_limits_from_env(monkeypatch):
