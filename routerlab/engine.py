@@ -97,14 +97,31 @@ ALL, NONE = Gate("all"), Gate("none")
 
 # -- the KV cache: one growable buffer per layer, with the positions it holds -----------------
 class LayerCache:
+    """Keys, values and their positions for one layer. Grows in chunks, so under `drop` a layer
+    that stores fewer tokens really holds less memory."""
+
+    CHUNK = 128
+
     def __init__(self, a: AttentionParts, capacity: int, dtype: torch.dtype, device: torch.device):
-        self.k = torch.empty(1, a.n_kv_heads, capacity, a.head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
-        self.pos = torch.empty(capacity, dtype=torch.long, device=device)
+        self.shape = (1, a.n_kv_heads, a.head_dim)
+        self.dtype, self.device = dtype, device
+        self.limit = capacity  # the most tokens this request can store
+        self.k = self.v = self.pos = None
         self.n = 0
+
+    def _grow(self, need: int) -> None:
+        cap = min(self.limit, max(need + self.CHUNK, 2 * (self.pos.shape[0] if self.pos is not None else 0)))
+        b, h, d = self.shape
+        k = torch.empty(b, h, cap, d, dtype=self.dtype, device=self.device)
+        v, pos = torch.empty_like(k), torch.empty(cap, dtype=torch.long, device=self.device)
+        if self.n:
+            k[:, :, : self.n], v[:, :, : self.n], pos[: self.n] = self.k[:, :, : self.n], self.v[:, :, : self.n], self.pos[: self.n]
+        self.k, self.v, self.pos = k, v, pos
 
     def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
         t = k.shape[2]
+        if self.pos is None or self.n + t > self.pos.shape[0]:
+            self._grow(self.n + t)
         self.k[:, :, self.n : self.n + t] = k  # (1, Hkv, t, hd)
         self.v[:, :, self.n : self.n + t] = v
         self.pos[self.n : self.n + t] = pos
@@ -113,7 +130,13 @@ class LayerCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.n * self.k.shape[1] * self.k.shape[3] * self.k.element_size()
+        """Bytes of keys and values stored (not the chunk slack)."""
+        b, h, d = self.shape
+        return 2 * self.n * h * d * torch.finfo(self.dtype).bits // 8
+
+    @property
+    def allocated_bytes(self) -> int:
+        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
 
 
 # -- attention pieces ------------------------------------------------------------------------
@@ -374,9 +397,22 @@ class Engine:
         check_kv_policy(config.kv_policy)
 
     def _loop(self, ids, routers, config, control, trace) -> Iterator[Step]:
+        caches = self.new_caches(len(ids) + config.max_new_tokens)
+        try:
+            yield from self._steps(ids, routers, config, control, trace, caches)
+        finally:  # also when the consumer stops iterating
+            trace.meta["kv_bytes_held"] = sum(c.nbytes for c in caches)
+            trace.meta["kv_bytes_full"] = len(trace.steps) * self.n_layers * int(trace.meta["costs"]["kv_bytes"])
+
+    def _piece(self, generated: list[int]) -> str:
+        """Text the last token adds, decoded with a few tokens of context (multi-byte characters, spaces)."""
+        window = generated[-8:]
+        before, after = self._decode(window[:-1]), self._decode(window)
+        return after[len(before):] if after.startswith(before) else self._decode([generated[-1]])
+
+    def _steps(self, ids, routers, config, control, trace, caches) -> Iterator[Step]:
         plan = Plan(routers, control.threshold, config.kv_policy)
         sequence = plan.level == "sequence"  # decided once at prefill, with the threshold in force then
-        caches = self.new_caches(len(ids) + config.max_new_tokens)
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
 
         t0 = time.perf_counter()
@@ -387,7 +423,6 @@ class Engine:
             yield self._record(trace, p, tid, self._token_text(tid), True, row, plan.threshold, prefill / len(ids))
 
         generated: list[int] = []
-        text = ""
         for n in range(config.max_new_tokens):
             t0 = time.perf_counter()
             if control.stop_requested:
@@ -398,8 +433,7 @@ class Engine:
                 trace.meta["stop_reason"] = "eos"
                 return
             generated.append(token)
-            new_text = self._decode(generated)
-            piece, text = new_text[len(text):], new_text
+            piece = self._piece(generated)
             position = len(ids) + n
             if n == config.max_new_tokens - 1:  # the last token is never fed back: no scores for it
                 yield self._record(trace, position, token, piece, False, [math.nan] * self.n_layers, plan.threshold, 0.0)
