@@ -192,3 +192,14 @@ def test_routers_for_another_model_are_refused():
     other = RouterSet.zeros(tiny_model("llama", num_hidden_layers=6), RoutingConfig.from_granularity("attention-token", [1]))
     with pytest.raises(RouterLabError, match="made for a model with 6 layers"):
         engine.generate_ids([1, 2], other, GenerateConfig())
+
+
+def test_drop_really_holds_less_kv_memory_than_kv():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    held = {}
+    for policy in ("kv", "drop"):
+        control = Control(0.51)
+        list(engine.generate_ids(list(range(1, 20)), routers(model, "attention-token"), GenerateConfig(max_new_tokens=8, threshold=0.51, kv_policy=policy), control))
+        held[policy] = control.trace.meta["kv_bytes_held"]
+    assert held["drop"] == held["kv"] // 2  # layers 1 and 2 of 4 store nothing
