@@ -403,7 +403,9 @@ class Decoder:
         next_text = next_plot = time.perf_counter()
         seen = -1
         while True:
-            finished = self.done.wait(max(0.0, min(next_text, next_plot) - time.perf_counter()))
+            now = time.perf_counter()
+            deadline = min(next_text, next_plot) if next_plot > now else next_text  # wake for a due plot too
+            finished = self.done.wait(max(0.005, deadline - now))  # never spin: the decoder needs the GIL
             now = time.perf_counter()
             snaps = [snapshot(t) for t in traces]
             size = sum(len(t.steps) for t in snaps)

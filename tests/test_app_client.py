@@ -1,0 +1,188 @@
+"""The real app, served on localhost with the embedded model, driven through gradio_client.
+
+Each test talks to the app the way a visitor's browser or a script would: named API endpoints,
+one Client per visitor (a Client is one session, so its gr.State is its own).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from routerlab import ui
+from routerlab.trace import Trace
+
+LONG_PROMPT = "Write a long story about a dragon who learns to read. Describe every chapter."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(embedded):
+    from routerlab.engine import Engine
+
+    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    res = ui.Resources(engine, ui.Limits(max_new_tokens=256, concurrency=2, queue_size=8))
+    demo = ui.build_demo(res)
+    demo.queue(max_size=8)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **ui.launch_options())
+    yield url, res
+    demo.close()
+
+
+def client(url):
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=False)
+
+
+def submit(c, res, prompt=LONG_PROMPT, threshold=0.5, max_new=24, router=ui.UNTRAINED):
+    return c.submit(prompt, threshold, router, "kv", max_new, 0.0, res.default_model, api_name="/generate")
+
+
+def generated_so_far(job) -> int:
+    """Generated tokens shown in the last streamed text (one span per token, prompt not shown)."""
+    for out in reversed(job.outputs()):
+        if isinstance(out[0], str) and "rl-text" in out[0]:
+            return out[0].split("<div class='rl-legend'>")[0].count("class='rl-tok")
+    return 0
+
+
+def wait_for_tokens(job, n: int, timeout: float = 120.0) -> None:
+    end = time.time() + timeout
+    while generated_so_far(job) < n:
+        assert not job.done(), "the run ended before the test could act on it"
+        assert time.time() < end, "no tokens streamed in time"
+        time.sleep(0.05)
+
+
+def trace_from(result) -> Trace:
+    update = result[4]
+    value = update.get("value", update) if isinstance(update, dict) else update
+    path = value.get("path") if isinstance(value, dict) else value
+    return Trace.from_json(Path(path).read_text())
+
+
+def consistent(trace: Trace) -> bool:
+    """Every recorded decision is `score >= that step's threshold`."""
+    return all(e == (sc >= s.threshold) for s in trace.steps for sc, e in zip(s.scores, s.executed) if sc is not None)
+
+
+def test_generate_streams_text_trace_and_figure(app):
+    url, res = app
+    job = submit(client(url), res, prompt="Explain in three sentences why the sky is blue.", max_new=16)
+    result = job.result(timeout=300)
+    assert len(job.outputs()) >= 3, "the run streams intermediate updates"
+    text, plot, stats, status = result[:4]
+    assert "rl-tok" in text and status.startswith("✅ Done")
+    assert plot["type"] == "plotly"
+    figure = json.loads(plot["plot"])
+    assert [t["name"] for t in figure["data"][:2]] == ["ran", "skipped"]
+    trace = trace_from(result)
+    assert 1 <= len(trace.generated_steps) <= 16 and trace.meta["model"] == res.default_model
+    assert trace.meta["granularity"] == "attention-token" and consistent(trace)
+
+
+def test_threshold_change_mid_stream_changes_later_decisions(app):
+    url, res = app
+    c = client(url)
+    job = submit(c, res, threshold=0.5, max_new=48)
+    wait_for_tokens(job, 3)
+    status = c.predict(0.6, api_name="/set_threshold")[3]
+    assert "from the next token" in status
+    trace = trace_from(job.result(timeout=300))
+    routed = trace.meta["routed_layers"]
+    decided = [s for s in trace.generated_steps if s.scores[routed[0]] is not None]
+    before = [s for s in decided if s.threshold == 0.5]
+    after = [s for s in decided if s.threshold == 0.6]
+    assert before and after, "the run has tokens on both sides of the change"
+    assert all(s.executed[i] for s in before for i in routed)  # untrained routers score 0.5: all run at 0.5
+    assert not any(s.executed[i] for s in after for i in routed)  # ... and all skip at 0.6
+    assert max(s.position for s in before) < min(s.position for s in after)
+    # after the run, the same slider gives a what-if view, not a change to the finished trace
+    what_if = c.predict(0.4, api_name="/set_threshold")
+    assert "What-if" in what_if[3] and "WHAT-IF" in json.loads(what_if[0]["plot"])["layout"]["title"]["text"]
+
+
+def test_stop_ends_the_run(app):
+    url, res = app
+    c = client(url)
+    job = submit(c, res, max_new=200)
+    wait_for_tokens(job, 3)
+    assert "Stopping" in c.predict(api_name="/stop")
+    end = time.time() + 30
+    while not job.done():
+        assert time.time() < end, "the run did not end after Stop"
+        time.sleep(0.05)
+    assert generated_so_far(job) < 200
+    try:
+        trace = trace_from(job.result(timeout=5))
+    except Exception:  # a cancelled stream has no final result; ending is what matters
+        return
+    assert trace.meta["stop_reason"] == "stopped" and len(trace.generated_steps) < 200
+
+
+def test_two_clients_at_once_get_separate_consistent_traces(app):
+    url, res = app
+    a, b = client(url), client(url)
+    job_a = submit(a, res, threshold=0.5, max_new=32)
+    job_b = submit(b, res, threshold=0.6, max_new=32)
+    wait_for_tokens(job_b, 2)
+    b.predict(0.45, api_name="/set_threshold")  # moves only b's run
+    trace_a, trace_b = trace_from(job_a.result(timeout=300)), trace_from(job_b.result(timeout=300))
+    assert {s.threshold for s in trace_a.steps} == {0.5}
+    assert {s.threshold for s in trace_b.steps} <= {0.6, 0.45} and trace_b.steps[0].threshold == 0.6
+    assert consistent(trace_a) and consistent(trace_b)
+    assert trace_a.skip_rate() == 0.0  # untrained routers at 0.5: nothing skipped, whatever b did
+    assert trace_b.skip_rate() > 0.0
+
+
+def test_compare_endpoint_runs_both_models(app):
+    url, res = app
+    out = client(url).predict("What is the capital of France?", 0.6, ui.UNTRAINED, "kv", 12, 0.0, res.default_model, api_name="/compare")
+    full_html, routed_html, cmp_html, heat, status = out
+    assert "rl-tok" in full_html and "rl-tok" in routed_html and "tok/s" in cmp_html and status.startswith("✅")
+
+
+def test_report_streaming_rate_and_overhead(app, capsys):
+    """Prints heatmap updates per second while streaming and generation speed with and without the
+    app in the loop (same prompt, greedy, interleaved runs). Reported, never asserted."""
+    url, res = app
+    engine = res.engine
+    routers = res.routers_for(engine, ui.UNTRAINED)
+    config = res.generate_config(64, 0.0, 0.5, "kv")
+    c = client(url)
+    direct, through_app, rates = [], [], []
+    for _ in range(2):
+        start = time.perf_counter()
+        trace = engine.run(LONG_PROMPT, routers, config)
+        direct.append(len(trace.generated_steps) / (time.perf_counter() - start))
+        job = submit(c, res, max_new=64)
+        stamps, seen = [], 0
+        while not job.done():
+            outs = job.outputs()
+            stamps += [time.perf_counter() for o in outs[seen:] if isinstance(o[1], dict) and o[1].get("type") == "plotly"]
+            seen = len(outs)
+            time.sleep(0.01)
+        status = job.result()[3]
+        n, wall = re.search(r"Done: (\d+) tokens in ([\d.]+) s", status).groups()
+        through_app.append(int(n) / float(wall))
+        if len(stamps) > 2:
+            rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+    with capsys.disabled():
+        print(
+            f"\n[app] heatmap updates while streaming: {statistics.median(rates) if rates else 0:.1f}/s; "
+            f"wall tokens/s (prefill included) direct {statistics.median(direct):.2f} vs through the app "
+            f"{statistics.median(through_app):.2f} (ratio {statistics.median(through_app) / statistics.median(direct):.2f})"
+        )
