@@ -48,7 +48,78 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_bench_speed)
+
+    d = sub.add_parser("data", help="the built-in self-distilled data").add_subparsers(dest="data", required=True)
+    b = d.add_parser("build", help="answer assets/data/prompts.jsonl with the full-depth embedded model (resumable)")
+    b.add_argument("--max-new-tokens", type=int, default=100)
+    b.add_argument("--limit", type=int, default=None, help="answer only the first N prompts")
+    b.add_argument("--batch-size", type=int, default=16)
+    b.set_defaults(func=_data_build)
+
+    t = sub.add_parser("train", help="Router-Tuning: train routers only (accelerate; `accelerate launch` for several processes)")
+    t.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M-Instruct)")
+    t.add_argument("--data", default=None, help="JSONL (messages / instruction+output / text) or a hub dataset (default: built-in)")
+    t.add_argument("--granularity", default="attention-token", help=f"one of {', '.join(GRANULARITIES)}")
+    t.add_argument("--layers", default=None, help="routed layers, e.g. '1-28' or '4,5,6' (default: all but first and last)")
+    t.add_argument("--out", required=True, help="checkpoint folder to write (router.json, routers.safetensors, report, plots)")
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--batch-size", type=int, default=None)
+    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--lm-weight", type=float, default=None)
+    t.add_argument("--kd-weight", type=float, default=None, help="distillation to the full-depth model (0 turns it off)")
+    t.add_argument("--target", type=float, default=None, help="executed fraction of routed cells the budget aims for")
+    t.add_argument("--budget-weight", type=float, default=None)
+    t.add_argument("--ramp", type=float, default=None)
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
+    t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
+    t.add_argument("--calib-examples", type=int, default=32, help="held-out examples used to calibrate the threshold")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=_train)
+
+    e = sub.add_parser("eval", help="perplexity, agreement and skip rate: routed vs full depth (and baselines)")
+    _add_model_args(e)
+    e.add_argument("--data", default=None, help="JSONL or hub dataset (default: the built-in held-out split)")
+    e.add_argument("--split", default=None, help="train / heldout / all (default: heldout for built-in data, all otherwise)")
+    e.add_argument("--threshold", type=float, default=None, help="default: the routers' own")
+    e.add_argument("--kv-policy", default=None, help=f"one of {', '.join(KV_POLICIES)} (default: what the routers were trained for)")
+    e.add_argument("--baseline", default=None, choices=("random", "static"), help="evaluate a baseline at a matched skip rate")
+    e.add_argument("--skip-rate", type=float, default=None, help="baseline skip rate over all layers (default: the routers')")
+    e.add_argument("--sweep", default=None, help="comma-separated thresholds: print the curve for tuned, random, static")
+    e.add_argument("--limit", type=int, default=None, help="use only the first N examples")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--plot", default=None, help="with --sweep: write the curve as plotly HTML here")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_eval)
     return parser
+
+
+def _data_build(args) -> int:
+    import logging
+
+    from .data import build_default
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    path = build_default(max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size)
+    print(path)
+    return 0
+
+
+def _train(args) -> int:
+    from .train import run_training
+
+    report = run_training(args)
+    if report is not None:
+        print(json.dumps({k: report[k] for k in ("out", "seconds", "threshold", "heldout") if k in report}, indent=1))
+    return 0
+
+
+def _eval(args) -> int:
+    from .evaluate import run_eval
+
+    result = run_eval(args)
+    print(json.dumps(result) if args.json else result.pop("_text", json.dumps(result, indent=1)))
+    return 0
 
 
 def _generate(args) -> int:

@@ -1,0 +1,236 @@
+"""Training and evaluation data: read records, tokenize them, and build the offline self-distilled default.
+
+A record is a prompt (chat messages, possibly none) plus the response whose tokens carry the loss:
+- chat JSONL: `{"messages": [{"role": ..., "content": ...}, ...]}` -> the last assistant turn is the
+  response, everything before it the prompt;
+- instruction JSONL: `{"instruction", "input"?, "output"}` -> user turn = instruction (+ input);
+- plain JSONL: `{"text"}` -> no prompt, every token is a response token;
+- a Hugging Face dataset name (needs `datasets` and the network) with any of those columns.
+
+The offline default (`assets/data/selfdistill.jsonl`) answers the team's prompts
+(`assets/data/prompts.jsonl`) with the full-depth embedded model itself, greedily, through the
+engine with no routers: training then teaches routers to keep what the full model would have said.
+Its train / held-out split is fixed by a hash of each prompt, so adding prompts never moves old ones.
+
+Knows nothing about routers, losses or the training loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import RouterLabError
+
+log = logging.getLogger(__name__)
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "assets" / "data"
+PROMPTS = DATA_DIR / "prompts.jsonl"
+DEFAULT = DATA_DIR / "selfdistill.jsonl"
+HELDOUT_EVERY = 5  # 1 prompt in 5 (by hash) is held out
+SPLITS = ("train", "heldout", "all")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One example as text: the chat turns before the response, and the response itself."""
+
+    messages: tuple[dict, ...]  # prompt turns (empty for plain text)
+    response: str
+    split: str = "train"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenized example: `ids` (prompt + response) and where the response starts."""
+
+    ids: tuple[int, ...]
+    start: int  # index of the first response token; the loss covers ids[start:]
+
+    @property
+    def n_response(self) -> int:
+        return len(self.ids) - self.start
+
+
+def split_of(prompt: str) -> str:
+    """Deterministic train / held-out assignment by a hash of the prompt text."""
+    h = int(hashlib.sha256(prompt.strip().encode()).hexdigest(), 16)
+    return "heldout" if h % HELDOUT_EVERY == 0 else "train"
+
+
+# -- reading -------------------------------------------------------------------------------------
+def record_from_row(row: dict, where: str = "") -> Record:
+    """Normalise one JSON row (messages / instruction+output / text) into a Record."""
+    split = row.get("split") if row.get("split") in ("train", "heldout") else None
+    if isinstance(row.get("messages"), list) and row["messages"]:
+        msgs = [m for m in row["messages"] if isinstance(m, dict) and "role" in m and "content" in m]
+        last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
+        if last is None:
+            raise RouterLabError(f"{where}: the messages have no assistant turn to learn from.",
+                                 "Each chat row needs at least one message with role 'assistant'.")
+        prompt = tuple({"role": m["role"], "content": str(m["content"])} for m in msgs[:last])
+        user = next((m["content"] for m in prompt if m["role"] == "user"), str(msgs[last]["content"]))
+        return Record(prompt, str(msgs[last]["content"]), split or split_of(user))
+    if "instruction" in row and "output" in row:
+        text = str(row["instruction"]) + (f"\n\n{row['input']}" if row.get("input") else "")
+        return Record(({"role": "user", "content": text},), str(row["output"]), split or split_of(text))
+    if isinstance(row.get("text"), str):
+        return Record((), row["text"], split or split_of(row["text"]))
+    raise RouterLabError(f"{where}: a row has none of the known layouts (keys: {sorted(row)[:6]}).",
+                         "Use chat `messages`, `instruction`/`input`/`output`, or plain `text`.")
+
+
+def read_jsonl(path: str | Path) -> list[Record]:
+    path = Path(path)
+    if not path.is_file():
+        raise RouterLabError(f"Data file {path} does not exist.", "Pass a JSONL file, or omit --data for the built-in set.")
+    records = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise RouterLabError(f"{path}:{n} is not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
+            if not isinstance(row, dict):
+                raise RouterLabError(f"{path}:{n} is not a JSON object.", "Each line must be one JSON object.")
+            records.append(record_from_row(row, f"{path}:{n}"))
+    if not records:
+        raise RouterLabError(f"{path} holds no examples.", "Add JSONL rows, or omit --data for the built-in set.")
+    return records
+
+
+def read_hub(name: str, split: str = "train", limit: int | None = None) -> list[Record]:
+    """Rows of a Hugging Face dataset (online only)."""
+    try:
+        import datasets  # optional: not needed offline
+    except ImportError:
+        raise RouterLabError(f"{name!r} is not a local file, and loading a Hugging Face dataset needs `datasets`.",
+                             "pip install datasets (online), or pass a local JSONL file.") from None
+    from .models import _hub_reachable
+
+    if not _hub_reachable():
+        raise RouterLabError(f"{name!r} is not a local file and the Hugging Face Hub cannot be reached (offline).",
+                             "Pass a local JSONL file, or omit --data for the built-in self-distilled set.")
+    rows = datasets.load_dataset(name, split=split)
+    if limit:
+        rows = rows.select(range(min(limit, len(rows))))
+    return [record_from_row(dict(r), f"{name}[{i}]") for i, r in enumerate(rows)]
+
+
+def load_records(source: str | Path | None = None, split: str = "all") -> list[Record]:
+    """Records from a JSONL path, a hub dataset name, or (None) the built-in self-distilled set."""
+    if split not in SPLITS:
+        raise RouterLabError(f"Unknown split {split!r}.", f"Choose one of: {', '.join(SPLITS)}.")
+    if source is None:
+        if not DEFAULT.is_file():
+            raise RouterLabError(f"The built-in data {DEFAULT} has not been built yet.",
+                                 "Run `python -m routerlab data build` (about 15 minutes on 2 CPU cores).")
+        source = DEFAULT
+    if Path(source).exists() or str(source).endswith((".jsonl", ".json")):
+        records = read_jsonl(source)
+    else:
+        records = read_hub(str(source))
+    return [r for r in records if split == "all" or r.split == split]
+
+
+# -- tokenizing ----------------------------------------------------------------------------------
+def encode(record: Record, tokenizer, max_tokens: int = 512) -> Example | None:
+    """Token ids of prompt (chat template, as the engine encodes it) + response + end of turn."""
+    if record.messages and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(list(record.messages), tokenize=False, add_generation_prompt=True)
+        prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        response = list(tokenizer(record.response, add_special_tokens=False)["input_ids"])
+    elif record.messages:
+        prompt = list(tokenizer("\n".join(m["content"] for m in record.messages) + "\n")["input_ids"])
+        response = list(tokenizer(record.response, add_special_tokens=False)["input_ids"])
+    else:
+        prompt = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+        response = list(tokenizer(record.response, add_special_tokens=False)["input_ids"])
+    if tokenizer.eos_token_id is not None:
+        response.append(tokenizer.eos_token_id)
+    ids = (prompt + response)[:max_tokens]
+    if len(ids) - len(prompt) < 1 or len(ids) < 2:
+        return None
+    return Example(tuple(ids), max(1, len(prompt)))
+
+
+def encode_all(records: list[Record], tokenizer, max_tokens: int = 512) -> list[Example]:
+    out = [e for e in (encode(r, tokenizer, max_tokens) for r in records) if e is not None]
+    if not out:
+        raise RouterLabError("No usable examples after tokenizing (all empty or too long).", "Check the data file.")
+    return out
+
+
+# -- the offline default: the full model answers the team's prompts -------------------------------
+def read_prompts(path: Path = PROMPTS) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, max_new_tokens: int = 100,
+                  limit: int | None = None, batch_size: int = 16) -> Path:
+    """Answer every prompt with the full-depth model (greedy, no routers); resumable.
+
+    Prompts are answered in batches of `batch_size` (left-padded, greedy `generate` of the base
+    model: the same full-depth model the engine runs with no routers, ~5x the throughput of
+    batch-1 decoding on CPU). Answers are appended to `<out>.partial` as they come, so an
+    interrupted build resumes where it stopped; the finished file is renamed into place at the end.
+    """
+    import torch
+
+    from .models import load_model
+
+    loaded = loaded or load_model(device="cpu")
+    model, tok = loaded.model, loaded.tokenizer
+    rows = read_prompts(prompts)[:limit]
+    partial = out.with_suffix(out.suffix + ".partial")
+    done = {}
+    if partial.is_file():
+        for line in partial.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                done[r["messages"][0]["content"]] = r
+            except (json.JSONDecodeError, KeyError, IndexError):
+                continue  # a line cut by an interruption
+    todo = [r for r in rows if r["prompt"] not in done]
+    encoded = {r["prompt"]: tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                                     add_generation_prompt=True) for r in todo}
+    todo.sort(key=lambda r: len(encoded[r["prompt"]]))  # similar lengths together: little padding
+    eos = tok.eos_token_id
+    start, tokens = time.perf_counter(), 0
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        with partial.open("a") as f:
+            for b in range(0, len(todo), batch_size):
+                batch = todo[b : b + batch_size]
+                enc = tok([encoded[r["prompt"]] for r in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+                with torch.inference_mode():
+                    gen = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens, do_sample=False,
+                                         pad_token_id=tok.pad_token_id or eos, eos_token_id=eos)
+                for row, seq in zip(batch, gen[:, enc["input_ids"].shape[1]:].tolist()):
+                    finished = eos in seq
+                    seq = seq[: seq.index(eos)] if finished else seq
+                    tokens += len(seq)
+                    prompt = row["prompt"]
+                    rec = {"messages": [{"role": "user", "content": prompt},
+                                        {"role": "assistant", "content": tok.decode(seq, skip_special_tokens=True).strip()}],
+                           "category": row.get("category", ""), "split": split_of(prompt), "finished": finished}
+                    f.write(json.dumps(rec) + "\n")
+                    done[prompt] = rec
+                f.flush()
+                log.info("data build: %d/%d prompts answered, %.1f tokens/s", len(done), len(rows),
+                         tokens / max(1e-9, time.perf_counter() - start))
+    finally:
+        tok.padding_side = side
+    ordered = [done[r["prompt"]] for r in rows if r["prompt"] in done]
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in ordered))
+    os.replace(tmp, out)
+    partial.unlink(missing_ok=True)
+    return out

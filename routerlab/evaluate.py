@@ -1,0 +1,314 @@
+"""Quality of routed depth: perplexity, greedy agreement with the full model, skip rates; two baselines.
+
+Every number comes from one run that scores the full-depth model and the routed model on the
+same tokens. The routed forward is the engine's own, with REAL skipping (`kv` policy by default)
+over the whole teacher-forced sequence; sequence-level routers decide from the prompt first, as
+at generation. Skip rates count the response tokens' cells:
+  skip_rate             skipped / routed (token, layer) cells
+  skip_rate_all_layers  skipped / every layer's cells of the routed target (all L layers)
+
+Baselines, built as router sets so the engine stays untouched:
+  random  each routed (token, layer) cell skipped with probability p (seeded uniform "scores",
+          threshold p)
+  static  the k layers whose target sub-layer changes its input least (highest cosine between the
+          hidden state before and after its residual update, measured on the data) skipped always
+          (zero routers, score 0.5, under threshold 0.51)
+
+Knows nothing about training or the UI.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import RoutingConfig, check_kv_policy, check_threshold, default_layers
+from .errors import RouterLabError
+from .router import RouterSet
+
+BASELINES = ("random", "static")
+STATIC_THRESHOLD = 0.51  # a zero router scores 0.5: under this threshold it always skips
+
+
+# -- baselines as router sets ------------------------------------------------------------------
+class RandomRouter(torch.nn.Module):
+    """Scores are seeded uniform numbers: under threshold p, each cell is skipped with probability p."""
+
+    def __init__(self, generator: torch.Generator):
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.rand(x.shape[:-1], generator=self.generator).to(x.device)  # (B, T)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.forward(x).clamp(1e-6, 1 - 1e-6)
+        return torch.log(p) - torch.log1p(-p)
+
+
+class RandomRouterSet:
+    """Duck-typed RouterSet of RandomRouters; one per request (its generator is per-request state)."""
+
+    def __init__(self, config: RoutingConfig, n_layers: int, hidden_size: int, seed: int = 0):
+        self.config, self.n_layers, self.hidden_size = config, n_layers, hidden_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self._r = {i: RandomRouter(self.generator) for i in config.layers}
+
+    def get(self, layer: int):
+        return self._r.get(layer)
+
+    @property
+    def granularity(self) -> str:
+        return self.config.granularity
+
+
+def static_routers(order: list[int], k: int, target: str, n_layers: int, hidden_size: int) -> RouterSet | None:
+    """Zero routers on the k least important layers (skip them always under STATIC_THRESHOLD)."""
+    if k <= 0:
+        return None
+    config = RoutingConfig(target=target, level="token", layers=tuple(order[:k]))
+    return RouterSet(config, n_layers, hidden_size)
+
+
+@torch.no_grad()
+def layer_importance(anatomy, examples, target: str = "attention", limit: int = 32) -> list[float]:
+    """Mean cosine similarity between the hidden state before and after each layer's `target` update.
+
+    High similarity = the sub-layer changes its input little = least important. Measured on the
+    response tokens of up to `limit` examples, full depth.
+    """
+    from .engine import ALL, Plan, attention_part, mlp_part
+
+    plan = Plan(None)
+    sums = torch.zeros(anatomy.n_layers, dtype=torch.float64)
+    count = 0
+    for ex in examples[:limit]:
+        ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        h = anatomy.embed(ids)
+        tables = anatomy.rope(h, positions)
+        for i, parts in enumerate(anatomy.layers):
+            before = h
+            h = attention_part(parts, h, parts.attn_norm(h), ALL, positions, tables[parts.attn.rope_key], None, plan)
+            mid = h
+            h = mlp_part(parts, h, parts.mlp_norm(h), ALL)
+            a, b = {"attention": (before, mid), "mlp": (mid, h), "block": (before, h)}[target]
+            cos = torch.nn.functional.cosine_similarity(a[0, ex.start:].float(), b[0, ex.start:].float(), dim=-1)
+            sums[i] += float(cos.sum())
+        count += ex.n_response
+    return (sums / max(1, count)).tolist()
+
+
+def static_order(importance: list[float]) -> list[int]:
+    """Layers from least to most important (highest cosine first)."""
+    return sorted(range(len(importance)), key=lambda i: -importance[i])
+
+
+# -- one evaluation ------------------------------------------------------------------------------
+@dataclass
+class _Full:
+    """Per-example full-depth figures, cached across the points of a sweep."""
+
+    nll: torch.Tensor  # (R,) negative log-likelihood of each response token
+    argmax: torch.Tensor  # (R,)
+
+
+@torch.no_grad()
+def full_depth(anatomy, examples) -> list[_Full]:
+    from .engine import Plan, forward
+
+    out = []
+    for ex in examples:
+        ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
+        logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None), all_logits=True)
+        logits = logits[0, ex.start - 1 : -1].float()
+        labels = ids[0, ex.start:]
+        out.append(_Full(torch.nn.functional.cross_entropy(logits, labels, reduction="none").cpu(), logits.argmax(-1).cpu()))
+    return out
+
+
+@torch.no_grad()
+def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_policy: str = "kv",
+                      full: list[_Full] | None = None) -> dict:
+    """Full vs routed on tokenized examples. `routers` may be a RouterSet, a baseline set, or None."""
+    from .engine import Plan
+    from .train import student_forward
+
+    check_threshold(threshold)
+    check_kv_policy(kv_policy)
+    full = full if full is not None else full_depth(anatomy, examples)
+    nll_full = nll_routed = 0.0
+    agree = tokens = skipped = routed_cells = 0
+    per_layer_skip = torch.zeros(anatomy.n_layers, dtype=torch.float64)
+    for ex, f in zip(examples, full):
+        ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
+        plan = Plan(routers, threshold, kv_policy)
+        logits, scores = student_forward(anatomy, ids, ex.start, plan)
+        logits = logits[0, ex.start - 1 : -1].float()
+        labels = ids[0, ex.start:]
+        nll = torch.nn.functional.cross_entropy(logits, labels, reduction="none").cpu()
+        nll_routed += float(nll.sum())
+        nll_full += float(f.nll.sum())
+        agree += int((logits.argmax(-1).cpu() == f.argmax).sum())
+        tokens += labels.numel()
+        s = scores[ex.start:].cpu()  # (R, L), NaN where unrouted
+        routed = ~torch.isnan(s)
+        skip = routed & (s < threshold)
+        skipped += int(skip.sum())
+        routed_cells += int(routed.sum())
+        per_layer_skip += skip.sum(0).double()
+    n_layers = anatomy.n_layers
+    config = routers.config if routers is not None else None
+    return {
+        "perplexity_full": math.exp(nll_full / tokens),
+        "perplexity_routed": math.exp(nll_routed / tokens),
+        "perplexity_increase": math.exp((nll_routed - nll_full) / tokens) - 1.0,
+        "agreement": agree / tokens,
+        "skip_rate": skipped / routed_cells if routed_cells else 0.0,
+        "skip_rate_all_layers": skipped / (tokens * n_layers),
+        "skip_rate_per_layer": {str(i): round(float(per_layer_skip[i]) / tokens, 4) for i in (config.layers if config else ())},
+        "tokens": tokens,
+        "examples": len(examples),
+        "threshold": threshold,
+        "granularity": config.granularity if config else "full",
+        "routed_layers": list(config.layers) if config else [],
+        "kv_policy": kv_policy,
+    }
+
+
+def baseline_set(kind: str, anatomy, examples, granularity: str, skip_rate_all_layers: float,
+                 layers: tuple[int, ...] | None = None, seed: int = 0, importance: list[float] | None = None):
+    """(routers, threshold, info) of a baseline at (about) `skip_rate_all_layers`."""
+    config = RoutingConfig.from_granularity(granularity, layers if layers is not None else default_layers(anatomy.n_layers))
+    n, d = anatomy.n_layers, anatomy.hidden_size
+    if kind == "random":
+        p = min(1.0, skip_rate_all_layers * n / len(config.layers))  # per routed cell
+        return RandomRouterSet(config, n, d, seed), p, {"baseline": "random", "p": p}
+    if kind == "static":
+        importance = importance if importance is not None else layer_importance(anatomy, examples, config.target)
+        order = static_order(importance)
+        k = int(round(skip_rate_all_layers * n))
+        routers = static_routers(order, k, config.target, n, d)
+        return routers, STATIC_THRESHOLD, {"baseline": "static", "k": k, "dropped_layers": order[:k],
+                                           "importance": [round(x, 4) for x in importance]}
+    raise RouterLabError(f"Unknown baseline {kind!r}.", f"Choose one of: {', '.join(BASELINES)}.")
+
+
+def sweep(anatomy, examples, routers: RouterSet, thresholds, *, random_p=(), static_k=(), seed: int = 0,
+          kv_policy: str = "kv", log=print) -> dict:
+    """The skip-rate vs perplexity curve of the tuned routers and both baselines, on the same tokens."""
+    full = full_depth(anatomy, examples)
+    out = {"tuned": [], "random": [], "static": []}
+    for t in thresholds:
+        r = evaluate_examples(anatomy, examples, routers, t, kv_policy, full)
+        out["tuned"].append(r)
+        log(f"tuned  t={t:.3f} skip_all={r['skip_rate_all_layers']:.3f} ppl+={r['perplexity_increase']:+.3%}")
+    config = routers.config
+    n, d = anatomy.n_layers, anatomy.hidden_size
+    for p in random_p:
+        rs = RandomRouterSet(config, n, d, seed)
+        r = {**evaluate_examples(anatomy, examples, rs, p, kv_policy, full), "baseline": "random", "p": p}
+        out["random"].append(r)
+        log(f"random p={p:.3f} skip_all={r['skip_rate_all_layers']:.3f} ppl+={r['perplexity_increase']:+.3%}")
+    if static_k:
+        importance = layer_importance(anatomy, examples, config.target)
+        order = static_order(importance)
+        out["importance"] = importance
+        for k in static_k:
+            rs = static_routers(order, k, config.target, n, d)
+            r = {**evaluate_examples(anatomy, examples, rs, STATIC_THRESHOLD, kv_policy, full), "baseline": "static",
+                 "k": k, "dropped_layers": order[:k]}
+            out["static"].append(r)
+            log(f"static k={k} skip_all={r['skip_rate_all_layers']:.3f} ppl+={r['perplexity_increase']:+.3%}")
+    return out
+
+
+def calibrate(points: list[dict], max_increase: float = 0.02) -> dict | None:
+    """The sweep point that skips most while the perplexity rises at most `max_increase`."""
+    ok = [p for p in points if p["perplexity_increase"] <= max_increase]
+    return max(ok, key=lambda p: p["skip_rate_all_layers"]) if ok else None
+
+
+def plot_sweep(result: dict, path, title: str = "skip rate vs perplexity") -> None:
+    """Plotly HTML of perplexity increase vs skip rate (all layers) for tuned, random, static."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name in ("tuned", "random", "static"):
+        pts = sorted(result.get(name, []), key=lambda p: p["skip_rate_all_layers"])
+        if pts:
+            fig.add_trace(go.Scatter(x=[100 * p["skip_rate_all_layers"] for p in pts],
+                                     y=[100 * p["perplexity_increase"] for p in pts], name=name, mode="lines+markers"))
+    fig.update_layout(title=title, template="plotly_white", xaxis_title="attention executions skipped, all layers (%)",
+                      yaxis_title="perplexity increase vs full depth (%)", height=450, width=750)
+    fig.write_html(str(path), include_plotlyjs="cdn")
+
+
+# -- the command ---------------------------------------------------------------------------------
+def _row(name: str, r: dict) -> str:
+    return (f"{name:<28} ppl {r['perplexity_routed']:8.4f} ({r['perplexity_increase']:+.2%})  agreement {r['agreement']:.1%}  "
+            f"skip {r['skip_rate']:.1%} routed / {r['skip_rate_all_layers']:.1%} all layers")
+
+
+def run_eval(args) -> dict:
+    """`python -m routerlab eval`: one JSON-able dict (with a `_text` rendering for the terminal)."""
+    from .checkpoint import resolve_routers
+    from .data import encode_all, load_records
+    from .models import load_model
+    from .routed import Anatomy
+
+    if args.granularity != "full":
+        RoutingConfig.from_granularity(args.granularity)
+    if args.threshold is not None:
+        check_threshold(args.threshold)
+    if args.kv_policy is not None:
+        check_kv_policy(args.kv_policy)
+    split = args.split or ("heldout" if args.data is None else "all")
+    records = load_records(args.data, split)  # fail on bad data before loading the model
+    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+    routers, defaults = resolve_routers(args.routers, args.granularity, loaded.model)
+    examples = encode_all(records, loaded.tokenizer)[: args.limit]
+    anatomy = Anatomy(loaded.model)
+    threshold = defaults["threshold"] if args.threshold is None else args.threshold
+    policy = args.kv_policy or defaults["kv_policy"]
+    meta = {"model": loaded.name, "routers": defaults.get("source"), "data": str(args.data or "built-in"), "split": split}
+    if args.sweep:
+        if routers is None:
+            raise RouterLabError("--sweep needs routers.", "Pass --granularity attention-token (or --routers PATH).")
+        try:
+            thresholds = [check_threshold(float(t)) for t in args.sweep.split(",") if t.strip()]
+        except ValueError:
+            raise RouterLabError(f"--sweep {args.sweep!r} is not a list of numbers.", "Use e.g. 0.4,0.45,0.5.") from None
+        lines: list[str] = []
+        full = full_depth(anatomy, examples)
+        tuned = [evaluate_examples(anatomy, examples, routers, t, policy, full) for t in thresholds]
+        rates = sorted({round(r["skip_rate_all_layers"], 4) for r in tuned if r["skip_rate_all_layers"] > 0})
+        n = anatomy.n_layers
+        random_p = [min(1.0, s * n / len(routers.config.layers)) for s in rates]
+        ks = sorted({max(1, int(round(s * n))) for s in rates})
+        curve = sweep(anatomy, examples, routers, [], random_p=random_p, static_k=ks, seed=args.seed, kv_policy=policy,
+                      log=lines.append)
+        curve["tuned"] = tuned
+        for r in tuned:
+            lines.insert(0, _row(f"tuned t={r['threshold']:.4f}", r))
+        if args.plot:
+            plot_sweep(curve, args.plot, title=f"{routers.granularity}: skip rate vs perplexity ({split})")
+        text = "\n".join([f"full depth ppl {tuned[0]['perplexity_full']:.4f} on {tuned[0]['tokens']} tokens"] + lines)
+        return {**meta, "granularity": routers.granularity, "kv_policy": policy, "curve": curve, "_text": text}
+    result = evaluate_examples(anatomy, examples, routers, threshold, policy)
+    out = {**meta, **result}
+    text = [f"full depth ppl {result['perplexity_full']:.4f} on {result['tokens']} tokens ({len(examples)} examples)",
+            _row(f"{result['granularity']} t={threshold:.4f}", result)]
+    if args.baseline:
+        config = routers.config if routers is not None else RoutingConfig.from_granularity(args.granularity)
+        rate = args.skip_rate if args.skip_rate is not None else result["skip_rate_all_layers"]
+        layers = config.layers or default_layers(anatomy.n_layers)
+        b_routers, b_threshold, info = baseline_set(args.baseline, anatomy, examples, config.granularity, rate, layers, args.seed)
+        b = evaluate_examples(anatomy, examples, b_routers, b_threshold, policy)
+        b.update(info, matched_skip_rate_all_layers=rate)
+        out["baseline"] = b
+        text.append(_row(f"{args.baseline} baseline", b))
+    out["_text"] = "\n".join(text)
+    return out

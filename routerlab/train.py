@@ -1,0 +1,416 @@
+"""Router-Tuning: train only the routers of a frozen base model, on accelerate.
+
+One step: for each example, the teacher (same model, no routers, no_grad) gives the full-depth
+logits; the student runs the engine's training forward (`Plan(ste=True)`: every sub-layer runs,
+its update is multiplied by the hard 0/1 gate with a straight-through gradient to the router,
+which is the `mask` semantics and therefore the `kv` numbers). Loss on the response tokens:
+
+    lm_weight * CE(student, data)  +  kd_weight * KL(teacher || student)
+    + budget_weight * relu(executed fraction - target)
+
+The executed fraction is the mean hard gate over routed (token, layer) cells; its gradient flows
+through the scores (STE). The target ramps from 1.0 down to `target` over the first `ramp`
+fraction of steps, so routers first learn which cells matter, then learn to give them up.
+
+The same command runs on one CPU, one GPU or several processes (`accelerate launch`): data is
+sharded by accelerate, router gradients are averaged across processes by hand (the routers are
+not called as one module, so DDP's forward hooks do not apply; they are 17k numbers).
+
+Knows nothing about the UI; data comes from data.py, checkpoints go through checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from .config import RoutingConfig, check_threshold, default_layers
+from .errors import RouterLabError
+from .router import RouterSet
+
+KV_POLICY = "kv"  # training's hard gate has mask semantics == kv numbers; inference defaults to it
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Validated on construction."""
+
+    granularity: str = "attention-token"
+    layers: tuple[int, ...] | None = None  # None: config.default_layers(n_layers)
+    steps: int = 300
+    batch_size: int = 4  # examples per optimizer step (per process)
+    lr: float = 3e-3
+    lm_weight: float = 0.0
+    kd_weight: float = 1.0
+    target: float = 0.75  # executed fraction the budget term aims for
+    budget_weight: float = 1.0
+    ramp: float = 0.3  # fraction of steps over which the target ramps down from 1.0
+    max_tokens: int = 384
+    seed: int = 0
+    threshold: float = 0.5  # gate used while training (the shipped threshold is calibrated later)
+
+    def __post_init__(self):
+        RoutingConfig.from_granularity(self.granularity)
+        check_threshold(self.threshold)
+        for name in ("steps", "batch_size", "max_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise RouterLabError(f"{name}={getattr(self, name)!r} must be a whole number >= 1.")
+        if not 0.0 < self.target <= 1.0:
+            raise RouterLabError(f"target={self.target!r} is outside (0, 1].", "It is the executed fraction, e.g. 0.8.")
+        if not 0.0 <= self.ramp <= 1.0:
+            raise RouterLabError(f"ramp={self.ramp!r} is outside [0, 1].")
+        if not self.lr > 0 or min(self.lm_weight, self.kd_weight, self.budget_weight) < 0:
+            raise RouterLabError("lr must be > 0 and loss weights >= 0.")
+        if self.lm_weight == 0 and self.kd_weight == 0:
+            raise RouterLabError("Both the LM and the distillation weights are 0: nothing to learn from.")
+
+    def target_at(self, step: int) -> float:
+        """Executed-fraction target at `step` (0-based): 1.0 ramping linearly to `target`."""
+        ramp_steps = self.ramp * self.steps
+        if ramp_steps <= 0 or step >= ramp_steps:
+            return self.target
+        return 1.0 - (1.0 - self.target) * step / ramp_steps
+
+
+# -- one example's losses ----------------------------------------------------------------------
+def student_forward(anatomy, ids: torch.Tensor, start: int, plan):
+    """Teacher-forced logits + scores under `plan`; sequence level decides from the prompt only."""
+    from .engine import forward
+
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    if plan.level == "sequence":  # as at generation: decide once from the mean-pooled prompt
+        forward(anatomy, ids[:, :start], positions[:start], None, plan, all_logits=False)
+    return forward(anatomy, ids, positions, None, plan, all_logits=True)
+
+
+def gate_values(plan, scores: torch.Tensor, routers: RouterSet, start: int) -> torch.Tensor:
+    """STE gates (value: hard 0/1, gradient: through the scores) of the response cells, flat."""
+    if plan.level == "sequence":
+        return torch.stack([float(run) + s - s.detach() for s, run in (plan.sequence[i] for i in routers.config.layers)])
+    raise AssertionError("token level gates are rebuilt from the routers")  # pragma: no cover
+
+
+def example_losses(anatomy, routers: RouterSet, ids: torch.Tensor, start: int, cfg: TrainConfig, target: float,
+                   teacher_logits: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Losses of one example (1, T) whose response starts at `start`. Differentiable w.r.t. routers."""
+    from .engine import Plan
+
+    plan = Plan(routers, cfg.threshold, KV_POLICY, ste=True)
+    gates: list[torch.Tensor] = []
+    if plan.level == "token":
+        # Collect the STE gates the engine builds: wrap each router to record its scores.
+        logits, scores = _forward_recording(anatomy, routers, ids, start, plan, gates)
+        exec_frac = torch.cat([g[start:] for g in gates]).mean()
+    else:
+        logits, scores = student_forward(anatomy, ids, start, plan)
+        exec_frac = gate_values(plan, scores, routers, start).mean()
+    logits = logits[0, start - 1 : -1].float()  # (R, V) predictions of the response tokens
+    labels = ids[0, start:]
+    out = {"exec": exec_frac}
+    total = torch.zeros((), device=ids.device)
+    if cfg.lm_weight > 0:
+        out["lm"] = F.cross_entropy(logits, labels)
+        total = total + cfg.lm_weight * out["lm"]
+    if cfg.kd_weight > 0 and teacher_logits is not None:
+        t = F.log_softmax(teacher_logits.float(), dim=-1)
+        out["kd"] = F.kl_div(F.log_softmax(logits, dim=-1), t, log_target=True, reduction="batchmean")
+        total = total + cfg.kd_weight * out["kd"]
+    out["budget"] = torch.relu(exec_frac - target)
+    out["loss"] = total + cfg.budget_weight * out["budget"]
+    out["skip"] = 1.0 - exec_frac.detach()
+    out["layer_exec"] = torch.stack([g[start:].detach().mean() for g in gates]) if gates else \
+        torch.stack([float(plan.sequence[i][1]) * torch.ones((), device=ids.device) for i in routers.config.layers])
+    return out
+
+
+class _Recorder(torch.nn.Module):
+    """A router stand-in that returns the real router's scores and keeps the STE gate it implies."""
+
+    def __init__(self, router, threshold: float, sink: list):
+        super().__init__()
+        self.router, self.threshold, self.sink = router, threshold, sink
+
+    def logits(self, x):
+        return self.router.logits(x)
+
+    def forward(self, x):
+        s = self.router(x)  # (1, T)
+        self.sink.append((s[0] >= self.threshold).to(s.dtype) + s[0] - s[0].detach())  # the engine's own gate
+        return s
+
+
+class _RecordingSet:
+    """Duck-typed RouterSet whose routers record their gates (per call, never stored on modules)."""
+
+    def __init__(self, routers: RouterSet, threshold: float, sink: list):
+        self.config = routers.config
+        self.n_layers, self.hidden_size = routers.n_layers, routers.hidden_size
+        self._r = {i: _Recorder(routers.get(i), threshold, sink) for i in routers.config.layers}
+
+    def get(self, layer: int):
+        return self._r.get(layer)
+
+    @property
+    def granularity(self):
+        return self.config.granularity
+
+
+def _forward_recording(anatomy, routers, ids, start, plan, sink):
+    from .engine import Plan
+
+    rec = Plan(_RecordingSet(routers, plan.threshold, sink), plan.threshold, plan.policy, ste=True)
+    return student_forward(anatomy, ids, start, rec)
+
+
+@torch.no_grad()
+def teacher_logits(anatomy, ids: torch.Tensor, start: int) -> torch.Tensor:
+    """Full-depth logits of the response predictions (R, V): the same model with no routers."""
+    from .engine import Plan, forward
+
+    logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None), all_logits=True)
+    return logits[0, start - 1 : -1]
+
+
+# -- the loop ----------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    routers: RouterSet
+    report: dict
+    log: list[dict] = field(default_factory=list)
+
+
+def router_parameters_only(model: torch.nn.Module, routers: RouterSet, optimizer: torch.optim.Optimizer) -> None:
+    """Assert that the optimizer holds exactly the router parameters and the base is frozen."""
+    opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    mine = {id(p) for p in routers.parameters()}
+    base = {id(p) for p in model.parameters()}
+    assert opt == mine, "the optimizer must hold exactly the router parameters"
+    assert not (opt & base), "a base parameter is in the optimizer"
+    assert not any(p.requires_grad for p in model.parameters()), "the base model must be frozen"
+
+
+def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, accelerator=None,
+                  log_path: str | Path | None = None, progress: bool = True, data_name: str = "") -> TrainResult:
+    """Train fresh routers for `model` on tokenized `examples` (data.Example). Returns routers + report."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    from .routed import Anatomy
+
+    accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+    set_seed(cfg.seed)
+    model.requires_grad_(False)
+    model.eval()
+    model.to(accelerator.device)
+    anatomy = Anatomy(model)
+    n = anatomy.n_layers
+    layers = tuple(cfg.layers) if cfg.layers is not None else default_layers(n)
+    routers = RouterSet(RoutingConfig.from_granularity(cfg.granularity, layers), n, anatomy.hidden_size).to(accelerator.device)
+    optimizer = torch.optim.Adam(routers.parameters(), lr=cfg.lr)
+    router_parameters_only(model, routers, optimizer)
+    if not examples:
+        raise RouterLabError("No training examples.", "Check the data file.")
+
+    # Shard the examples across processes (each process sees a disjoint, shuffled slice).
+    order = list(range(len(examples)))
+    rank, world = accelerator.process_index, accelerator.num_processes
+    rng = random.Random(cfg.seed)
+    log_rows: list[dict] = []
+    log_file = open(log_path, "w") if (log_path and accelerator.is_main_process) else None
+    bar = tqdm(range(cfg.steps), desc=f"router-tuning {cfg.granularity}", disable=not (progress and accelerator.is_local_main_process))
+    layer_exec_sum = torch.zeros(len(layers), device=accelerator.device)
+    layer_exec_n = 0
+    start_time = time.perf_counter()
+    cursor, shard = 0, []
+    for step in bar:
+        target = cfg.target_at(step)
+        optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "lm": 0.0, "kd": 0.0, "budget": 0.0, "skip": 0.0}
+        for _ in range(cfg.batch_size):
+            if cursor >= len(shard):
+                rng.shuffle(order)
+                shard, cursor = order[rank::world] or order, 0
+            ex = examples[shard[cursor]]
+            cursor += 1
+            ids = torch.tensor([ex.ids], device=accelerator.device)
+            teacher = teacher_logits(anatomy, ids, ex.start) if cfg.kd_weight > 0 else None
+            out = example_losses(anatomy, routers, ids, ex.start, cfg, target, teacher)
+            accelerator.backward(out["loss"] / cfg.batch_size)
+            for k in sums:
+                if k in out:
+                    sums[k] += float(out[k].detach()) / cfg.batch_size
+            layer_exec_sum += out["layer_exec"]
+            layer_exec_n += 1
+        if world > 1:  # average router gradients over processes (17k numbers)
+            for p in routers.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad = accelerator.reduce(p.grad, reduction="mean")
+        optimizer.step()
+        stats = {k: float(accelerator.reduce(torch.tensor(v, device=accelerator.device), reduction="mean")) for k, v in sums.items()}
+        row = {"step": step + 1, "target": round(target, 4), "seconds": round(time.perf_counter() - start_time, 2),
+               **{k: round(v, 5) for k, v in stats.items()}}
+        log_rows.append(row)
+        if log_file:
+            log_file.write(json.dumps(row) + "\n")
+            log_file.flush()
+        bar.set_postfix(loss=f"{stats['loss']:.4f}", skip=f"{stats['skip']:.1%}")
+    if log_file:
+        log_file.close()
+    seconds = time.perf_counter() - start_time
+    layer_exec = (layer_exec_sum / max(1, layer_exec_n)).tolist()
+    tail = log_rows[-max(1, len(log_rows) // 10):]
+    report = {
+        "granularity": cfg.granularity,
+        "layers": list(layers),
+        "kv_policy": KV_POLICY,
+        "data": data_name,
+        "examples": len(examples),
+        "response_tokens": sum(e.n_response for e in examples),
+        "steps": cfg.steps,
+        "processes": world,
+        "device": str(accelerator.device),
+        "seconds": round(seconds, 1),
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "loss_first": log_rows[0]["loss"] if log_rows else None,
+        "loss_last": sum(r["loss"] for r in tail) / len(tail) if tail else None,
+        "kd_last": sum(r["kd"] for r in tail) / len(tail) if tail else None,
+        "skip_rate_last": sum(r["skip"] for r in tail) / len(tail) if tail else None,
+        "skip_rate_per_layer_training": {str(i): round(1.0 - e, 4) for i, e in zip(layers, layer_exec)},
+    }
+    return TrainResult(routers, report, log_rows)
+
+
+# -- the curve plot ------------------------------------------------------------------------------
+def plot_curves(log_rows: list[dict], path: str | Path, title: str = "Router-Tuning") -> Path:
+    """Plotly HTML of loss, distillation and skip rate per step (PNG needs kaleido, which we do not require)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    steps = [r["step"] for r in log_rows]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("losses", "skip rate (routed cells, training gate)"))
+    for key in ("loss", "kd", "lm", "budget"):
+        if any(r.get(key) for r in log_rows):
+            fig.add_trace(go.Scatter(x=steps, y=[r.get(key) for r in log_rows], name=key, mode="lines"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=[r["skip"] for r in log_rows], name="skip rate", mode="lines"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=steps, y=[1 - r["target"] for r in log_rows], name="skip target", mode="lines",
+                             line={"dash": "dash"}), row=1, col=2)
+    fig.update_layout(title=title, template="plotly_white", height=420, width=1000)
+    fig.update_xaxes(title_text="step")
+    path = Path(path)
+    fig.write_html(str(path), include_plotlyjs="cdn")
+    return path
+
+
+# -- the command: data, training, calibration, checkpoint -------------------------------------------
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    """'1-28' or '4,5,6' or '1-3,7' -> layer indices; None stays None (the default layers)."""
+    if text is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in str(text).split(","):
+            part = part.strip()
+            if "-" in part:
+                a, b = part.split("-")
+                out.extend(range(int(a), int(b) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise RouterLabError(f"--layers {text!r} is not a list of layers.", "Use e.g. '1-28' or '4,5,6'.") from None
+    if not out:
+        raise RouterLabError(f"--layers {text!r} names no layer.", "Use e.g. '1-28' or '4,5,6'.")
+    return tuple(out)
+
+
+def calibrate_threshold(anatomy, routers: RouterSet, examples, max_increase: float, iterations: int = 6,
+                        log=lambda *_: None) -> tuple[float, list[dict]]:
+    """The threshold that skips most while held-out perplexity rises at most `max_increase`.
+
+    Skip rate grows with the threshold, so bisect over the quantile of the routers' own scores.
+    """
+    from .engine import Plan
+    from .evaluate import evaluate_examples, full_depth
+
+    full = full_depth(anatomy, examples)
+    with torch.no_grad():
+        scores = torch.cat([student_forward(anatomy, torch.tensor([e.ids], device=anatomy.embed.weight.device), e.start,
+                                            Plan(routers, 0.0, KV_POLICY))[1][e.start:].flatten().cpu() for e in examples])
+    scores = scores[~torch.isnan(scores)].sort().values
+    lo, hi, best, points = 0.0, 0.7, 0.0, []
+    for _ in range(iterations):
+        q = (lo + hi) / 2
+        t = float(scores[min(len(scores) - 1, int(q * len(scores)))])
+        r = evaluate_examples(anatomy, examples, routers, t, KV_POLICY, full)
+        points.append(r)
+        log(f"calibrate: threshold {t:.4f} skip {r['skip_rate_all_layers']:.1%} of all, perplexity {r['perplexity_increase']:+.2%}")
+        if r["perplexity_increase"] <= max_increase:
+            lo, best = q, max(best, t)
+        else:
+            hi = q
+    return best, points
+
+
+def run_training(args) -> dict | None:
+    """`python -m routerlab train`: data -> routers -> calibrated threshold -> checkpoint folder."""
+    from accelerate import Accelerator
+
+    from .checkpoint import save_routers
+    from .data import DEFAULT, build_default, encode_all, load_records
+    from .models import load_model
+    from .routed import Anatomy
+
+    overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
+                                               "budget_weight", "ramp", "seed") if getattr(args, k, None) is not None}
+    cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)
+    threshold = None if str(args.threshold) == "auto" else check_threshold(args.threshold)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    loaded = load_model(args.model, device=str(accelerator.device))
+    if args.data is None and not DEFAULT.is_file():
+        if accelerator.is_main_process:
+            build_default(loaded)
+        accelerator.wait_for_everyone()
+    records = load_records(args.data)
+    train = encode_all([r for r in records if r.split == "train"], loaded.tokenizer, cfg.max_tokens)
+    heldout_records = [r for r in records if r.split == "heldout"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log_path = out.parent / f".{out.name}.train_log.jsonl"
+    result = train_routers(loaded.model, train, cfg, accelerator=accelerator, log_path=log_path,
+                           progress=not args.no_progress, data_name=str(args.data or DEFAULT.name))
+    if not accelerator.is_main_process:
+        return None
+    report = result.report
+    t0 = time.perf_counter()
+    routers = result.routers
+    anatomy = Anatomy(loaded.model)
+    if threshold is None:
+        if heldout_records:
+            calib = encode_all(heldout_records, loaded.tokenizer, cfg.max_tokens)[: args.calib_examples]
+            threshold, points = calibrate_threshold(anatomy, routers, calib, args.max_ppl_increase,
+                                                    log=lambda m: print(m, flush=True))
+            report["calibration"] = {"examples": len(calib), "max_ppl_increase": args.max_ppl_increase,
+                                     "seconds": round(time.perf_counter() - t0, 1),
+                                     "points": [{k: p[k] for k in ("threshold", "skip_rate", "skip_rate_all_layers",
+                                                                   "perplexity_increase", "agreement")} for p in points]}
+        else:
+            threshold = cfg.threshold
+    report["threshold"] = threshold
+    summary = {k: report[k] for k in ("data", "examples", "steps", "seconds", "processes", "loss_first", "loss_last",
+                                      "skip_rate_last", "config")}
+    summary["calibration"] = {k: v for k, v in report.get("calibration", {}).items() if k != "points"}
+    save_routers(routers, out, loaded.model, threshold=threshold, kv_policy=KV_POLICY, summary=summary)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(log_path, out / "train_log.jsonl")
+    plot_curves(result.log, out / "curves.html", title=f"Router-Tuning {cfg.granularity}, {loaded.name}")
+    report["out"] = str(out)
+    return report

@@ -1,0 +1,86 @@
+"""Data: the three JSONL layouts, the deterministic split, tokenization, offline errors, the built-in set."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from routerlab.data import DEFAULT, PROMPTS, Record, encode, load_records, read_jsonl, read_prompts, record_from_row, split_of
+from routerlab.errors import RouterLabError
+
+
+class _Tok:
+    """A whitespace tokenizer with a chat template, enough to check where responses start."""
+
+    chat_template = "x"
+    eos_token_id = 0
+    bos_token_id = 1
+
+    def __init__(self):
+        self.vocab = {}
+
+    def _ids(self, text):
+        return [self.vocab.setdefault(w, len(self.vocab) + 2) for w in text.split()]
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": self._ids(text)}
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+
+
+def test_three_layouts_become_records():
+    chat = record_from_row({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    inst = record_from_row({"instruction": "Add", "input": "2 and 3", "output": "5"})
+    text = record_from_row({"text": "plain words"})
+    assert chat.messages == ({"role": "user", "content": "hi"},) and chat.response == "hello"
+    assert inst.messages[0]["content"] == "Add\n\n2 and 3" and inst.response == "5"
+    assert text.messages == () and text.response == "plain words"
+    with pytest.raises(RouterLabError, match="none of the known layouts"):
+        record_from_row({"question": "?"})
+    with pytest.raises(RouterLabError, match="no assistant turn"):
+        record_from_row({"messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_split_is_deterministic_and_holds_out_about_a_fifth():
+    prompts = [f"prompt number {i}" for i in range(1000)]
+    assert [split_of(p) for p in prompts] == [split_of(p) for p in prompts]
+    assert 150 < sum(split_of(p) == "heldout" for p in prompts) < 250
+
+
+def test_encode_puts_the_loss_on_the_response_and_end_of_turn():
+    tok = _Tok()
+    ex = encode(Record(({"role": "user", "content": "a b"},), "c d"), tok)
+    assert ex.n_response == 3 and ex.ids[-1] == tok.eos_token_id  # "c", "d", end of turn
+    plain = encode(Record((), "x y z"), tok)
+    assert plain.start == 1 and plain.ids[0] == tok.bos_token_id
+
+
+def test_bad_files_and_offline_hub_names_fail_cleanly(tmp_path, monkeypatch):
+    with pytest.raises(RouterLabError, match="does not exist"):
+        read_jsonl(tmp_path / "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(RouterLabError, match="bad.jsonl:2"):
+        read_jsonl(bad)
+    import routerlab.models
+
+    monkeypatch.setattr(routerlab.models, "_hub_reachable", lambda *a, **k: False)
+    with pytest.raises(RouterLabError, match="offline|needs `datasets`"):
+        load_records("someone/some-dataset")
+
+
+def test_built_in_prompts_are_many_and_diverse_and_answered():
+    prompts = read_prompts(PROMPTS)
+    assert len(prompts) >= 300 and len({p["prompt"] for p in prompts}) == len(prompts)
+    assert len(Counter(p["category"] for p in prompts)) >= 8
+    records = read_jsonl(DEFAULT)
+    assert len(records) == len(prompts)
+    splits = Counter(r.split for r in records)
+    assert splits["heldout"] >= 40 and splits["train"] >= 200
+    assert all(r.split == split_of(r.messages[0]["content"]) for r in records)
+    assert sum(bool(r.response.strip()) for r in records) >= 0.95 * len(records)
+    rows = [json.loads(line) for line in DEFAULT.read_text().splitlines()]
+    assert all(row["messages"][-1]["role"] == "assistant" for row in rows)

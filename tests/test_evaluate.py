@@ -1,0 +1,76 @@
+"""Evaluation on tiny models: full vs routed in one run, skip-rate bookkeeping, the two baselines, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from routerlab.__main__ import main
+from routerlab.config import RoutingConfig
+from routerlab.data import Example
+from routerlab.evaluate import (RandomRouterSet, baseline_set, calibrate, evaluate_examples, layer_importance,
+                                static_order, static_routers)
+from routerlab.models import tiny_model
+from routerlab.routed import Anatomy
+from routerlab.router import RouterSet
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(0)
+    examples = [Example(tuple(torch.randint(0, 128, (24,), generator=g).tolist()), 8) for _ in range(4)]
+    return Anatomy(model), examples
+
+
+def test_no_routers_and_fresh_routers_match_the_full_model(setup):
+    an, examples = setup
+    full = evaluate_examples(an, examples, None)
+    fresh = evaluate_examples(an, examples, RouterSet(RoutingConfig(layers=(1, 2)), 4, 64), 0.5)
+    for r in (full, fresh):
+        assert r["perplexity_routed"] == pytest.approx(r["perplexity_full"], rel=1e-5)
+        assert r["agreement"] == 1.0 and r["skip_rate"] == 0.0 and r["tokens"] == 4 * 16
+    assert {"perplexity_full", "perplexity_routed", "agreement", "skip_rate", "skip_rate_all_layers", "tokens",
+            "threshold", "granularity", "kv_policy"} <= set(fresh)
+
+
+def test_kv_policy_gives_the_mask_numbers(setup):
+    an, examples = setup
+    routers = RandomRouterSet(RoutingConfig(layers=(1, 2)), 4, 64, seed=3)
+    kv = evaluate_examples(an, examples, routers, 0.4, "kv")
+    routers = RandomRouterSet(RoutingConfig(layers=(1, 2)), 4, 64, seed=3)
+    mask = evaluate_examples(an, examples, routers, 0.4, "mask")
+    assert kv["perplexity_routed"] == pytest.approx(mask["perplexity_routed"], rel=1e-5)
+    assert kv["skip_rate"] == mask["skip_rate"] > 0
+
+
+def test_random_baseline_skips_at_the_asked_rate(setup):
+    an, examples = setup
+    routers, p, info = baseline_set("random", an, examples, "attention-token", 0.25, layers=(1, 2))
+    assert p == pytest.approx(0.5)  # 0.25 of all 4 layers = half of the 2 routed layers
+    r = evaluate_examples(an, examples, routers, p)
+    assert 0.35 < r["skip_rate"] < 0.65 and r["skip_rate_all_layers"] == pytest.approx(r["skip_rate"] / 2)
+
+
+def test_static_baseline_drops_the_least_changing_layers_entirely(setup):
+    an, examples = setup
+    importance = layer_importance(an, examples, "attention")
+    order = static_order(importance)
+    assert importance[order[0]] == max(importance)
+    r = evaluate_examples(an, examples, static_routers(order, 1, "attention", 4, 64), 0.51)
+    assert r["skip_rate"] == 1.0 and r["skip_rate_all_layers"] == 0.25 and r["routed_layers"] == [order[0]]
+
+
+def test_calibrate_picks_the_most_skipping_point_within_budget():
+    pts = [{"perplexity_increase": 0.01, "skip_rate_all_layers": 0.1}, {"perplexity_increase": 0.015, "skip_rate_all_layers": 0.2},
+           {"perplexity_increase": 0.05, "skip_rate_all_layers": 0.3}]
+    assert calibrate(pts, 0.02)["skip_rate_all_layers"] == 0.2 and calibrate(pts, 0.001) is None
+
+
+def test_eval_cli_refuses_bad_input_with_one_line(tmp_path, capsys):
+    assert main(["eval", "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert main(["eval", "--threshold", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 2 and "Traceback" not in err

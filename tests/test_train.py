@@ -1,0 +1,108 @@
+"""Router-Tuning on tiny models: only routers train and are saved, the base stays bit-identical,
+a few steps lower the loss, checkpoints of trained routers refuse another base, 2 processes agree."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from routerlab.checkpoint import load_routers, save_routers
+from routerlab.data import Example
+from routerlab.errors import RouterLabError
+from routerlab.models import tiny_model
+from routerlab.routed import Anatomy
+from routerlab.train import TrainConfig, example_losses, parse_layers, router_parameters_only, train_routers
+
+
+def _examples(n=6, length=16, start=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [Example(tuple(torch.randint(0, 128, (length,), generator=g).tolist()), start) for _ in range(n)]
+
+
+def _mean_loss(model, routers, examples, cfg):
+    an = Anatomy(model)
+    with torch.no_grad():
+        return sum(float(example_losses(an, routers, torch.tensor([e.ids]), e.start, cfg, cfg.target, None)["loss"])
+                   for e in examples) / len(examples)
+
+
+@pytest.mark.parametrize("granularity", ["attention-token", "attention-sequence", "mlp-token", "block-sequence"])
+def test_only_routers_train_and_the_base_stays_bit_identical(granularity):
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = train_routers(model, _examples(), TrainConfig(granularity=granularity, steps=3, batch_size=2, lr=1e-2,
+                                                           lm_weight=1.0), progress=False)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not any(p.requires_grad for p in model.parameters())
+    assert any(float(p.abs().sum()) > 0 for p in result.routers.parameters())  # the routers did move
+    assert result.report["kv_policy"] == "kv" and result.report["steps"] == 3
+
+
+def test_the_optimizer_check_rejects_a_base_parameter():
+    model = tiny_model("llama")
+    routers = train_routers(model, _examples(2), TrainConfig(steps=1, batch_size=1), progress=False).routers
+    bad = torch.optim.Adam([*routers.parameters(), next(model.parameters())])
+    with pytest.raises(AssertionError):
+        router_parameters_only(model, routers, bad)
+
+
+def test_a_few_steps_lower_the_loss():
+    model = tiny_model("llama")
+    examples = _examples(4)
+    cfg = TrainConfig(steps=12, batch_size=4, lr=5e-2, lm_weight=1.0, kd_weight=0.0, budget_weight=0.0, target=1.0)
+    fresh = train_routers(model, examples, TrainConfig(**{**cfg.__dict__, "steps": 1, "lr": 1e-9}), progress=False).routers
+    trained = train_routers(model, examples, cfg, progress=False).routers
+    assert _mean_loss(model, trained, examples, cfg) < _mean_loss(model, fresh, examples, cfg) - 1e-3
+
+
+def test_saved_checkpoint_holds_only_router_weights_and_refuses_another_base(tmp_path):
+    model = tiny_model("llama")
+    result = train_routers(model, _examples(), TrainConfig(steps=2, batch_size=2), progress=False)
+    folder = save_routers(result.routers, tmp_path / "r", model, threshold=0.45, kv_policy="kv", summary=result.report)
+    tensors = load_file(str(folder / "routers.safetensors"))
+    assert set(tensors) == {f"layer.{i}" for i in result.routers.config.layers}
+    assert all(t.shape == (1, 64) for t in tensors.values())
+    config = json.loads((folder / "router.json").read_text())
+    assert config["kv_policy"] == "kv" and config["threshold"] == 0.45 and config["training"]["steps"] == 2
+    loaded, _ = load_routers(folder, model)
+    assert all(torch.equal(loaded.get(i).proj.weight, result.routers.get(i).proj.weight) for i in result.routers.config.layers)
+    with pytest.raises(RouterLabError, match="different weights"):
+        load_routers(folder, tiny_model("llama", seed=1))
+    (folder / "routers.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(RouterLabError, match="corrupted"):
+        load_routers(folder, model)
+
+
+def test_config_and_layer_parsing_refuse_bad_values():
+    assert parse_layers("1-3,7") == (1, 2, 3, 7)
+    with pytest.raises(RouterLabError):
+        parse_layers("a-b")
+    with pytest.raises(RouterLabError):
+        TrainConfig(target=1.5)
+    with pytest.raises(RouterLabError):
+        TrainConfig(lm_weight=0.0, kd_weight=0.0)
+    assert TrainConfig(steps=10, ramp=0.5, target=0.6).target_at(0) == 1.0
+    assert TrainConfig(steps=10, ramp=0.5, target=0.6).target_at(5) == 0.6
+
+
+def _two_process_job(folder):
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True)
+    result = train_routers(tiny_model("llama"), _examples(8), TrainConfig(steps=3, batch_size=1, lr=1e-2, lm_weight=1.0),
+                           accelerator=acc, progress=False)
+    weights = torch.cat([p.detach().flatten() for p in result.routers.parameters()])
+    torch.save(weights, f"{folder}/rank{acc.process_index}.pt")  # test-only scratch; checkpoints never pickle
+    (folder / f"report{acc.process_index}.json").write_text(json.dumps(result.report))
+
+
+def test_two_processes_train_the_same_routers(tmp_path):
+    from accelerate import debug_launcher
+
+    debug_launcher(_two_process_job, args=(tmp_path,), num_processes=2)
+    a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert torch.equal(a, b) and float(a.abs().sum()) > 0  # gradients were averaged: identical updates
+    assert json.loads((tmp_path / "report0.json").read_text())["processes"] == 2
