@@ -25,6 +25,7 @@ from .trace import Step, Trace, savings
 
 RAN_SCALE = [[0.0, "#fff3b0"], [0.5, "#f4a259"], [1.0, "#b23a48"]]
 SKIP_SCALE = [[0.0, "#f4f4f4"], [1.0, "#6b7280"]]
+CHANGED = "#2563eb"  # what-if: cells whose decision differs from the recorded run
 BACKGROUND = "#e9e6df"  # unrouted cells: the plot background shows through
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 MAX_TICKS = 40
@@ -104,7 +105,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
     """Layers (rows, layer 0 at the bottom) x tokens (columns, integer positions): router score and decision.
 
     `what_if=True` re-decides every cell from the recorded scores at `threshold` (nothing is re-run)
-    and says so in the title; cells whose decision differs from the recorded run get a ring.
+    and says so in the title; cells whose decision differs from the recorded run get a blue tint.
     Vertical lines mark the prompt/generated boundary and every live threshold change.
     """
     if trace is None or not trace.steps:
@@ -145,18 +146,20 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
     if what_if and threshold is not None:
         diff = (decided != recorded) & ~np.isnan(decided)
         changed_count = int(diff.sum())
-        if 0 < changed_count <= 3000:
-            li, tj = np.nonzero(diff)
+        if changed_count:
             data.append(
                 dict(
-                    type="scatter",
-                    x=np.asarray(positions)[tj],
-                    y=li,
-                    mode="markers",
-                    marker=dict(symbol="circle-open", size=5 if n_tok > 150 else 7, color="#1d4ed8", line=dict(width=1)),
-                    name="differs from recorded",
+                    type="heatmap",
+                    z=np.where(diff, 1.0, np.nan),
+                    x=positions,
+                    y=layers,
+                    colorscale=[[0.0, CHANGED], [1.0, CHANGED]],
+                    opacity=0.55,
+                    showscale=False,
                     hoverinfo="skip",
-                    showlegend=False,
+                    name="differs from recorded",
+                    xgap=0,
+                    ygap=1,
                 )
             )
 
@@ -168,7 +171,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
     if not what_if:
         for pos, thr in _threshold_changes(steps):
             shapes.append(dict(type="line", x0=pos - 0.5, x1=pos - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#1d4ed8", width=2, dash="dash")))
-            annotations.append(dict(x=pos - 0.5, y=-0.02, yref="paper", text=f"t→{thr:.2f}", showarrow=False, yanchor="top", font=dict(size=10, color="#1d4ed8")))
+            annotations.append(dict(x=pos - 0.5, y=1.0, yref="paper", text=f"t→{thr:.2f}", showarrow=False, xanchor="left", yanchor="bottom", font=dict(size=10, color="#1d4ed8")))
 
     if title is None:
         meta = trace.meta
@@ -177,7 +180,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
             rate = trace.skip_rate(threshold)
             title = (
                 f"<b>WHAT-IF</b> at threshold {threshold:.2f}, re-decided from the recorded scores (not a new run): "
-                f"skip rate {rate:.0%}, {changed_count} cells differ (rings) · {where}"
+                f"skip rate {rate:.0%}; <span style='color:{CHANGED}'>blue tint</span>: {changed_count} decisions differ · {where}"
             )
         else:
             title = f"Recorded run · skip rate {trace.skip_rate():.0%} (generated tokens) · {where}"
@@ -233,7 +236,7 @@ def layer_skip_bar(trace: Trace | None, threshold: float | None = None) -> go.Fi
             y=rates,
             marker_color=colours,
             text=texts,
-            textposition="outside",
+            textposition="outside" if trace.n_layers <= 16 else "none",
             cliponaxis=False,
             hovertemplate="layer %{x}<br>skipped %{y:.1%}<extra></extra>",
         )

@@ -279,7 +279,8 @@ def _delete_session(session: Session | None) -> None:
 
 # -- handlers (thin: engine + plots, no tensors) ------------------------------------------------
 def _status(kind: str, text: str) -> str:
-    icon = {"ok": "✅", "run": "⏳", "warn": "⚠️", "whatif": "🔍", "stop": "⏹️"}.get(kind, "")
+    # Plain symbols, not emoji: they render in every font, offline and in screenshots.
+    icon = {"ok": "✓", "run": "▶", "warn": "⚠", "whatif": "◐", "stop": "■"}.get(kind, "")
     return f"{icon} {text}".strip()
 
 
@@ -657,7 +658,7 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
 
 
 # -- layout ---------------------------------------------------------------------------------------
-ABOUT_MD = """
+ABOUT_MD_TEMPLATE = """
 ### What you are looking at
 A **router** is one tiny linear layer in front of a sub-layer (here: attention). For every token it
 reads the normalised hidden state and outputs a score `sigmoid(w · x)`. The sub-layer runs only if
@@ -666,9 +667,7 @@ In **Router-Tuning** only these routers are trained (about 1,000 instructions, o
 model stays frozen. Fresh routers output 0.5 everywhere, so at threshold 0.5 nothing is skipped.
 
 ### Three ways to skip attention with a KV cache
-* **mask**: compute everything, then zero the skipped update. Same numbers as the reference, saves nothing (what the official code does).
-* **kv**: a skipped token computes only its keys and values, so later tokens can still attend to it; skips the query, the attention and the output projection. Same numbers as *mask*, less work.
-* **drop**: a skipped token writes nothing at that layer; later tokens cannot attend to it there. Saves the most compute and KV-cache memory, and changes the numbers.
+{kv_policies}
 
 ### What is measured, and how
 * **Heatmap**: one column per token (prompt, then generated), one row per layer. Warm colours: the layer ran, coloured by router score; greys: skipped; blank rows: layers without a router (they always run). Dashed blue lines: where you moved the threshold during the run.
@@ -676,35 +675,49 @@ model stays frozen. Fresh routers output 0.5 everywhere, so at threshold 0.5 not
 * **vs full model**: tokens/s divided by the full model's tokens/s measured on this machine at start-up (Compare measures both side by side).
 * **attention FLOPs saved**: share of the attention work (projections + scores) not computed for routed layers, from the model's shapes and the recorded decisions.
 * **KV cache saved**: keys/values never stored (only the *drop* policy saves memory).
-* **What-if**: after a run, moving the slider re-decides every cell from the recorded scores. Nothing is re-run: tokens after the first changed decision could have been different. Use *Regenerate at this threshold* for the true run.
+* **What-if**: after a run, moving the slider re-decides every cell from the recorded scores (cells whose decision changes are tinted blue). Nothing is re-run: tokens after the first changed decision could have been different. Use *Regenerate at this threshold* for the true run.
 * Exports: the trace as JSON (every token's scores and decisions), the heatmap as a standalone HTML page; the camera icon on any plot saves a PNG.
 """
 
+ABOUT_MD = ABOUT_MD_TEMPLATE.replace("{kv_policies}", "\n".join(f"* **{name}**: {text}." for name, text in KV_POLICY_HELP.items()))
+
 DIAGRAM = """
-<svg viewBox="0 0 640 150" class="rl-diagram" role="img" aria-label="router diagram">
- <defs><marker id="a" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#374151"/></marker></defs>
- <g font-family="Inter,system-ui,sans-serif" font-size="13" fill="#111827">
-  <rect x="10" y="55" width="70" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="45" y="78" text-anchor="middle">h (token)</text>
-  <rect x="110" y="55" width="70" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="145" y="78" text-anchor="middle">norm</text>
-  <rect x="210" y="10" width="120" height="36" rx="6" fill="#fde68a" stroke="#d97706"/><text x="270" y="33" text-anchor="middle">router: σ(w·x)</text>
-  <rect x="210" y="100" width="120" height="36" rx="6" fill="#fecaca" stroke="#b23a48"/><text x="270" y="123" text-anchor="middle">attention</text>
-  <rect x="380" y="10" width="120" height="36" rx="6" fill="#fff" stroke="#9ca3af"/><text x="440" y="33" text-anchor="middle">score ≥ threshold?</text>
-  <circle cx="560" cy="73" r="18" fill="#fff" stroke="#374151"/><text x="560" y="78" text-anchor="middle">+</text>
-  <path d="M80,73 L108,73" stroke="#374151" marker-end="url(#a)"/>
-  <path d="M180,73 L195,73 L195,28 L208,28" stroke="#374151" fill="none" marker-end="url(#a)"/>
-  <path d="M195,73 L195,118 L208,118" stroke="#374151" fill="none" marker-end="url(#a)"/>
-  <path d="M330,28 L378,28" stroke="#374151" marker-end="url(#a)"/>
-  <path d="M440,46 L440,118 L330,118" stroke="#d97706" stroke-dasharray="4 3" fill="none"/><text x="446" y="95" font-size="11" fill="#92400e">no: skip</text>
-  <path d="M330,118 L540,118 L555,90" stroke="#374151" fill="none" marker-end="url(#a)"/>
-  <path d="M45,55 L45,5 L600,5 L600,73 L580,73" stroke="#9ca3af" fill="none" marker-end="url(#a)"/><text x="300" y="2" font-size="11" fill="#6b7280" dy="12"></text>
-  <text x="610" y="60" font-size="11" fill="#6b7280">residual</text>
+<svg viewBox="0 0 800 190" class="rl-diagram" role="img" aria-label="A router scores each token; attention runs only if the score clears the threshold">
+ <defs><marker id="rl-arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#374151"/></marker></defs>
+ <g font-family="system-ui,sans-serif" font-size="13" fill="#111827" stroke-width="1.5">
+  <rect x="10" y="90" width="80" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="50" y="113" text-anchor="middle">token h</text>
+  <rect x="120" y="90" width="70" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="155" y="113" text-anchor="middle">norm</text>
+  <rect x="220" y="90" width="120" height="36" rx="6" fill="#fde68a" stroke="#d97706"/><text x="280" y="113" text-anchor="middle">router σ(w·x)</text>
+  <rect x="370" y="90" width="130" height="36" rx="18" fill="#fff" stroke="#374151"/><text x="435" y="113" text-anchor="middle">score ≥ threshold?</text>
+  <rect x="540" y="90" width="100" height="36" rx="6" fill="#fecaca" stroke="#b23a48"/><text x="590" y="113" text-anchor="middle">attention</text>
+  <circle cx="690" cy="108" r="16" fill="#fff" stroke="#374151"/><text x="690" y="113" text-anchor="middle">+</text>
+  <rect x="725" y="90" width="65" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="757" y="113" text-anchor="middle">h′</text>
+  <g stroke="#374151" fill="none">
+   <path d="M90,108 H116" marker-end="url(#rl-arrow)"/>
+   <path d="M190,108 H216" marker-end="url(#rl-arrow)"/>
+   <path d="M340,108 H366" marker-end="url(#rl-arrow)"/>
+   <path d="M500,108 H536" marker-end="url(#rl-arrow)"/>
+   <path d="M640,108 H670" marker-end="url(#rl-arrow)"/>
+   <path d="M706,108 H721" marker-end="url(#rl-arrow)"/>
+   <path d="M50,90 V40 H690 V88" stroke="#9ca3af" marker-end="url(#rl-arrow)"/>
+   <path d="M435,126 V165 H690 V128" stroke="#d97706" stroke-dasharray="5 4" marker-end="url(#rl-arrow)"/>
+  </g>
+  <text x="518" y="102" font-size="11" fill="#374151" text-anchor="middle">yes</text>
+  <text x="370" y="34" font-size="11" fill="#6b7280">residual: h always passes on</text>
+  <text x="445" y="160" font-size="11" fill="#92400e">no: skip (the KV policy decides what is still computed)</text>
  </g>
 </svg>
 """
 
 
 def theme():
-    return gr.themes.Soft(primary_hue="orange", neutral_hue="stone")
+    # System fonts only: the app must look right offline (a workshop laptop without network).
+    return gr.themes.Soft(
+        primary_hue="orange",
+        neutral_hue="stone",
+        font=[gr.themes.Font(f) for f in ("Inter", "ui-sans-serif", "system-ui", "sans-serif")],
+        font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "SFMono-Regular", "Menlo", "monospace")],
+    )
 
 
 def launch_options() -> dict:
@@ -725,7 +738,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
                 threshold = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
                 router_label = gr.Dropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
-                kv_policy = gr.Radio(list(KV_POLICIES), value="kv", label="KV policy", info=" · ".join(f"{k}: {v}" for k, v in KV_POLICY_HELP.items()), elem_id="rl-kv")
+                kv_policy = gr.Radio(list(KV_POLICIES), value="kv", label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
                 max_new = gr.Slider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
                 temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
                 model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
@@ -768,13 +781,13 @@ def build_demo(res: Resources) -> gr.Blocks:
                             else "No benchmark results ship with this build yet (`assets/bench/`). Run a quick sweep on the Explore prompt: "
                             "tokens/s and agreement with the full model's greedy output, per threshold."
                         )
-                        t_plot = gr.Plot(plots.tradeoff_curve(bench), elem_id="rl-tradeoff")
+                        t_plot = gr.Plot(plots.tradeoff_curve(bench), label="Speed vs quality", elem_id="rl-tradeoff")
                         t_table = gr.Dataframe(bench, interactive=False, elem_id="rl-t-table")
                         t_btn = gr.Button("Run a quick sweep (about a minute)", elem_id="rl-sweep")
                     with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers"):
                         gr.Markdown("Per-layer view of the last Explore run (follows the what-if threshold after a run).")
-                        l_bar = gr.Plot(plots.layer_skip_bar(None), elem_id="rl-layer-bar")
-                        l_hist = gr.Plot(plots.score_histogram(None), elem_id="rl-layer-hist")
+                        l_bar = gr.Plot(plots.layer_skip_bar(None), label="Skip rate per layer", elem_id="rl-layer-bar")
+                        l_hist = gr.Plot(plots.score_histogram(None), label="Router scores per layer", elem_id="rl-layer-hist")
                     with gr.Tab("About", id="about", elem_id="rl-tab-about"):
                         gr.HTML(DIAGRAM)
                         gr.Markdown(ABOUT_MD)

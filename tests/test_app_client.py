@@ -85,7 +85,7 @@ def test_generate_streams_text_trace_and_figure(app):
     result = job.result(timeout=300)
     assert len(job.outputs()) >= 3, "the run streams intermediate updates"
     text, plot, stats, status = result[:4]
-    assert "rl-tok" in text and status.startswith("✅ Done")
+    assert "rl-tok" in text and status.startswith("✓ Done")
     assert plot["type"] == "plotly"
     figure = json.loads(plot["plot"])
     assert [t["name"] for t in figure["data"][:2]] == ["ran", "skipped"]
@@ -152,7 +152,7 @@ def test_compare_endpoint_runs_both_models(app):
     url, res = app
     out = client(url).predict("What is the capital of France?", 0.6, ui.UNTRAINED, "kv", 12, 0.0, res.default_model, api_name="/compare")
     full_html, routed_html, cmp_html, heat, status = out
-    assert "rl-tok" in full_html and "rl-tok" in routed_html and "tok/s" in cmp_html and status.startswith("✅")
+    assert "rl-tok" in full_html and "rl-tok" in routed_html and "tok/s" in cmp_html and status.startswith("✓")
 
 
 def test_report_streaming_rate_and_overhead(app, capsys):

@@ -79,7 +79,9 @@ def test_what_if_differs_from_recorded_when_threshold_moves():
     assert "WHAT-IF" in moved.layout.title.text and "not a new run" in moved.layout.title.text
     np.testing.assert_array_equal(np.isnan(np.asarray(recorded.data[0].z, float)), np.isnan(np.asarray(same.data[0].z, float)))
     assert not np.array_equal(np.isnan(np.asarray(recorded.data[0].z, float)), np.isnan(np.asarray(moved.data[0].z, float)))
-    assert len(moved.data) == 3  # rings on the cells that changed
+    assert len(moved.data) == 3  # the tint over the cells that changed
+    changed = np.asarray(moved.data[2].z, float)
+    assert np.nansum(changed) == np.sum(np.asarray(trace.executed_matrix(0.8), dtype=object) != np.asarray(trace.executed_matrix(), dtype=object))
     assert trace.skip_rate(0.8) > trace.skip_rate()
 
 

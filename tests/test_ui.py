@@ -111,7 +111,7 @@ def test_explore_streams_text_then_final_figures_and_exports(res):
     assert len(outs) >= 3 and all(len(o) == 9 for o in outs)
     text, heat, stats, status, trace_dl, html_dl, bar, hist, _ = outs[-1]
     assert "rl-tok" in text and isinstance(heat, go.Figure) and isinstance(bar, go.Figure) and isinstance(hist, go.Figure)
-    assert status.startswith("✅ Done")
+    assert status.startswith("✓ Done")
     assert any(isinstance(o[1], go.Figure) for o in outs[:-1]), "the heatmap streams before the end"
     trace = Trace.from_json(file_path(trace_dl).read_text())
     assert trace.generated_steps and trace.meta["granularity"] == "attention-token"
@@ -123,7 +123,7 @@ def test_bad_input_is_a_status_line_not_an_exception(res):
     session = ui.Session()
     for prompt in ("", "x" * 201):
         outs = run_all(explore(res, session, prompt=prompt))
-        assert len(outs) == 1 and outs[0][3].startswith("⚠️")
+        assert len(outs) == 1 and outs[0][3].startswith("⚠")
         assert all(is_skip(v) for v in outs[0][:3])  # text and figures untouched (the prompt box is never an output)
     outs = run_all(explore(res, session, max_new=10_000))
     assert "max_new_tokens" in outs[0][3]
@@ -207,7 +207,7 @@ def test_compare_streams_both_and_marks_divergence(res):
     full_html, routed_html, cmp_html, heat, status = outs[-1]
     full, routed = session.compare
     assert full.meta["granularity"] == "full" and routed.meta["granularity"] == "attention-token"
-    assert "tok/s" in cmp_html and status.startswith("✅")
+    assert "tok/s" in cmp_html and status.startswith("✓")
     div = ui.plots.first_divergence(full, routed)
     if div is not None:
         assert "rl-diverge" in routed_html and "first difference" in cmp_html
