@@ -48,6 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_bench_speed)
+    o = bench.add_parser("tradeoff", help="threshold sweep: speed vs quality of tuned routers, baselines, granularities")
+    o.add_argument("--model", default=None)
+    o.add_argument("--routers", default=None, help="one checkpoint folder for the main curve (default: shipped attention-token)")
+    o.add_argument("--granularities", default=None, help="comma-separated shipped granularities for the table (default: all shipped)")
+    o.add_argument("--data", default=None, help="JSONL (default: the built-in held-out split)")
+    o.add_argument("--limit", type=int, default=40, help="held-out examples for perplexity")
+    o.add_argument("--thresholds", default=None, help="comma-separated (default 0.3,0.4,0.45,0.5,0.55,0.6,0.7,0.8,0.9)")
+    o.add_argument("--new-tokens", type=int, default=48, help="tokens generated per timed run")
+    o.add_argument("--rounds", type=int, default=2)
+    o.add_argument("--contexts", default="256,1024,2048", help="prompt lengths for the context-scaling rows")
+    o.add_argument("--out", default=None, help="output folder (default assets/bench)")
+    o.add_argument("--json", action="store_true")
+    o.set_defaults(func=_bench_tradeoff)
 
     d = sub.add_parser("data", help="the built-in self-distilled data").add_subparsers(dest="data", required=True)
     b = d.add_parser("build", help="answer assets/data/prompts.jsonl with the full-depth embedded model (resumable)")
@@ -185,6 +198,49 @@ def _bench_speed(args) -> int:
     result = speed_benchmark(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              rounds=args.rounds, threads=args.threads)
     print(json.dumps(result, indent=1) if args.json else format_speed(result))
+    return 0
+
+
+def _bench_tradeoff(args) -> int:
+    from pathlib import Path
+
+    from .checkpoint import load_routers, shipped_routers
+    from .config import check_threshold
+    from .data import encode_all, load_records
+    from .models import load_model
+    from .tradeoff import DEFAULT_THRESHOLDS, OUT, run_tradeoff, write_outputs
+
+    try:
+        thresholds = tuple(check_threshold(float(t)) for t in args.thresholds.split(",")) if args.thresholds else DEFAULT_THRESHOLDS
+        contexts = tuple(int(c) for c in args.contexts.split(",") if c.strip())
+    except ValueError:
+        raise RouterLabError("--thresholds and --contexts take comma-separated numbers.", "For example --thresholds 0.4,0.5,0.6.") from None
+    records = load_records(args.data, "heldout" if args.data is None else "all")
+    loaded = load_model(args.model)
+    shipped = shipped_routers()
+    wanted = args.granularities.split(",") if args.granularities else list(shipped)
+    missing = [g for g in wanted if g not in shipped]
+    if missing:
+        raise RouterLabError(f"No shipped routers for {', '.join(missing)}.", f"Shipped: {', '.join(shipped) or 'none'}.")
+    sets = {}
+    if args.routers:
+        rs, cfg = load_routers(args.routers, loaded.model)
+        sets[rs.granularity] = (rs, cfg["threshold"])
+    for g in sorted(wanted, key=lambda g: g != "attention-token"):
+        if g not in sets:
+            rs, cfg = load_routers(shipped[g], loaded.model)
+            sets[g] = (rs, cfg["threshold"])
+    if not sets:
+        raise RouterLabError("No routers to sweep.", "Train some with `python -m routerlab train` or pass --routers.")
+    examples = encode_all(records, loaded.tokenizer)[: args.limit]
+    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    result = run_tradeoff(loaded, sets, examples, thresholds=thresholds, new_tokens=args.new_tokens, rounds=args.rounds,
+                          contexts=contexts, log=log)
+    paths = write_outputs(result, Path(args.out) if args.out else OUT, log=log)
+    if args.json:
+        print(json.dumps({"paths": {k: str(v) for k, v in paths.items()}, **result}, default=str))
+    else:
+        print("\n".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
 
 

@@ -31,7 +31,10 @@ PASSAGE = (
 )
 
 
-def bench_prompt(tokenizer, n_tokens: int) -> list[int]:
+def bench_prompt(tokenizer, n_tokens: int, vocab_size: int = 128) -> list[int]:
+    """`n_tokens` of the passage (token ids `i % vocab_size` when there is no tokenizer: tiny test models)."""
+    if tokenizer is None:
+        return [(7 * i + 3) % vocab_size for i in range(n_tokens)]
     ids: list[int] = []
     while len(ids) < n_tokens:
         ids += tokenizer(PASSAGE, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,262 @@
+"""`bench tradeoff`: the speed/quality curve of tuned routers against baselines, measured on real runs.
+
+Quality (perplexity and greedy agreement with the full model, on held-out data) comes from
+`evaluate`; speed comes from real generations through the engine, each configuration timed in
+the same round as the full model so every speedup is a side-by-side ratio. Ideal speedups come
+from the measured cost of exactly the work each configuration skips (`bench.cost_breakdown`).
+
+Rows (one per method and operating point) go to a CSV; the curve goes to plotly HTML and, when
+kaleido and a Chromium are available, a PNG for slides.
+
+Knows nothing about the UI or training.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from .bench import cost_breakdown, bench_prompt
+from .config import GenerateConfig, RoutingConfig
+from .engine import Control, Engine
+from .evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,
+                       static_order, static_routers)
+
+COLUMNS = ["method", "granularity", "kv_policy", "threshold", "skip_rate_all_layers", "perplexity", "perplexity_full",
+           "perplexity_increase", "agreement", "tokens_per_second", "tokens_per_second_full", "speedup", "ideal_speedup",
+           "kv_bytes_saved", "ttft_seconds", "context_tokens"]
+DEFAULT_THRESHOLDS = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9)
+OUT = Path(__file__).resolve().parent.parent / "assets" / "bench"
+
+
+# -- speed: real generations, each round also times the full model ------------------------------
+def _generation(engine: Engine, ids: list[int], routers, threshold: float, policy: str, new_tokens: int) -> dict:
+    config = GenerateConfig(max_new_tokens=new_tokens, threshold=threshold, kv_policy=policy, ignore_eos=True,
+                            max_new_tokens_cap=max(4096, new_tokens))
+    control = Control(threshold)
+    for _ in engine.generate_ids(ids, routers, config, control):
+        pass
+    trace = control.trace
+    gen = [s for s in trace.generated_steps if s.seconds > 0]
+    routed = [e for s in gen for e in s.executed]
+    return {
+        "tps": len(gen) / sum(s.seconds for s in gen),
+        "skip_all": sum(e is False for e in routed) / (len(gen) * engine.n_layers),
+        "kv_saved": trace.meta["kv_bytes_full"] - trace.meta["kv_bytes_held"],
+        "ttft": trace.meta["prefill_seconds"],
+    }
+
+
+def measure_speed(engine: Engine, prompts: list[list[int]], configs: dict[str, tuple], new_tokens: int,
+                  rounds: int, log=print) -> dict[str, dict]:
+    """configs: name -> (routers, threshold, policy). Returns medians of per-round figures and ratios."""
+    names = ["full"] + [n for n in configs if n != "full"]
+    configs = {"full": (None, 0.5, "kv"), **configs}
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(rounds):
+        for ids in prompts:
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                runs[name].append(_generation(engine, ids, *configs[name], new_tokens))
+        log(f"speed round {r + 1}/{rounds} done")
+    full = runs["full"]
+    out = {}
+    for name in names:
+        rs = runs[name]
+        out[name] = {
+            "tokens_per_second": statistics.median(x["tps"] for x in rs),
+            "tokens_per_second_full": statistics.median(x["tps"] for x in full),
+            "speedup": statistics.median(x["tps"] / f["tps"] for x, f in zip(rs, full)),
+            "skip_rate_all_layers_measured": statistics.mean(x["skip_all"] for x in rs),
+            "kv_bytes_saved": statistics.mean(x["kv_saved"] for x in rs),
+            "ttft_seconds": statistics.median(x["ttft"] for x in rs),
+        }
+    return out
+
+
+def ideal(costs: dict, skip_all: float, n_layers: int, policy: str, target: str) -> float:
+    """Speedup if the skipped cells cost exactly their measured sub-layer time and nothing more."""
+    per_cell = {"mask": 0.0, "kv": costs["attention_full"] - costs["attention_kv_only"], "drop": costs["attention_full"]}[policy]
+    if target == "mlp":
+        per_cell = 0.0 if policy == "mask" else costs["mlp"]
+    elif target == "block":
+        per_cell = 0.0 if policy == "mask" else per_cell + costs["mlp"]
+    return costs["step"] / max(1e-9, costs["step"] - skip_all * n_layers * per_cell)
+
+
+# -- the sweep ---------------------------------------------------------------------------------
+def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=DEFAULT_THRESHOLDS, prompts_ids=None,
+                 new_tokens: int = 48, rounds: int = 2, contexts=(256, 1024, 2048), log=print) -> dict:
+    """router_sets: granularity -> (RouterSet, default threshold). The first one is the main curve."""
+    model, tok = loaded.model, loaded.tokenizer
+    engine = Engine(model, tok, loaded.name)
+    an = engine.anatomy
+    n = an.n_layers
+    t0 = time.perf_counter()
+    full = full_depth(an, examples)
+    rows: list[dict] = []
+    quality: dict[str, dict] = {}
+    speed_configs: dict[str, tuple] = {}
+    main = next(iter(router_sets))
+
+    def add(name, method, granularity, policy, threshold, routers, target):
+        q = evaluate_examples(an, examples, routers, threshold, policy, full)
+        quality[name] = {"method": method, "granularity": granularity, "kv_policy": policy, "threshold": threshold,
+                         "target": target, **q}
+        speed_configs[name] = (routers, threshold, policy)
+        log(f"quality {name}: skip_all {q['skip_rate_all_layers']:.3f} ppl {q['perplexity_routed']:.3f} "
+            f"({q['perplexity_increase']:+.2%}) agreement {q['agreement']:.3f}")
+        return q
+
+    routers, _ = router_sets[main]
+    target = routers.config.target
+    tuned_rates = []
+    for t in thresholds:
+        tuned_rates.append(add(f"tuned-kv@{t}", "tuned", main, "kv", t, routers, target)["skip_rate_all_layers"])
+        add(f"tuned-drop@{t}", "tuned-drop", main, "drop", t, routers, target)
+    mid = thresholds[len(thresholds) // 2]
+    add(f"mask@{mid}", "official-mask", main, "mask", mid, routers, target)
+    importance = layer_importance(an, examples, target)
+    order = static_order(importance)
+    for rate in sorted({round(r, 3) for r in tuned_rates if 0 < r < 0.9}):
+        p = min(1.0, rate * n / len(routers.config.layers))
+        add(f"random@{p:.3f}", "random", main, "kv", p, RandomRouterSet(routers.config, n, an.hidden_size, seed=0), target)
+        k = max(1, int(round(rate * n)))
+        if f"static@{k}" not in quality:
+            add(f"static@{k}", "static", main, "drop", STATIC_THRESHOLD, static_routers(order, k, target, n, an.hidden_size), target)
+    for g, (rs, _) in list(router_sets.items())[1:]:
+        for t in thresholds:
+            add(f"{g}@{t}", "tuned", g, "kv", t, rs, rs.config.target)
+
+    prompts_ids = prompts_ids or [list(ex.ids[: ex.start]) for ex in examples[:2]]
+    log(f"timing {len(speed_configs) + 1} configurations x {len(prompts_ids)} prompts x {rounds} rounds ...")
+    speed = measure_speed(engine, prompts_ids, speed_configs, new_tokens, rounds, log)
+    context = int(statistics.mean(len(p) for p in prompts_ids)) + new_tokens // 2
+    costs = cost_breakdown(engine, prompts_ids[0], context)
+    for name, q in quality.items():
+        s = speed[name]
+        rows.append({
+            "method": q["method"], "granularity": q["granularity"], "kv_policy": q["kv_policy"], "threshold": q["threshold"],
+            "skip_rate_all_layers": q["skip_rate_all_layers"], "perplexity": q["perplexity_routed"],
+            "perplexity_full": q["perplexity_full"], "perplexity_increase": q["perplexity_increase"],
+            "agreement": q["agreement"], "tokens_per_second": s["tokens_per_second"],
+            "tokens_per_second_full": s["tokens_per_second_full"], "speedup": s["speedup"],
+            "ideal_speedup": ideal(costs, s["skip_rate_all_layers_measured"], n, q["kv_policy"], q["target"]),
+            "kv_bytes_saved": s["kv_bytes_saved"], "ttft_seconds": s["ttft_seconds"], "context_tokens": context,
+        })
+    full_q = quality[next(iter(quality))]
+    rows.append({"method": "full", "granularity": "full", "kv_policy": "-", "threshold": math.nan, "skip_rate_all_layers": 0.0,
+                 "perplexity": full_q["perplexity_full"], "perplexity_full": full_q["perplexity_full"],
+                 "perplexity_increase": 0.0, "agreement": 1.0, "tokens_per_second": speed["full"]["tokens_per_second"],
+                 "tokens_per_second_full": speed["full"]["tokens_per_second"], "speedup": 1.0, "ideal_speedup": 1.0,
+                 "kv_bytes_saved": 0.0, "ttft_seconds": speed["full"]["ttft_seconds"], "context_tokens": context})
+    result = {"model": loaded.name, "rows": rows, "costs": costs, "importance": importance,
+              "per_layer_skip": {name: quality[name]["skip_rate_per_layer"] for name in quality if name.startswith("tuned-kv@")},
+              "examples": len(examples), "tokens": full_q["tokens"], "new_tokens": new_tokens, "rounds": rounds}
+    result["context_scaling"] = context_scaling(engine, routers, best_threshold(rows, 0.05), contexts, new_tokens, rounds, log)
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+def best_threshold(rows: list[dict], max_increase: float, method: str = "tuned") -> float:
+    ok = [r for r in rows if r["method"] == method and r["perplexity_increase"] <= max_increase]
+    return max(ok, key=lambda r: r["speedup"])["threshold"] if ok else 0.5
+
+
+def context_scaling(engine: Engine, routers, threshold: float, contexts, new_tokens: int, rounds: int, log=print) -> list[dict]:
+    """Decode speedup of the tuned routers at `threshold` as the prompt grows (attention costs more)."""
+    out = []
+    for c in contexts:
+        ids = bench_prompt(engine.tokenizer, c)
+        configs = {"kv": (routers, threshold, "kv"), "drop": (routers, threshold, "drop")}
+        s = measure_speed(engine, [ids], configs, new_tokens, rounds, log=lambda *_: None)
+        out.append({"context_tokens": c, "threshold": threshold,
+                    **{f"speedup_{p}": s[p]["speedup"] for p in configs},
+                    **{f"skip_rate_all_layers_{p}": s[p]["skip_rate_all_layers_measured"] for p in configs},
+                    "tokens_per_second_full": s["full"]["tokens_per_second"]})
+        log(f"context {c}: speedup kv {out[-1]['speedup_kv']:.3f} drop {out[-1]['speedup_drop']:.3f}")
+    return out
+
+
+# -- outputs -----------------------------------------------------------------------------------
+def granularity_table(rows: list[dict], limits=(0.02, 0.05, 0.10)) -> list[dict]:
+    """Per granularity (tuned, kv): the best measured speedup and skip rate within each perplexity budget."""
+    table = []
+    for g in dict.fromkeys(r["granularity"] for r in rows if r["method"] == "tuned"):
+        pts = [r for r in rows if r["method"] == "tuned" and r["granularity"] == g]
+        entry = {"granularity": g}
+        for lim in limits:
+            ok = [r for r in pts if r["perplexity_increase"] <= lim]
+            best = max(ok, key=lambda r: r["speedup"]) if ok else None
+            key = f"{round(lim * 100)}%"
+            entry[f"speedup@{key}"] = best["speedup"] if best else None
+            entry[f"skip@{key}"] = best["skip_rate_all_layers"] if best else None
+            entry[f"threshold@{key}"] = best["threshold"] if best else None
+        table.append(entry)
+    return table
+
+
+def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
+    from . import plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out / "tradeoff.csv", "json": out / "tradeoff.json", "html": out / "tradeoff.html",
+             "layers_html": out / "layer_skip.html"}
+    with open(paths["csv"], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(result["rows"])
+    result = {**result, "granularity_table": granularity_table(result["rows"])}
+    paths["json"].write_text(json.dumps(result, indent=1, default=str))
+    main = result["rows"][0]["granularity"]
+    frame = pd.DataFrame([{**r, "method": r["method"] if r["granularity"] in (main, "full") else f"tuned {r['granularity']}"}
+                          for r in result["rows"]])
+    curve = plots.tradeoff_curve(frame)
+    curve.update_layout(width=1000, height=600)
+    curve.write_html(str(paths["html"]), include_plotlyjs="cdn")
+    layers = layer_skip_figure(result["per_layer_skip"], result["model"])
+    layers.write_html(str(paths["layers_html"]), include_plotlyjs="cdn")
+    for name, fig in (("png", curve), ("layers_png", layers)):
+        path = out / ("tradeoff.png" if name == "png" else "layer_skip.png")
+        if write_png(fig, path, log):
+            paths[name] = path
+    return paths
+
+
+def layer_skip_figure(per_layer: dict[str, dict[str, float]], model: str):
+    """Skip rate of each routed layer over the held-out data, one line per threshold."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, rates in per_layer.items():
+        layers = sorted(rates, key=int)
+        fig.add_trace(go.Scatter(x=[int(i) for i in layers], y=[100 * rates[i] for i in layers], mode="lines+markers",
+                                 name=name.replace("tuned-kv@", "threshold ")))
+    fig.update_layout(title=f"{model}: skip rate per layer on held-out data (tuned routers, kv)", template="plotly_white",
+                      xaxis_title="layer", yaxis_title="tokens skipping this layer (%)", width=1000, height=500)
+    return fig
+
+
+def write_png(fig, path: Path, log=print) -> bool:
+    """PNG via kaleido when it and a Chromium are installed (`make dev`); otherwise say so and skip."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        log(f"skipping {path.name}: kaleido is not installed (pip install kaleido)")
+        return False
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser:
+        os.environ.setdefault("BROWSER_PATH", browser)
+    try:
+        fig.write_image(str(path), width=1000, height=600, scale=2)
+        return True
+    except Exception as err:  # kaleido raises many types when no browser can start
+        log(f"skipping {path.name}: {err}")
+        return False

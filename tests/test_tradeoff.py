@@ -1,0 +1,39 @@
+"""The whole trade-off sweep on a tiny model, in seconds: CSV columns and finite figures."""
+
+import csv
+import math
+
+import torch
+
+from routerlab.config import RoutingConfig
+from routerlab.data import Example
+from routerlab.models import LoadedModel, tiny_model
+from routerlab.router import RouterSet
+from routerlab.tradeoff import COLUMNS, granularity_table, run_tradeoff, write_outputs
+
+
+def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
+    model = tiny_model("llama")
+    loaded = LoadedModel(model, None, "tiny-llama", "test")
+    g = torch.Generator().manual_seed(0)
+    sets = {}
+    for name in ("attention-token", "mlp-token"):
+        rs = RouterSet.zeros(model, RoutingConfig.from_granularity(name, [1, 2]))
+        for r in rs.routers.values():
+            r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3
+        sets[name] = (rs, 0.5)
+    examples = [Example(tuple(int(x) for x in torch.randint(0, 128, (24,), generator=g)), 8) for _ in range(3)]
+    result = run_tradeoff(loaded, sets, examples, thresholds=(0.3, 0.5, 0.7), new_tokens=4, rounds=1, contexts=(16,),
+                          log=lambda *a: None)
+    paths = write_outputs(result, tmp_path, log=lambda *a: None)
+    with open(paths["csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == COLUMNS
+    assert {"tuned", "tuned-drop", "official-mask", "random", "static", "full"} <= {r["method"] for r in rows}
+    for r in rows:
+        for col in ("skip_rate_all_layers", "perplexity", "agreement", "tokens_per_second", "speedup", "ideal_speedup"):
+            assert math.isfinite(float(r[col])), (r["method"], col)
+    assert paths["html"].stat().st_size > 1000
+    table = granularity_table(result["rows"])
+    assert [t["granularity"] for t in table] == ["attention-token", "mlp-token"]
+    assert result["context_scaling"][0]["context_tokens"] == 16
