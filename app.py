@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-warmup", action="store_true", help="skip measuring the full model's speed at start-up")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up requests are noise
 
     print(f"RouterLab: loading {args.model or 'the embedded model (SmolLM2-135M-Instruct)'} … (first start converts it, ~1 min; later starts take seconds)", flush=True)
     start = time.perf_counter()

@@ -84,16 +84,16 @@ def _scores(trace: Trace) -> np.ndarray:
 
 
 def _threshold_changes(steps: list[Step]) -> list[tuple[int, float]]:
-    """(position, new threshold) where the live threshold moved during generation."""
+    """(column, new threshold) where the live threshold moved during generation."""
     changes, last = [], None
-    for s in steps:
+    for j, s in enumerate(steps):
         if last is not None and not s.is_prompt and abs(s.threshold - last) > 1e-9:
-            changes.append((s.position, s.threshold))
+            changes.append((j, s.threshold))
         last = s.threshold
     return changes
 
 
-def _ticks(positions: list[int], labels: list[str], max_ticks: int = MAX_TICKS) -> tuple[list[int], list[str]]:
+def _ticks(positions: list, labels: list[str], max_ticks: int = MAX_TICKS) -> tuple[list, list[str]]:
     if not positions:
         return [], []
     every = max(1, math.ceil(len(positions) / max_ticks))
@@ -101,12 +101,20 @@ def _ticks(positions: list[int], labels: list[str], max_ticks: int = MAX_TICKS) 
     return [positions[j] for j in idx], [labels[j] for j in idx]
 
 
-def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool = False, title: str | None = None) -> go.Figure:
-    """Layers (rows, layer 0 at the bottom) x tokens (columns, integer positions): router score and decision.
+def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool = False, title: str | None = None,
+            live: bool = False) -> go.Figure:
+    """Layers (rows, layer 0 at the bottom) x tokens (columns, one per position): router score and decision.
 
     `what_if=True` re-decides every cell from the recorded scores at `threshold` (nothing is re-run)
     and says so in the title; cells whose decision differs from the recorded run get a blue tint.
     Vertical lines mark the prompt/generated boundary and every live threshold change.
+
+    Columns are categories named "position: token", so the hover shows the token without a
+    per-cell text array (that array was most of the figure's bytes); scores travel as float32
+    for the same reason. Sparse tick labels show the token text alone.
+
+    `layout.meta.routerlab` says "live" (the run is still going) or "final": the app's in-browser
+    what-if preview only re-splits a final figure (traces 0 and 1 hold every routed score).
     """
     if trace is None or not trace.steps:
         return empty_heatmap()
@@ -114,15 +122,16 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
     n_layers, n_tok = trace.n_layers, len(steps)
     positions = [s.position for s in steps]
     labels = [token_label(s.text) for s in steps]
+    columns = [f"{p}: {lab}" for p, lab in zip(positions, labels)]  # unique category per column
     scores = _scores(trace)
     recorded = _decisions(trace, None)
     decided = _decisions(trace, threshold) if what_if and threshold is not None else recorded
-    ran = np.where(decided == 1.0, scores, np.nan)
-    skipped = np.where(decided == 0.0, scores, np.nan)
-    hover_tokens = [labels] * n_layers  # the same token text on every row (one list, shared)
+    # float32: plotly ships numpy arrays as base64 typed arrays; half the bytes of float64
+    ran = np.where(decided == 1.0, scores, np.nan).astype(np.float32)
+    skipped = np.where(decided == 0.0, scores, np.nan).astype(np.float32)
     layers = list(range(n_layers))
 
-    common = dict(type="heatmap", x=positions, y=layers, text=hover_tokens, zmin=0.0, zmax=1.0, hoverongaps=False, xgap=0, ygap=1)
+    common = dict(type="heatmap", x=columns, y=layers, zmin=0.0, zmax=1.0, hoverongaps=False, xgap=0, ygap=1)
     bar = dict(thickness=10, len=0.45, tickfont=dict(size=10))
     data = [
         dict(
@@ -130,7 +139,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
             z=ran,
             colorscale=RAN_SCALE,
             name="ran",
-            hovertemplate="<b>%{text}</b> · pos %{x}<br>layer %{y} · score %{z:.3f}<br>ran<extra></extra>",
+            hovertemplate="pos <b>%{x}</b><br>layer %{y} · score %{z:.3f}<br>ran<extra></extra>",
             colorbar=dict(bar, y=0.77, title=dict(text="ran: score", side="right", font=dict(size=11))),
         ),
         dict(
@@ -138,7 +147,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
             z=skipped,
             colorscale=SKIP_SCALE,
             name="skipped",
-            hovertemplate="<b>%{text}</b> · pos %{x}<br>layer %{y} · score %{z:.3f}<br><b>skipped</b><extra></extra>",
+            hovertemplate="pos <b>%{x}</b><br>layer %{y} · score %{z:.3f}<br><b>skipped</b><extra></extra>",
             colorbar=dict(bar, y=0.23, title=dict(text="skipped: score", side="right", font=dict(size=11))),
         ),
     ]
@@ -150,8 +159,8 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
             data.append(
                 dict(
                     type="heatmap",
-                    z=np.where(diff, 1.0, np.nan),
-                    x=positions,
+                    z=np.where(diff, 1.0, np.nan).astype(np.float32),
+                    x=columns,
                     y=layers,
                     colorscale=[[0.0, CHANGED], [1.0, CHANGED]],
                     opacity=0.55,
@@ -164,14 +173,14 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
             )
 
     shapes, annotations = [], []
-    first_gen = next((s.position for s in steps if not s.is_prompt), None)
-    if first_gen is not None and first_gen > positions[0]:
+    first_gen = next((j for j, s in enumerate(steps) if not s.is_prompt), None)
+    if first_gen:
         shapes.append(dict(type="line", x0=first_gen - 0.5, x1=first_gen - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#111827", width=2)))
         annotations.append(dict(x=first_gen - 0.5, y=1.0, yref="paper", text="prompt │ generated", showarrow=False, yanchor="bottom", font=dict(size=11)))
     if not what_if:
-        for pos, thr in _threshold_changes(steps):
-            shapes.append(dict(type="line", x0=pos - 0.5, x1=pos - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#1d4ed8", width=2, dash="dash")))
-            annotations.append(dict(x=pos - 0.5, y=1.0, yref="paper", text=f"t→{thr:.2f}", showarrow=False, xanchor="left", yanchor="bottom", font=dict(size=10, color="#1d4ed8")))
+        for col, thr in _threshold_changes(steps):
+            shapes.append(dict(type="line", x0=col - 0.5, x1=col - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#1d4ed8", width=2, dash="dash")))
+            annotations.append(dict(x=col - 0.5, y=1.0, yref="paper", text=f"t→{thr:.2f}", showarrow=False, xanchor="left", yanchor="bottom", font=dict(size=10, color="#1d4ed8")))
 
     if title is None:
         meta = trace.meta
@@ -184,7 +193,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
             )
         else:
             title = f"Recorded run · skip rate {trace.skip_rate():.0%} (generated tokens) · {where}"
-    tickvals, ticktext = _ticks(positions, labels)
+    tickvals, ticktext = _ticks(columns, labels)
     layout = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
         height=max(300, min(720, 110 + 16 * n_layers)),
@@ -192,11 +201,12 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
         font=FONT,
         plot_bgcolor=BACKGROUND,
         paper_bgcolor="white",
-        xaxis=dict(title=None, tickmode="array", tickvals=tickvals, ticktext=ticktext, tickangle=-50, tickfont=dict(size=10), showgrid=False, zeroline=False, range=[positions[0] - 0.5, positions[-1] + 0.5]),
+        xaxis=dict(type="category", title=None, tickmode="array", tickvals=tickvals, ticktext=ticktext, tickangle=-50, tickfont=dict(size=10), showgrid=False, zeroline=False, range=[-0.5, n_tok - 0.5]),
         yaxis=dict(title="layer", dtick=1 if n_layers <= 24 else 2, showgrid=False, zeroline=False, range=[-0.5, n_layers - 0.5]),
         shapes=shapes,
         annotations=annotations,
         uirevision="heatmap",  # keep the user's zoom while streaming
+        meta=dict(routerlab="live" if live else "final"),
         hoverlabel=dict(font=dict(family="ui-monospace, monospace")),
     )
     return _fast_figure(data, layout)
@@ -230,19 +240,18 @@ def layer_skip_bar(trace: Trace | None, threshold: float | None = None) -> go.Fi
             rates.append(r)
             colours.append("#b23a48")
             texts.append(f"{r:.0%}")
-    fig = go.Figure(
-        go.Bar(
-            x=list(range(trace.n_layers)),
-            y=rates,
-            marker_color=colours,
-            text=texts,
-            textposition="outside" if trace.n_layers <= 16 else "none",
-            cliponaxis=False,
-            hovertemplate="layer %{x}<br>skipped %{y:.1%}<extra></extra>",
-        )
+    bar = dict(
+        type="bar",
+        x=list(range(trace.n_layers)),
+        y=rates,
+        marker=dict(color=colours),
+        text=texts,
+        textposition="outside" if trace.n_layers <= 16 else "none",
+        cliponaxis=False,
+        hovertemplate="layer %{x}<br>skipped %{y:.1%}<extra></extra>",
     )
     label = f"what-if at {threshold:.2f}" if threshold is not None else "recorded"
-    fig.update_layout(
+    layout = dict(
         title=dict(text=f"Skip rate per layer ({label}; grey = layer has no router)", font=dict(size=13)),
         height=320,
         font=FONT,
@@ -251,7 +260,7 @@ def layer_skip_bar(trace: Trace | None, threshold: float | None = None) -> go.Fi
         yaxis=dict(title="skipped", tickformat=".0%", range=[0, 1.1]),
         plot_bgcolor="white",
     )
-    return fig
+    return _fast_figure([bar], layout)
 
 
 def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None = None) -> go.Figure:
@@ -267,23 +276,22 @@ def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None
             h, _ = np.histogram(np.clip(row, 0.0, 1.0), bins=edges)
             counts[i] = h / row.size
     centers = ((edges[:-1] + edges[1:]) / 2).tolist()
-    fig = go.Figure(
-        go.Heatmap(
-            z=counts,
-            x=centers,
-            y=list(range(trace.n_layers)),
-            colorscale="Blues",
-            zmin=0.0,
-            hoverongaps=False,
-            colorbar=dict(title=dict(text="share", side="right"), thickness=10, tickformat=".0%"),
-            hovertemplate="layer %{y}<br>score ≈ %{x:.2f}<br>%{z:.1%} of tokens<extra></extra>",
-        )
+    hist = dict(
+        type="heatmap",
+        z=counts.astype(np.float32),
+        x=centers,
+        y=list(range(trace.n_layers)),
+        colorscale="Blues",
+        zmin=0.0,
+        hoverongaps=False,
+        colorbar=dict(title=dict(text="share", side="right"), thickness=10, tickformat=".0%"),
+        hovertemplate="layer %{y}<br>score ≈ %{x:.2f}<br>%{z:.1%} of tokens<extra></extra>",
     )
     thr = threshold if threshold is not None else (trace.steps[-1].threshold if trace.steps else None)
     shapes = []
     if thr is not None:
         shapes.append(dict(type="line", x0=thr, x1=thr, y0=0, y1=1, yref="paper", line=dict(color="#b23a48", width=2, dash="dash")))
-    fig.update_layout(
+    layout = dict(
         title=dict(text=f"Router score distribution per layer (all tokens; dashed line: threshold {thr:.2f})" if thr is not None else "Router score distribution per layer", font=dict(size=13)),
         height=max(300, min(640, 100 + 14 * trace.n_layers)),
         font=FONT,
@@ -293,7 +301,7 @@ def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None
         plot_bgcolor=BACKGROUND,
         shapes=shapes,
     )
-    return fig
+    return _fast_figure([hist], layout)
 
 
 # -- live numbers ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -48,6 +49,19 @@ FALLBACK_PROMPTS = [
     "Write a short poem about a lighthouse keeper.",
     "List three tips for learning a new language.",
 ]
+
+
+class NumberSlider(gr.Slider):
+    """A Slider that answers a non-number from the API with a clear message (gr.Slider raises a bare
+    TypeError on a string, None or a list, which a client sees only as "the app raised an exception")."""
+
+    def preprocess(self, payload):
+        if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
+            raise gr.Error(f"{self.label}: {str(payload)[:40]!r} is not a number; use a value from {self.minimum} to {self.maximum}.")
+        return super().preprocess(payload)
+
+    def get_block_name(self) -> str:
+        return "slider"  # the browser draws it with gr.Slider's own component
 
 
 # -- shared, read-mostly resources --------------------------------------------------------------
@@ -225,6 +239,11 @@ class Resources:
                 f"The prompt has {len(prompt)} characters; this server accepts up to {self.limits.max_prompt_chars}.",
                 "Shorten it (the operator sets ROUTERLAB_MAX_PROMPT_CHARS).",
             )
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates arrive through raw JSON; the tokenizer raises a bare TypeError
+            raise RouterLabError("The prompt contains characters that are not valid text (unpaired surrogates).",
+                                 "Remove them and try again.") from None
         return prompt
 
     def measure_full_speed(self, max_new_tokens: int = 24) -> float:
@@ -349,7 +368,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
                 continue  # still prefilling
             text = plots.token_html(snap)
             if draw_plot:
-                fig = plots.heatmap(snap)
+                fig = plots.heatmap(snap, live=True)
                 stats = plots.stats_html(plots.live_stats(snap, res.full_tokens_per_second), running=True)
                 yield text, fig, stats, _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}"), skip, skip, skip, skip, skip
             else:
@@ -554,7 +573,7 @@ def compare_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
                 plots.token_html(f, diverge_at=div),
                 plots.token_html(r, diverge_at=div),
                 compare_html(f, r, div),
-                plots.heatmap(r) if draw_plot and r.steps else skip,
+                plots.heatmap(r, live=not decoder.done.is_set()) if draw_plot and r.steps else skip,
                 _status("ok", "Done. The red outline marks the first token where the two runs differ.") if finished else _status("run", "Generating both, one token each in turn…"),
             )
         decoder.raise_error()
@@ -710,6 +729,42 @@ DIAGRAM = """
 """
 
 
+# In-browser what-if preview: re-split the final heatmap's recorded scores at the new threshold
+# (a cell runs iff score >= threshold, as in Trace.executed_matrix) without waiting for the server,
+# which then sends the full view (changed-cell tint, stats, text, layer plots).
+WHAT_IF_PREVIEW_JS = """
+(threshold, session) => {
+  try {
+    const gd = document.querySelector('#rl-heatmap .js-plotly-plot');
+    const meta = gd && gd.layout && gd.layout.meta;
+    if (!window.Plotly || !meta || meta.routerlab !== 'final' || !gd.data || gd.data.length < 2) return [threshold, session];
+    const unpack = (z) => {
+      if (Array.isArray(z)) return {rows: z.length, cols: z[0].length, get: (r, c) => (z[r][c] === null ? NaN : z[r][c])};
+      const bytes = Uint8Array.from(atob(z.bdata), (ch) => ch.charCodeAt(0));
+      const flat = z.dtype === 'f8' ? new Float64Array(bytes.buffer) : new Float32Array(bytes.buffer);
+      const [rows, cols] = String(z.shape).split(',').map(Number);
+      return {rows, cols, get: (r, c) => flat[r * cols + c]};
+    };
+    const a = unpack(gd.data[0].z), b = unpack(gd.data[1].z);
+    const ran = [], skipped = [];
+    for (let r = 0; r < a.rows; r++) {
+      const rr = new Array(a.cols), sr = new Array(a.cols);
+      for (let c = 0; c < a.cols; c++) {
+        const v = Number.isNaN(a.get(r, c)) ? b.get(r, c) : a.get(r, c);
+        rr[c] = !Number.isNaN(v) && v >= threshold ? v : null;
+        sr[c] = !Number.isNaN(v) && v < threshold ? v : null;
+      }
+      ran.push(rr); skipped.push(sr);
+    }
+    if (gd.data.length > 2) Plotly.deleteTraces(gd, [2]);
+    Plotly.restyle(gd, {z: [ran, skipped]}, [0, 1]);
+    Plotly.relayout(gd, {'title.text': '<b>WHAT-IF</b> at threshold ' + Number(threshold).toFixed(2) + ', re-decided in your browser from the recorded scores (not a new run) …'});
+  } catch (err) { console.warn('RouterLab what-if preview:', err); }
+  return [threshold, session];
+}
+"""
+
+
 def theme():
     # System fonts only: the app must look right offline (a workshop laptop without network).
     return gr.themes.Soft(
@@ -730,17 +785,17 @@ def build_demo(res: Resources) -> gr.Blocks:
     limits = res.limits
     labels = res.router_labels()
     default_routers = next((r.label for r in res.router_sets if r.path is not None), UNTRAINED)
-    with gr.Blocks(title="RouterLab: see and steer dynamic depth") as demo:
+    with gr.Blocks(title="RouterLab: see and steer dynamic depth", analytics_enabled=False) as demo:
         session = gr.State(Session(), delete_callback=_delete_session)
         gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
         status = gr.Markdown(res.status, elem_id="rl-status")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
-                threshold = gr.Slider(0.0, 1.0, value=0.5, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
+                threshold = NumberSlider(0.0, 1.0, value=0.5, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
                 router_label = gr.Dropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
                 kv_policy = gr.Radio(list(KV_POLICIES), value="kv", label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
-                max_new = gr.Slider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
-                temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
+                max_new = NumberSlider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
+                temperature = NumberSlider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
                 model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
             with gr.Column(scale=4):
                 with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
@@ -820,6 +875,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         threshold.change(
             _moved, [threshold, session], [heat, text, stats, status, l_bar, l_hist],
             api_name="set_threshold", trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+            js=WHAT_IF_PREVIEW_JS,  # instant preview in the browser; the server's full what-if view follows
         )
         cmp_evt = c_btn.click(_compare, [c_prompt, threshold, router_label, kv_policy, max_new, temperature, model, session], [c_full, c_routed, c_stats, c_heat, status], api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
         c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)

@@ -112,3 +112,88 @@ def test_generate_steer_what_if_tabs_and_screenshots(browser, app_url):
     page.get_by_text("Three ways to skip attention").wait_for()
     page.screenshot(path=str(SHOTS / "about.png"), full_page=True)
     page.close()
+
+
+@pytest.fixture(scope="module")
+def long_run_url(tmp_path_factory):
+    """A 30-layer tiny random model with random routers (saved and loaded as a shipped set): 300 tokens in seconds."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_ui import char_tokenizer, random_routers  # noqa: E402
+
+    from routerlab.checkpoint import save_routers
+    from routerlab.config import RoutingConfig
+    from routerlab.engine import Engine
+    from routerlab.models import tiny_model
+    from routerlab.router import RouterSet
+
+    model = tiny_model("llama", num_hidden_layers=30, max_position_embeddings=1024)
+    routers = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", range(1, 29)))
+    g = torch.Generator().manual_seed(0)
+    for r in routers.routers.values():
+        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 0.15
+    folder = tmp_path_factory.mktemp("routers")
+    save_routers(routers, folder / "random", model)
+    engine = Engine(model, char_tokenizer(), name="tiny-30-layers")
+    res = ui.Resources(engine, ui.Limits(max_new_tokens=300), router_sets=ui.available_router_sets(folder), prompts=["Hello"])
+    demo = ui.build_demo(res)
+    demo.queue()
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True, **ui.launch_options())
+    yield url
+    demo.close()
+
+
+COUNT_RAN_JS = """() => {
+    const z = document.querySelector('#rl-heatmap .js-plotly-plot').data[0].z;
+    if (Array.isArray(z)) return z.flat().filter((v) => v !== null && !Number.isNaN(v)).length;
+    const bytes = Uint8Array.from(atob(z.bdata), (ch) => ch.charCodeAt(0));
+    return Array.from(new Float32Array(bytes.buffer)).filter((v) => !Number.isNaN(v)).length;
+}"""
+
+WATCH_JS = """(target) => {
+    window.__t0 = performance.now(); window.__preview = null; window.__server = null;
+    const root = document.querySelector('#rl-heatmap'), status = document.querySelector('#rl-status');
+    new MutationObserver((m, o) => {
+        const t = root.querySelector('.gtitle');
+        if (t && t.textContent.includes('WHAT-IF at threshold ' + target)) { window.__preview = performance.now(); o.disconnect(); }
+    }).observe(root, {subtree: true, childList: true, characterData: true});
+    new MutationObserver((m, o) => {
+        if (status.textContent.includes('at threshold ' + target)) { window.__server = performance.now(); o.disconnect(); }
+    }).observe(status, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def test_what_if_redraw_latency_for_300_tokens(browser, long_run_url, capsys):
+    """Slider release -> what-if heatmap drawn: the in-browser preview, then the server's full view.
+
+    Timings are printed, not asserted; the preview must agree with the server's decisions.
+    """
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(120_000)
+    page.goto(long_run_url)
+    page.locator("#rl-max-new input[type=number]").fill("290")
+    page.locator("#rl-max-new input[type=number]").press("Enter")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.locator("#rl-status", has_text="Done:").wait_for()
+    assert page.locator("#rl-heatmap .xtick").count() > 20
+    box = page.locator("#rl-threshold input[type=number]")
+    preview, server = [], []
+    for value in (0.62, 0.38, 0.55, 0.47, 0.66):
+        box.fill(f"{value}")
+        page.evaluate(WATCH_JS, f"{value:.2f}")
+        box.press("Enter")
+        page.wait_for_function("window.__preview !== null")
+        preview.append(page.evaluate("window.__preview - window.__t0"))
+        previewed = page.evaluate(COUNT_RAN_JS)
+        page.wait_for_function("window.__server !== null")
+        page.wait_for_function("document.querySelector('#rl-heatmap .gtitle').textContent.includes('not a new run):')")
+        server.append(page.evaluate("window.__server - window.__t0"))
+        assert page.evaluate(COUNT_RAN_JS) == previewed, "the browser preview and the server disagree"
+    page.close()
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    with capsys.disabled():
+        print(f"\n[browser] what-if at ~300 tokens x 30 layers, slider release -> heatmap redrawn: in-browser preview "
+              f"median {median(preview):.0f} ms {[round(t) for t in preview]}; server's full view median {median(server):.0f} ms")

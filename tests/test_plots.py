@@ -43,7 +43,7 @@ def test_heatmap_is_layers_by_tokens_with_ran_and_skipped_split():
     fig = plots.heatmap(trace)
     ran, skipped = fig.data[0], fig.data[1]
     assert np.asarray(ran.z).shape == (6, 25) and np.asarray(skipped.z).shape == (6, 25)
-    assert list(ran.x) == list(range(25))
+    assert list(ran.x) == [f"{p}: ·t{p}" for p in range(25)]  # one category per position: "position: token"
     z_ran, z_skip = np.asarray(ran.z, float), np.asarray(skipped.z, float)
     # every routed cell is in exactly one of the two layers; unrouted rows (0 and 5) are blank in both
     assert np.all(np.isnan(z_ran[[0, 5]])) and np.all(np.isnan(z_skip[[0, 5]]))
@@ -68,7 +68,8 @@ def test_heatmap_ticks_are_sparse_for_long_runs():
     trace = synthetic_trace(n_layers=30, n_prompt=40, n_gen=260)
     fig = plots.heatmap(trace)
     assert len(fig.layout.xaxis.tickvals) <= plots.MAX_TICKS
-    assert all(isinstance(v, int) for v in fig.layout.xaxis.tickvals)
+    assert set(fig.layout.xaxis.tickvals) <= set(fig.data[0].x)
+    assert fig.layout.xaxis.ticktext[1] == plots.token_label(trace.steps[int(fig.layout.xaxis.tickvals[1].split(":")[0])].text)
 
 
 def test_what_if_differs_from_recorded_when_threshold_moves():
@@ -88,7 +89,7 @@ def test_what_if_differs_from_recorded_when_threshold_moves():
 def test_hover_and_ticks_escape_html():
     trace = synthetic_trace(n_prompt=1, n_gen=3, texts=["<script>", " a&b", "\n"])
     fig = plots.heatmap(trace)
-    assert "<script>" not in str(fig.data[0].text) and "&lt;script&gt;" in str(fig.data[0].text)
+    assert "<script>" not in str(fig.data[0].x) and "&lt;script&gt;" in str(fig.data[0].x)
     assert "⏎" in "".join(fig.layout.xaxis.ticktext)
 
 
@@ -170,7 +171,7 @@ def test_heatmap_redraw_time_300_tokens_x_30_layers():
         fig = plots.heatmap(trace, threshold=0.6, what_if=True)
         fig.to_json()
     ms = (time.perf_counter() - t0) / 5 * 1e3
-    print(f"\nwhat-if heatmap 300 tokens x 30 layers: {ms:.1f} ms per redraw (figure + JSON)")
+    print(f"\nwhat-if heatmap 300 tokens x 30 layers: {ms:.1f} ms per redraw (figure + JSON), {len(fig.to_json()) // 1024} KiB")
 
 
 def test_every_figure_passes_plotly_validation_and_strict_json():
