@@ -437,7 +437,7 @@ def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "p
         return _empty_figure("No benchmark results yet (assets/bench/). Run a sweep to draw the curve.", height=380)
     y_title, better = QUALITY_AXES.get(quality, (quality, ""))
     fig = go.Figure()
-    extra = [c for c in ("threshold", "kv_policy", "skip_rate") if c in df.columns]
+    extra = [c for c in ("threshold", "granularity", "kv_policy", "skip_rate", "skip_rate_all_layers", "agreement") if c in df.columns and c != quality]
     for method, group in df.groupby("method", sort=False):
         group = group.sort_values("speedup")
         custom = group[extra].astype(str).values.tolist() if extra else None

@@ -139,8 +139,15 @@ def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
         return FALLBACK_PROMPTS
 
 
+BENCH_COLUMNS = ["method", "granularity", "kv_policy", "threshold", "speedup", "perplexity", "agreement", "skip_rate_all_layers"]
+
+
 def load_bench(folder: Path = BENCH_DIR):
-    """All benchmark CSVs in `folder` with method/speedup/perplexity columns, concatenated; None when absent."""
+    """Benchmark CSVs in `folder` with method/speedup/perplexity columns, concatenated; None when absent.
+
+    Keeps the columns the Trade-off tab shows; when several granularities are present, each tuned
+    granularity gets its own curve ("tuned mlp-token", ...), as in `bench tradeoff`'s own figure.
+    """
     import pandas as pd
 
     frames = []
@@ -152,7 +159,15 @@ def load_bench(folder: Path = BENCH_DIR):
             continue
         if {"method", "speedup", "perplexity"} <= set(df.columns):
             frames.append(df)
-    return pd.concat(frames, ignore_index=True) if frames else None
+    if not frames:
+        return None
+    df = pd.concat(frames, ignore_index=True)
+    if "granularity" in df.columns:
+        tuned = [g for g in df["granularity"].dropna().unique() if g != "full"]
+        if len(tuned) > 1:
+            main = tuned[0]
+            df["method"] = [m if g in (main, "full") else f"tuned {g}" for m, g in zip(df["method"], df["granularity"])]
+    return df[[c for c in BENCH_COLUMNS if c in df.columns]].round(4)
 
 
 class Resources:
@@ -641,6 +656,8 @@ def tradeoff_pick(df, evt: gr.SelectData):
         row = evt.row_value if evt.row_value is not None else df.iloc[evt.index[0]].tolist()
         cols = list(df.columns)
         value = float(row[cols.index("threshold")])
+        if not 0.0 <= value <= 1.0:  # NaN too: the full model's row has no threshold
+            raise ValueError(value)
     except (ValueError, TypeError, IndexError, AttributeError, KeyError):
         return gr.skip(), gr.skip(), _status("warn", "That row has no threshold to use.")
     return gr.Slider(value=value), gr.Tabs(selected="explore"), _status("ok", f"Threshold set to {value:.2f} from the trade-off table.")

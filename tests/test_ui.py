@@ -271,6 +271,17 @@ def test_load_bench_handles_absence_and_bad_files(tmp_path):
     (tmp_path / "b.csv").write_text("unrelated,columns\n1,2\n")
     df = ui.load_bench(tmp_path)
     assert list(df["method"]) == ["routed"]
+    (tmp_path / "c.csv").write_text("method,granularity,speedup,perplexity,threshold,extra\ntuned,attention-token,1.1,9,0.4,x\ntuned,mlp-token,1.3,12,0.4,y\nfull,full,1.0,9,,z\n")
+    df = ui.load_bench(tmp_path)
+    assert "tuned mlp-token" in set(df["method"]) and "extra" not in df.columns
+
+
+def test_tradeoff_pick_ignores_rows_without_threshold():
+    import pandas as pd
+
+    df = pd.DataFrame({"method": ["full"], "threshold": [float("nan")], "speedup": [1.0], "perplexity": [9.0]})
+    evt = gr.SelectData(None, {"index": [0, 0], "value": "full", "row_value": ["full", float("nan"), 1.0, 9.0]})
+    assert "no threshold" in ui.tradeoff_pick(df, evt)[2]
 
 
 def test_build_demo_wires_named_endpoints(res):
