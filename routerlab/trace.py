@@ -141,7 +141,7 @@ def savings(trace: Trace, threshold: float | None = None) -> dict[str, float]:
     costs = trace.meta.get("costs")
     if not costs:
         return {"attention_flops_saved": 0.0, "routed_flops_saved": 0.0, "kv_bytes_saved": 0.0, "kv_bytes_full": 0.0}
-    target = trace.meta.get("target", "attention")
+    target = trace.meta.get("target") or "attention"  # None for the full model: nothing is routed
     policy = trace.meta.get("kv_policy_effective", trace.meta.get("kv_policy", "kv"))
     proj = costs["q"] + costs["k"] + costs["v"] + costs["o"]
     attn_total = attn_saved = routed_total = routed_saved = kv_saved = 0.0

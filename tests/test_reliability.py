@@ -1,0 +1,146 @@
+"""Reliability and security, short versions of `python -m routerlab.loadtest` (the full run writes assets/bench/load.json).
+
+The server is the real app (`ui.build_demo`) on the embedded model, on 127.0.0.1, with the
+loadtest's watched engine; every check goes through the HTTP API the way a visitor or a script does.
+Small on purpose: 4 sessions x 1 generation, caps of a few tokens, so the file stays near a minute.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gradio as gr
+import pytest
+
+from routerlab import loadtest as lt
+from routerlab import ui
+from routerlab.errors import RouterLabError
+from routerlab.trace import Step, Trace, savings
+
+CAP = 12  # the test server's ROUTERLAB_MAX_NEW_TOKENS
+
+
+@pytest.fixture(scope="module")
+def server(embedded):
+    from routerlab.engine import Engine
+
+    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    srv = lt.serve(engine, ui.Limits(max_new_tokens=CAP, max_prompt_chars=4000, queue_size=3, concurrency=1))
+    yield srv
+    lt.forget(srv.url)
+    srv.close()
+
+
+def test_concurrent_sessions_keep_their_own_threshold_and_memory_settles(server):
+    report = lt.load_test(server.url, sessions=4, generations=4, max_new=6, deadline_s=240, log=None)
+    assert report["errors"] == 0, report["error_messages"]
+    assert report["traces_checked"] == 4 and report["decision_errors"] == 0
+    assert len(report["thresholds"]) == 4 and len(report["router_sets"]) >= 3  # random routers: thresholds really differ
+    assert report["server_after"]["live"] == 0 and report["server_after"]["decoders"] == 0
+
+
+@pytest.mark.parametrize("kind", ["stop", "cancel", "disconnect"])
+def test_interrupted_run_frees_the_worker_within_a_step(server, kind):
+    row = lt.interrupt_test(server.url, kind, max_new=CAP, timeout=120)
+    assert row["generator_closed"] and row["no_generator_left"], row
+    assert row["next_request_ok"], row  # the request queued behind it started and finished
+    assert lt.within_a_step(row), row
+
+
+def test_an_exception_in_one_run_leaves_the_app_serving(server):
+    row = lt.exception_test(server.url, timeout=120)
+    assert row["failing_run_clean"], row["failing_run_status"]
+    assert row["other_run_ok"] and row["same_client_next_run_ok"]
+    assert row["broken_router_set_clean"], row["broken_router_set_status"]
+
+
+def test_a_run_at_the_token_cap_ends_cleanly(server):
+    row = lt.token_cap_test(server.url, timeout=120)
+    assert row["clean"] and row["tokens"] <= CAP, row
+
+
+def test_bad_input_through_the_api_gets_clear_messages(server):
+    report = lt.bad_input_test(server.url, timeout=120, log=None)
+    assert not report["unclear"], report["unclear"]
+    assert report["serving_after"] and report["server_after"]["live"] == 0
+    by_case = {r["case"]: r["message"] for r in report["rows"]}
+    assert "up to 4000" in by_case["prompt of 100,000 characters"]
+    assert "greater than maximum value 12" in by_case["max new tokens 1e9"]
+    assert "not in the list of choices" in by_case["model not allowed"]
+    assert "not a number" in by_case["raw: threshold NaN"]
+
+
+def test_requests_beyond_the_queue_are_refused_with_a_message(server):
+    report = lt.queue_cap_test(server.url, queue_size=3, timeout=120)
+    assert report["refused"] >= 1 and report["finished"] >= 1, report
+    assert "Queue is full" in report["refusal_message"]
+
+
+def test_router_loader_fuzz_fails_only_with_clean_errors():
+    report = lt.fuzz_router_loading(cases=60, seed=1)
+    assert report["crashes"] == [] and report["scan_ok"]
+    assert report["clean_error"] > 0
+
+
+def test_safe_defaults_and_env_caps():
+    report = lt.safe_loading_checks()
+    assert report["load_model_trust_remote_code_default"] is False
+    assert report["defaults"] == dict(max_new_tokens=256, max_prompt_chars=4000, queue_size=16, concurrency=2, allowed_models=[])
+    assert report["from_env"]["max_new_tokens"] == 7 and report["from_env"]["allowed_models"] == ["org/a", "org/b"]
+    assert report["junk_env_falls_back"] == dict(max_new_tokens=256, queue_size=1)
+
+
+def test_app_never_enables_remote_code(monkeypatch):
+    import app
+
+    seen = {}
+
+    def fake_load_model(spec=None, **kwargs):
+        seen.update(kwargs, spec=spec)
+        raise RouterLabError("stop here")
+
+    monkeypatch.setattr("routerlab.models.load_model", fake_load_model)
+    with pytest.raises(RouterLabError):
+        app.load_engine("someone/custom-code-model")
+    assert seen.get("trust_remote_code", False) is False
+
+
+def test_only_allow_listed_models_load():
+    loaded = []
+
+    class FakeEngine:
+        name, n_layers = "base", 2
+
+    res = ui.Resources(FakeEngine(), ui.Limits(allowed_models=("org/ok",)), router_sets=[], prompts=["x"],
+                       model_loader=lambda name: loaded.append(name) or FakeEngine())
+    for name in ("org/evil", "/etc", "../x", "gpt2"):
+        with pytest.raises(RouterLabError, match="not available"):
+            res.engine_for(name)
+    assert loaded == []
+    res.engine_for("org/ok")
+    assert loaded == ["org/ok"]
+
+
+def test_number_slider_refuses_non_numbers_with_a_message():
+    slider = ui.NumberSlider(0.0, 1.0, value=0.5, label="Threshold")
+    assert slider.get_block_name() == "slider" and slider.preprocess(0.25) == 0.25
+    for bad in ("abc", None, [0.5], True, math.nan, math.inf):
+        with pytest.raises(gr.Error, match="not a number"):
+            slider.preprocess(bad)
+
+
+def test_full_model_trace_has_savings_without_a_target():
+    costs = {"q": 1, "k": 1, "v": 1, "o": 1, "mlp": 4, "score_per_ctx": 1, "kv_bytes": 8}
+    trace = Trace(2, [Step(0, 1, "a", True, [None, None], [None, None], 0.5, 0.1)],
+                  {"target": None, "costs": costs, "kv_policy": "kv"})
+    assert savings(trace)["attention_flops_saved"] == 0.0
+
+
+def test_prompt_with_unpaired_surrogates_is_refused_cleanly():
+    class FakeEngine:
+        name, n_layers = "base", 2
+
+    res = ui.Resources(FakeEngine(), router_sets=[], prompts=["x"])
+    with pytest.raises(RouterLabError, match="not valid text"):
+        res.check_prompt("hello \ud800")
+    assert res.check_prompt("emoji 🐉 and \x00 control") == "emoji 🐉 and \x00 control"
