@@ -650,6 +650,19 @@ def compare_html(full: Trace | None, routed: Trace | None, diverge_at: int | Non
     )
 
 
+def router_set_chosen(res: Resources, label: str):
+    """A shipped router set was chosen: start from its calibrated threshold and the KV policy it was trained for."""
+    info = next((r for r in res.router_sets if r.label == label), None)
+    if info is None or info.path is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    threshold, policy = float(info.meta.get("threshold", 0.5)), info.meta.get("kv_policy", "kv")
+    return (
+        gr.Slider(value=threshold),
+        gr.Radio(value=policy),
+        _status("ok", f"Router set **{label}**: threshold set to its calibrated {threshold:.2f}; trained for the **{policy}** KV policy."),
+    )
+
+
 def tradeoff_pick(df, evt: gr.SelectData):
     """A row of the results table was clicked: set Explore's threshold to its threshold and go there."""
     try:
@@ -801,16 +814,19 @@ def build_demo(res: Resources) -> gr.Blocks:
     """The whole app. Handlers are bound to `res`; per-visitor state lives in a gr.State(Session)."""
     limits = res.limits
     labels = res.router_labels()
-    default_routers = next((r.label for r in res.router_sets if r.path is not None), UNTRAINED)
+    default_set = next((r for r in res.router_sets if r.path is not None), None)
+    default_routers = default_set.label if default_set else UNTRAINED
+    start_threshold = float(default_set.meta.get("threshold", 0.5)) if default_set else 0.5
+    start_policy = default_set.meta.get("kv_policy", "kv") if default_set else "kv"
     with gr.Blocks(title="RouterLab: see and steer dynamic depth", analytics_enabled=False) as demo:
         session = gr.State(Session(), delete_callback=_delete_session)
         gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
         status = gr.Markdown(res.status, elem_id="rl-status")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
-                threshold = NumberSlider(0.0, 1.0, value=0.5, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
+                threshold = NumberSlider(0.0, 1.0, value=start_threshold, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
                 router_label = gr.Dropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
-                kv_policy = gr.Radio(list(KV_POLICIES), value="kv", label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
+                kv_policy = gr.Radio(list(KV_POLICIES), value=start_policy, label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
                 max_new = NumberSlider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
                 temperature = NumberSlider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
                 model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
@@ -896,6 +912,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         )
         cmp_evt = c_btn.click(_compare, [c_prompt, threshold, router_label, kv_policy, max_new, temperature, model, session], [c_full, c_routed, c_stats, c_heat, status], api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
         c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)
+        router_label.input(lambda label: router_set_chosen(res, label), [router_label], [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
         t_btn.click(_sweep, [prompt, router_label, kv_policy, model], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
     return demo

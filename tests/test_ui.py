@@ -246,6 +246,25 @@ def test_available_router_sets_lists_valid_folders_then_untrained(tmp_path, res)
     session = ui.Session()
     run_all(ui.explore_run(shipped, "Hello", 0.5, sets[0].label, "kv", 12, 0.0, res.default_model, session))
     assert session.trace.meta["routed_layers"] == [1, 2] and session.trace.skip_rate() > 0
+    # choosing it starts from its calibrated threshold and trained KV policy
+    slider, radio, status = ui.router_set_chosen(shipped, sets[0].label)
+    assert slider.value == 0.5 and radio.value == "kv" and "calibrated" in status
+    assert all(is_skip(v) for v in ui.router_set_chosen(shipped, ui.UNTRAINED))
+
+
+def test_operator_allowed_models_load_once_others_are_refused(res):
+    loads = []
+
+    def loader(name):
+        loads.append(name)
+        return res.engine
+
+    allowed = ui.Resources(res.engine, ui.Limits(allowed_models=("org/other",)), router_sets=res.router_sets, prompts=["Hi"], model_loader=loader)
+    assert allowed.model_choices == [res.default_model, "org/other"]
+    assert allowed.engine_for("org/other") is res.engine and allowed.engine_for("org/other") is res.engine
+    assert loads == ["org/other"]
+    with pytest.raises(RouterLabError, match="not available"):
+        allowed.engine_for("org/not-listed")
 
 
 def test_limits_from_env(monkeypatch):
