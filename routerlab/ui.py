@@ -44,6 +44,7 @@ FULL = "full model (no routing)"
 
 HEATMAP_INTERVAL = 0.25  # seconds between heatmap redraws while streaming (4 per second at most)
 TEXT_INTERVAL = 0.08  # seconds between text/stat updates while streaming
+EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
 FALLBACK_PROMPTS = [
     "Explain in three sentences why the sky is blue.",
     "Write a short poem about a lighthouse keeper.",
@@ -818,7 +819,7 @@ def build_demo(res: Resources) -> gr.Blocks:
     default_routers = default_set.label if default_set else UNTRAINED
     start_threshold = float(default_set.meta.get("threshold", 0.5)) if default_set else 0.5
     start_policy = default_set.meta.get("kv_policy", "kv") if default_set else "kv"
-    with gr.Blocks(title="RouterLab: see and steer dynamic depth", analytics_enabled=False) as demo:
+    with gr.Blocks(title="RouterLab: see and steer dynamic depth", analytics_enabled=False, delete_cache=(600, EXPORT_TTL)) as demo:
         session = gr.State(Session(), delete_callback=_delete_session)
         gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
         status = gr.Markdown(res.status, elem_id="rl-status")

@@ -144,3 +144,14 @@ def test_prompt_with_unpaired_surrogates_is_refused_cleanly():
     with pytest.raises(RouterLabError, match="not valid text"):
         res.check_prompt("hello \ud800")
     assert res.check_prompt("emoji 🐉 and \x00 control") == "emoji 🐉 and \x00 control"
+
+
+def test_served_exports_are_swept_from_gradio_cache():
+    """Each run's exports (heatmap HTML with plotly.js, ~5 MB) are copied into gradio's cache; without a sweep a
+    public demo's disk fills up run by run."""
+    from routerlab.engine import Engine
+    from routerlab.models import tiny_model
+
+    demo = ui.build_demo(ui.Resources(Engine(tiny_model("llama"), None, name="tiny"), router_sets=[], prompts=["x"]))
+    frequency, age = demo.delete_cache
+    assert frequency <= 3600 and age <= 24 * 3600
