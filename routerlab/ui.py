@@ -42,7 +42,7 @@ CSS_FILE = ASSETS / "css" / "app.css"
 UNTRAINED = "attention-token (untrained)"
 FULL = "full model (no routing)"
 
-HEATMAP_INTERVAL = 0.25  # seconds between heatmap redraws while streaming (4 per second at most)
+HEATMAP_INTERVAL = 0.2  # seconds between heatmap redraws while streaming (5 per second at most)
 TEXT_INTERVAL = 0.08  # seconds between text/stat updates while streaming
 EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
 FALLBACK_PROMPTS = [
