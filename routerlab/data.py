@@ -191,8 +191,10 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
     rows = read_prompts(prompts)[:limit]
     partial = out.with_suffix(out.suffix + ".partial")
     done = {}
-    if partial.is_file():
-        for line in partial.read_text().splitlines():
+    for existing in (out, partial):  # resume: keep every answer already written
+        if not existing.is_file():
+            continue
+        for line in existing.read_text().splitlines():
             try:
                 r = json.loads(line)
                 done[r["messages"][0]["content"]] = r

@@ -88,21 +88,39 @@ def test_config_and_layer_parsing_refuse_bad_values():
     assert TrainConfig(steps=10, ramp=0.5, target=0.6).target_at(5) == 0.6
 
 
-def _two_process_job(folder):
-    from accelerate import Accelerator
+_JOB = """
+import json, sys, torch
+from accelerate import Accelerator
+from routerlab.data import Example
+from routerlab.models import tiny_model
+from routerlab.train import TrainConfig, train_routers
 
-    acc = Accelerator(cpu=True)
-    result = train_routers(tiny_model("llama"), _examples(8), TrainConfig(steps=3, batch_size=1, lr=1e-2, lm_weight=1.0),
-                           accelerator=acc, progress=False)
-    weights = torch.cat([p.detach().flatten() for p in result.routers.parameters()])
-    torch.save(weights, f"{folder}/rank{acc.process_index}.pt")  # test-only scratch; checkpoints never pickle
-    (folder / f"report{acc.process_index}.json").write_text(json.dumps(result.report))
+folder = sys.argv[1]
+acc = Accelerator(cpu=True)
+g = torch.Generator().manual_seed(0)
+examples = [Example(tuple(torch.randint(0, 128, (16,), generator=g).tolist()), 6) for _ in range(8)]
+result = train_routers(tiny_model("llama"), examples, TrainConfig(steps=3, batch_size=1, lr=1e-2, lm_weight=1.0),
+                       accelerator=acc, progress=False)
+weights = torch.cat([p.detach().flatten() for p in result.routers.parameters()]).tolist()
+json.dump({"weights": weights, "report": result.report}, open(f"{folder}/rank{acc.process_index}.json", "w"))
+"""
 
 
 def test_two_processes_train_the_same_routers(tmp_path):
-    from accelerate import debug_launcher
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU (accelerate 1.15 runs `--cpu --num_processes 2`
+    as ONE process; `--multi_gpu` without GPUs starts 2 gloo CPU ranks): each rank sees its own shard, gradients are averaged."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    debug_launcher(_two_process_job, args=(tmp_path,), num_processes=2)
-    a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
-    assert torch.equal(a, b) and float(a.abs().sum()) > 0  # gradients were averaged: identical updates
-    assert json.loads((tmp_path / "report0.json").read_text())["processes"] == 2
+    (tmp_path / "job.py").write_text(_JOB)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1", "--multi_gpu",
+           "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "job.py"), str(tmp_path)]
+    run = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert a["weights"] == b["weights"] and any(w != 0 for w in a["weights"])  # averaged gradients: identical updates
+    assert a["report"]["processes"] == 2
