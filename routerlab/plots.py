@@ -114,7 +114,8 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
     for the same reason. Sparse tick labels show the token text alone.
 
     `layout.meta.routerlab` says "live" (the run is still going) or "final": the app's in-browser
-    what-if preview only re-splits a final figure (traces 0 and 1 hold every routed score).
+    what-if preview only re-splits a final figure (traces 0 and 1 hold every routed score), and
+    leaves alone a what-if figure already drawn for that threshold (`meta.what_if`).
     """
     if trace is None or not trace.steps:
         return empty_heatmap()
@@ -192,7 +193,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
                 f"skip rate {rate:.0%}; <span style='color:{CHANGED}'>blue tint</span>: {changed_count} decisions differ · {where}"
             )
         else:
-            title = f"Recorded run · skip rate {trace.skip_rate():.0%} (generated tokens) · {where}"
+            title = f"{'Live run' if live else 'Recorded run'} · skip rate {trace.skip_rate():.0%} (generated tokens) · {where}"
     tickvals, ticktext = _ticks(columns, labels)
     layout = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
@@ -206,7 +207,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
         shapes=shapes,
         annotations=annotations,
         uirevision="heatmap",  # keep the user's zoom while streaming
-        meta=dict(routerlab="live" if live else "final"),
+        meta=dict(routerlab="live" if live else "final", **({"what_if": threshold} if what_if and threshold is not None else {})),
         hoverlabel=dict(font=dict(family="ui-monospace, monospace")),
     )
     return _fast_figure(data, layout)

@@ -126,7 +126,8 @@ def available_router_sets(root: Path = ROUTERS_DIR) -> list[RouterSetInfo]:
             except RouterLabError as err:
                 log.warning("skipping router set %s: %s", folder, err)
                 continue
-            found.append(RouterSetInfo(label=f"{meta['granularity']} · {folder.name}", granularity=meta["granularity"], path=folder, meta=meta))
+            name = "trained" if folder.name == meta["granularity"] else folder.name
+            found.append(RouterSetInfo(label=f"{meta['granularity']} ({name})", granularity=meta["granularity"], path=folder, meta=meta))
     found.append(RouterSetInfo(label=UNTRAINED, granularity="attention-token"))
     return found
 
@@ -762,36 +763,58 @@ DIAGRAM = """
 
 # In-browser what-if preview: re-split the final heatmap's recorded scores at the new threshold
 # (a cell runs iff score >= threshold, as in Trace.executed_matrix) without waiting for the server,
-# which then sends the full view (changed-cell tint, stats, text, layer plots).
+# which then sends the full view (changed-cell tint, stats, text, layer plots). Installed on page
+# load as plain DOM listeners on the threshold inputs: a Gradio `js=` listener on the slider would
+# make the browser hold the slider's server event until a running stream ends (no live steering).
 WHAT_IF_PREVIEW_JS = """
-(threshold, session) => {
-  try {
-    const gd = document.querySelector('#rl-heatmap .js-plotly-plot');
-    const meta = gd && gd.layout && gd.layout.meta;
-    if (!window.Plotly || !meta || meta.routerlab !== 'final' || !gd.data || gd.data.length < 2) return [threshold, session];
-    const unpack = (z) => {
-      if (Array.isArray(z)) return {rows: z.length, cols: z[0].length, get: (r, c) => (z[r][c] === null ? NaN : z[r][c])};
-      const bytes = Uint8Array.from(atob(z.bdata), (ch) => ch.charCodeAt(0));
-      const flat = z.dtype === 'f8' ? new Float64Array(bytes.buffer) : new Float32Array(bytes.buffer);
-      const [rows, cols] = String(z.shape).split(',').map(Number);
-      return {rows, cols, get: (r, c) => flat[r * cols + c]};
-    };
-    const a = unpack(gd.data[0].z), b = unpack(gd.data[1].z);
-    const ran = [], skipped = [];
-    for (let r = 0; r < a.rows; r++) {
-      const rr = new Array(a.cols), sr = new Array(a.cols);
-      for (let c = 0; c < a.cols; c++) {
-        const v = Number.isNaN(a.get(r, c)) ? b.get(r, c) : a.get(r, c);
-        rr[c] = !Number.isNaN(v) && v >= threshold ? v : null;
-        sr[c] = !Number.isNaN(v) && v < threshold ? v : null;
+() => {
+  const preview = (threshold) => {
+    try {
+      const gd = document.querySelector('#rl-heatmap .js-plotly-plot');
+      const meta = gd && gd.layout && gd.layout.meta;
+      if (!window.Plotly || !meta || meta.routerlab !== 'final' || !gd.data || gd.data.length < 2) return;
+      const generate = document.querySelector('#rl-generate');
+      if (generate && generate.disabled) return;  // a run is going: the slider steers it, no what-if
+      if (meta.what_if !== undefined && Math.abs(meta.what_if - threshold) < 1e-9) return;  // the server's view is already here
+      const unpack = (z) => {  // a 2-D array, or plotly's base64 typed-array spec
+        if (Array.isArray(z)) return {rows: z.length, cols: z[0].length, get: (r, c) => (z[r][c] === null ? NaN : z[r][c])};
+        const bytes = Uint8Array.from(atob(z.bdata), (ch) => ch.charCodeAt(0));
+        const flat = z.dtype === 'f8' ? new Float64Array(bytes.buffer) : new Float32Array(bytes.buffer);
+        const [rows, cols] = String(z.shape).split(',').map(Number);
+        return {rows, cols, get: (r, c) => flat[r * cols + c]};
+      };
+      const a = unpack(gd.data[0].z), b = unpack(gd.data[1].z);  // ran, skipped: together every routed score
+      const ran = [], skipped = [];
+      for (let r = 0; r < a.rows; r++) {
+        const rr = new Array(a.cols), sr = new Array(a.cols);
+        for (let c = 0; c < a.cols; c++) {
+          const v = Number.isNaN(a.get(r, c)) ? b.get(r, c) : a.get(r, c);
+          rr[c] = !Number.isNaN(v) && v >= threshold ? v : null;
+          sr[c] = !Number.isNaN(v) && v < threshold ? v : null;
+        }
+        ran.push(rr); skipped.push(sr);
       }
-      ran.push(rr); skipped.push(sr);
-    }
-    if (gd.data.length > 2) Plotly.deleteTraces(gd, [2]);
-    Plotly.restyle(gd, {z: [ran, skipped]}, [0, 1]);
-    Plotly.relayout(gd, {'title.text': '<b>WHAT-IF</b> at threshold ' + Number(threshold).toFixed(2) + ', re-decided in your browser from the recorded scores (not a new run) …'});
-  } catch (err) { console.warn('RouterLab what-if preview:', err); }
-  return [threshold, session];
+      // one redraw: new z for ran/skipped, the changed-cell tint (if any) hidden, the title
+      const traces = gd.data.length > 2 ? [0, 1, 2] : [0, 1];
+      const z = traces.length > 2 ? [ran, skipped, gd.data[2].z] : [ran, skipped];
+      Plotly.update(gd, {z: z, visible: traces.map((i) => i < 2)},
+        {'title.text': '<b>WHAT-IF</b> at threshold ' + Number(threshold).toFixed(2) + ', re-decided in your browser from the recorded scores (not a new run) …'}, traces);
+    } catch (err) { console.warn('RouterLab what-if preview:', err); }
+  };
+  const onInput = (e) => {
+    const el = e.target;
+    if (!el || !el.closest || !el.closest('#rl-threshold')) return;
+    if (e.type === 'input' && el.type !== 'range') return;  // typing a number: wait for Enter / blur
+    if (e.type === 'keydown' && e.key !== 'Enter') return;
+    const value = parseFloat(el.value);
+    if (Number.isNaN(value) || value === last) return;
+    if (e.type !== 'input') { last = value; preview(value); return; }  // a release or Enter: draw now
+    pending = value;  // while dragging: only the latest value, once per frame
+    requestAnimationFrame(() => { if (pending === null) return; last = pending; pending = null; preview(last); });
+  };
+  let pending = null, last = null;
+  for (const kind of ['input', 'change', 'keydown']) document.addEventListener(kind, onInput, true);
+  window.routerlabWhatIfPreview = preview;  // for tests and the curious
 }
 """
 
@@ -808,14 +831,16 @@ def theme():
 
 def launch_options() -> dict:
     """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch)."""
-    return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None)
+    return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS)
 
 
 def build_demo(res: Resources) -> gr.Blocks:
     """The whole app. Handlers are bound to `res`; per-visitor state lives in a gr.State(Session)."""
     limits = res.limits
     labels = res.router_labels()
-    default_set = next((r for r in res.router_sets if r.path is not None), None)
+    # Default: a shipped token-level set (the threshold steers it live), else any shipped set.
+    shipped = [r for r in res.router_sets if r.path is not None]
+    default_set = next((r for r in shipped if r.granularity.endswith("-token")), shipped[0] if shipped else None)
     default_routers = default_set.label if default_set else UNTRAINED
     start_threshold = float(default_set.meta.get("threshold", 0.5)) if default_set else 0.5
     start_policy = default_set.meta.get("kv_policy", "kv") if default_set else "kv"
@@ -909,7 +934,6 @@ def build_demo(res: Resources) -> gr.Blocks:
         threshold.change(
             _moved, [threshold, session], [heat, text, stats, status, l_bar, l_hist],
             api_name="set_threshold", trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
-            js=WHAT_IF_PREVIEW_JS,  # instant preview in the browser; the server's full what-if view follows
         )
         cmp_evt = c_btn.click(_compare, [c_prompt, threshold, router_label, kv_policy, max_new, temperature, model, session], [c_full, c_routed, c_stats, c_heat, status], api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
         c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)

@@ -239,7 +239,7 @@ def test_available_router_sets_lists_valid_folders_then_untrained(tmp_path, res)
     (broken / "router.json").write_text("{not json")
     (broken / "routers.safetensors").write_bytes(b"")
     sets = ui.available_router_sets(tmp_path)
-    assert [s.label for s in sets] == ["attention-token · tiny-attn", ui.UNTRAINED]
+    assert [s.label for s in sets] == ["attention-token (tiny-attn)", ui.UNTRAINED]
     assert sets[0].path == tmp_path / "tiny-attn" and sets[1].path is None
     # a shipped set loads through the checkpoint module and then routes a run
     shipped = ui.Resources(res.engine, res.limits, router_sets=sets, prompts=["Hi"])
