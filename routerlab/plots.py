@@ -440,7 +440,7 @@ def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "p
     fig = go.Figure()
     extra = [c for c in ("threshold", "granularity", "kv_policy", "skip_rate", "skip_rate_all_layers", "agreement") if c in df.columns and c != quality]
     for method, group in df.groupby("method", sort=False):
-        group = group.sort_values("speedup")
+        group = group.sort_values("threshold" if "threshold" in group.columns and group["threshold"].notna().all() else "speedup")  # a sweep, in order
         custom = group[extra].astype(str).values.tolist() if extra else None
         hover = "<b>%{fullData.name}</b><br>speedup %{x:.2f}×<br>" + quality + " %{y:.3f}"
         for k, col in enumerate(extra):

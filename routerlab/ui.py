@@ -670,6 +670,8 @@ def tradeoff_pick(df, evt: gr.SelectData):
     try:
         row = evt.row_value if evt.row_value is not None else df.iloc[evt.index[0]].tolist()
         cols = list(df.columns)
+        if "method" in cols and not str(row[cols.index("method")]).startswith(("tuned", "official")):
+            return gr.skip(), gr.skip(), _status("warn", f"{row[cols.index('method')]} is a baseline: its threshold is not a router threshold. Pick a tuned row.")
         value = float(row[cols.index("threshold")])
         if not 0.0 <= value <= 1.0:  # NaN too: the full model's row has no threshold
             raise ValueError(value)

@@ -278,8 +278,8 @@ def test_limits_from_env(monkeypatch):
 def test_tradeoff_pick_sets_threshold_and_switches_tab():
     import pandas as pd
 
-    df = pd.DataFrame({"method": ["r"], "threshold": [0.42], "speedup": [1.2], "perplexity": [9.0]})
-    evt = gr.SelectData(None, {"index": [0, 2], "value": 1.2, "row_value": ["r", 0.42, 1.2, 9.0]})
+    df = pd.DataFrame({"method": ["tuned"], "threshold": [0.42], "speedup": [1.2], "perplexity": [9.0]})
+    evt = gr.SelectData(None, {"index": [0, 2], "value": 1.2, "row_value": ["tuned", 0.42, 1.2, 9.0]})
     slider, tabs, status = ui.tradeoff_pick(df, evt)
     assert slider.value == 0.42 and tabs.selected == "explore" and "0.42" in status
 
@@ -300,6 +300,9 @@ def test_tradeoff_pick_ignores_rows_without_threshold():
 
     df = pd.DataFrame({"method": ["full"], "threshold": [float("nan")], "speedup": [1.0], "perplexity": [9.0]})
     evt = gr.SelectData(None, {"index": [0, 0], "value": "full", "row_value": ["full", float("nan"), 1.0, 9.0]})
+    assert "baseline" in ui.tradeoff_pick(df, evt)[2]
+    df = pd.DataFrame({"method": ["tuned"], "threshold": [float("nan")], "speedup": [1.0], "perplexity": [9.0]})
+    evt = gr.SelectData(None, {"index": [0, 0], "value": "tuned", "row_value": ["tuned", float("nan"), 1.0, 9.0]})
     assert "no threshold" in ui.tradeoff_pick(df, evt)[2]
 
 
