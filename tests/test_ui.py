@@ -306,6 +306,12 @@ def test_tradeoff_pick_ignores_rows_without_threshold():
     assert "no threshold" in ui.tradeoff_pick(df, evt)[2]
 
 
+def test_full_speed_is_measured(res):
+    assert res.measure_full_speed(8) > 0 and res.full_tokens_per_second > 0
+    stats = ui.plots.live_stats(Trace(4, [], {}), res.full_tokens_per_second)
+    assert stats["full_tokens_per_second"] == res.full_tokens_per_second
+
+
 def test_build_demo_wires_named_endpoints(res):
     demo = ui.build_demo(res)
     names = {d.api_name for d in demo.fns.values() if d.api_name}
