@@ -83,6 +83,39 @@ def _scores(trace: Trace) -> np.ndarray:
     return np.array([[np.nan if c is None else float(c) for c in row] for row in rows], dtype=float).reshape(trace.n_layers, len(trace.steps))
 
 
+def _columns(trace: Trace, cache: dict | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Scores and recorded decisions (layers x tokens, NaN where unrouted) and token labels.
+
+    With `cache` (a dict the caller keeps for one growing run; steps are only ever appended),
+    only the steps added since the last call are converted: a streamed redraw stays cheap at
+    several hundred tokens.
+    """
+    steps, n_layers = trace.steps, trace.n_layers
+    k = 0
+    if cache is not None and steps and cache.get("first") is steps[0] and cache.get("n", 0) <= len(steps):
+        k = cache["n"]
+    new = steps[k:]
+    s_new = np.array([[np.nan if v is None else v for v in st.scores] for st in new], dtype=float).reshape(len(new), n_layers).T
+    d_new = np.array([[np.nan if e is None else float(e) for e in st.executed] for st in new], dtype=float).reshape(len(new), n_layers).T
+    labels_new = [token_label(st.text) for st in new]
+    if k:
+        scores = np.concatenate([cache["scores"], s_new], axis=1)
+        recorded = np.concatenate([cache["recorded"], d_new], axis=1)
+        labels = cache["labels"] + labels_new
+    else:
+        scores, recorded, labels = s_new, d_new, labels_new
+    if cache is not None and steps:
+        cache.update(first=steps[0], n=len(steps), scores=scores, recorded=recorded, labels=labels)
+    return scores, recorded, labels
+
+
+def _skip_rate(decided: np.ndarray, generated: np.ndarray) -> float:
+    """Trace.skip_rate from a decisions matrix: skipped / routed cells over generated columns."""
+    cells = decided[:, generated] if generated.any() else decided[:, :0]
+    routed = ~np.isnan(cells)
+    return float((cells[routed] == 0.0).sum() / routed.sum()) if routed.any() else 0.0
+
+
 def _threshold_changes(steps: list[Step]) -> list[tuple[int, float]]:
     """(column, new threshold) where the live threshold moved during generation."""
     changes, last = [], None
@@ -102,7 +135,7 @@ def _ticks(positions: list, labels: list[str], max_ticks: int = MAX_TICKS) -> tu
 
 
 def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool = False, title: str | None = None,
-            live: bool = False) -> go.Figure:
+            live: bool = False, cache: dict | None = None) -> go.Figure:
     """Layers (rows, layer 0 at the bottom) x tokens (columns, one per position): router score and decision.
 
     `what_if=True` re-decides every cell from the recorded scores at `threshold` (nothing is re-run)
@@ -116,17 +149,20 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
     `layout.meta.routerlab` says "live" (the run is still going) or "final": the app's in-browser
     what-if preview only re-splits a final figure (traces 0 and 1 hold every routed score), and
     leaves alone a what-if figure already drawn for that threshold (`meta.what_if`).
+    `cache`: see `_columns` (for redraws of one growing run).
     """
     if trace is None or not trace.steps:
         return empty_heatmap()
     steps = trace.steps
     n_layers, n_tok = trace.n_layers, len(steps)
     positions = [s.position for s in steps]
-    labels = [token_label(s.text) for s in steps]
+    scores, recorded, labels = _columns(trace, cache)
     columns = [f"{p}: {lab}" for p, lab in zip(positions, labels)]  # unique category per column
-    scores = _scores(trace)
-    recorded = _decisions(trace, None)
-    decided = _decisions(trace, threshold) if what_if and threshold is not None else recorded
+    if what_if and threshold is not None:  # the rule of Trace.executed_matrix(threshold), vectorised
+        decided = np.where(np.isnan(scores), np.nan, (scores >= threshold).astype(float))
+    else:
+        decided = recorded
+    generated = np.array([not s.is_prompt for s in steps])
     # float32: plotly ships numpy arrays as base64 typed arrays; half the bytes of float64
     ran = np.where(decided == 1.0, scores, np.nan).astype(np.float32)
     skipped = np.where(decided == 0.0, scores, np.nan).astype(np.float32)
@@ -187,13 +223,13 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
         meta = trace.meta
         where = f"{meta.get('model', 'model')} · {meta.get('granularity', '?')} · kv={meta.get('kv_policy_effective', meta.get('kv_policy', '?'))}"
         if what_if and threshold is not None:
-            rate = trace.skip_rate(threshold)
+            rate = _skip_rate(decided, generated)
             title = (
                 f"<b>WHAT-IF</b> at threshold {threshold:.2f}, re-decided from the recorded scores (not a new run): "
                 f"skip rate {rate:.0%}; <span style='color:{CHANGED}'>blue tint</span>: {changed_count} decisions differ · {where}"
             )
         else:
-            title = f"{'Live run' if live else 'Recorded run'} · skip rate {trace.skip_rate():.0%} (generated tokens) · {where}"
+            title = f"{'Live run' if live else 'Recorded run'} · skip rate {_skip_rate(recorded, generated):.0%} (generated tokens) · {where}"
     tickvals, ticktext = _ticks(columns, labels)
     layout = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
@@ -206,6 +242,7 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
         yaxis=dict(title="layer", dtick=1 if n_layers <= 24 else 2, showgrid=False, zeroline=False, range=[-0.5, n_layers - 0.5]),
         shapes=shapes,
         annotations=annotations,
+        template={},  # everything is styled here; plotly's default template adds ~6 KB to every streamed frame
         uirevision="heatmap",  # keep the user's zoom while streaming
         meta=dict(routerlab="live" if live else "final", **({"what_if": threshold} if what_if and threshold is not None else {})),
         hoverlabel=dict(font=dict(family="ui-monospace, monospace")),

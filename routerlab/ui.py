@@ -42,8 +42,11 @@ CSS_FILE = ASSETS / "css" / "app.css"
 UNTRAINED = "attention-token (untrained)"
 FULL = "full model (no routing)"
 
-HEATMAP_INTERVAL = 0.2  # seconds between heatmap redraws while streaming (5 per second at most)
-TEXT_INTERVAL = 0.08  # seconds between text/stat updates while streaming
+# Streaming frame rates. Every frame costs Python time in this process, and Python time here is
+# GIL time the decoder thread waits for: keep frames few and cheap (see the measurements in README).
+HEATMAP_INTERVAL = 0.25  # seconds between heatmap redraws while streaming (4 per second at most)
+TEXT_INTERVAL = 0.15  # seconds between text updates while streaming
+STATS_INTERVAL = 1.0  # seconds between stat-card updates while streaming (savings() walks every cell)
 EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
 FALLBACK_PROMPTS = [
     "Explain in three sentences why the sky is blue.",
@@ -295,6 +298,7 @@ class Session:
         self.compare: tuple[Trace | None, Trace | None] = (None, None)
         self.running = False
         self.compare_running = False
+        self.views: dict[str, Any] = {}  # what the page shows now (serialized once), repeated by streams
         self._dir: str | None = None
 
     def workdir(self) -> Path:
@@ -317,6 +321,21 @@ def _delete_session(session: Session | None) -> None:
 
 
 # -- handlers (thin: engine + plots, no tensors) ------------------------------------------------
+def plot_data(fig):
+    """A figure serialized once. A stream repeats it in frames that do not redraw it, instead of
+    yielding gr.skip(): Gradio turns every skip into a component rebuild with a JSON-schema pass
+    (milliseconds each, on the GIL the decoder thread needs); a repeated value costs a string compare."""
+    from gradio.components.plot import PlotData
+
+    return PlotData(type="plotly", plot=fig.to_json())
+
+
+def _shown(session: Session, key: str, make: Callable[[], Any]) -> Any:
+    if key not in session.views:
+        session.views[key] = make()
+    return session.views[key]
+
+
 def _status(kind: str, text: str) -> str:
     # Plain symbols, not emoji: they render in every font, offline and in screenshots.
     icon = {"ok": "✓", "run": "▶", "warn": "⚠", "whatif": "◐", "stop": "■"}.get(kind, "")
@@ -377,8 +396,15 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     note = "" if live else (" (full model: the threshold has no effect)" if routers is None else " (sequence level: decided once per prompt)")
     yield skip, skip, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False)
 
-    start = time.perf_counter()
+    start = next_stats = time.perf_counter()
     decoder = Decoder([steps])
+    # Every frame repeats the values it does not change (see plot_data): no gr.skip() while streaming.
+    heat = _shown(session, "heat", lambda: plot_data(plots.empty_heatmap()))
+    stats = _shown(session, "stats", lambda: plots.stats_html({}))
+    bar = _shown(session, "bar", lambda: plot_data(plots.layer_skip_bar(None)))
+    hist = _shown(session, "hist", lambda: plot_data(plots.score_histogram(None)))
+    status = _status("run", f"Prefilling the prompt on {engine.name}{note}…")
+    columns: dict = {}  # this run's heatmap columns, converted once each (plots._columns)
     try:
         for snap, draw_plot in decoder.frames([trace]):
             snap = snap[0]
@@ -386,13 +412,13 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
                 break  # the final view below draws everything once
             if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):
                 continue  # still prefilling
-            text = plots.token_html(snap)
             if draw_plot:
-                fig = plots.heatmap(snap, live=True)
-                stats = plots.stats_html(plots.live_stats(snap, res.full_tokens_per_second), running=True)
-                yield text, fig, stats, _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}"), skip, skip, skip, skip, skip
-            else:
-                yield text, skip, skip, skip, skip, skip, skip, skip, skip
+                heat = session.views["heat"] = plot_data(plots.heatmap(snap, live=True, cache=columns))
+                status = _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}")
+                if time.perf_counter() >= next_stats:
+                    next_stats = time.perf_counter() + STATS_INTERVAL
+                    stats = session.views["stats"] = plots.stats_html(plots.live_stats(snap, res.full_tokens_per_second), running=True)
+            yield plots.token_html(snap), heat, stats, status, None, None, bar, hist, "Generate"
         decoder.raise_error()
     except RouterLabError as err:
         yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
@@ -434,32 +460,32 @@ class Decoder:
             self.done.set()
 
     def frames(self, traces: list[Trace], text_every: float | None = None, plot_every: float | None = None) -> Iterator[tuple[list[Trace], bool]]:
-        """Yield (snapshots, draw_plot) whenever a trace grew: text on every frame, plots at most every `plot_every` s.
+        """Yield (snapshots, draw_plot) when a trace grew: at most every `text_every` s for text, and
+        draw_plot=True at most every `plot_every` s when it grew since the last plot.
 
         The last frame, after decoding ended, always has draw_plot=True.
         """
         text_every = TEXT_INTERVAL if text_every is None else text_every
         plot_every = HEATMAP_INTERVAL if plot_every is None else plot_every
         next_text = next_plot = time.perf_counter()
-        seen = -1
+        text_seen = plot_seen = 0
         while True:
             now = time.perf_counter()
-            deadline = min(next_text, next_plot) if next_plot > now else next_text  # wake for a due plot too
-            finished = self.done.wait(max(0.005, deadline - now))  # never spin: the decoder needs the GIL
+            ahead = [t for t in (next_text, next_plot) if t > now]
+            # sleep until the next frame may be due; poll gently while one is due but nothing new arrived
+            finished = self.done.wait(min(ahead) - now if ahead else 0.02)  # never spin: the decoder needs the GIL
             now = time.perf_counter()
             snaps = [snapshot(t) for t in traces]
             size = sum(len(t.steps) for t in snaps)
             if finished:
                 yield snaps, True
                 return
-            if size == seen or size == 0 or now < next_text:
-                next_text = max(next_text, now + 0.02)
+            draw = size != plot_seen and now >= next_plot
+            if not draw and (size == text_seen or now < next_text):
                 continue
-            seen = size
-            draw = now >= next_plot
-            next_text = now + text_every
+            text_seen, next_text = size, now + text_every
             if draw:
-                next_plot = now + plot_every
+                plot_seen, next_plot = size, now + plot_every
             yield snaps, draw
 
     def raise_error(self) -> None:
@@ -475,16 +501,20 @@ def snapshot(trace: Trace) -> Trace:
 
 def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
     trace_file, html_file = _export(session, trace)
-    stats = plots.stats_html(plots.live_stats(trace, res.full_tokens_per_second))
+    views = session.views
+    views["heat"] = plot_data(plots.heatmap(trace))
+    views["stats"] = plots.stats_html(plots.live_stats(trace, res.full_tokens_per_second))
+    views["bar"] = plot_data(plots.layer_skip_bar(trace))
+    views["hist"] = plot_data(plots.score_histogram(trace))
     return (
         plots.token_html(trace),
-        plots.heatmap(trace),
-        stats,
+        views["heat"],
+        views["stats"],
         _done_status(trace, res, wall),
         gr.DownloadButton(value=trace_file, visible=True),
         gr.DownloadButton(value=html_file, visible=True),
-        plots.layer_skip_bar(trace),
-        plots.score_histogram(trace),
+        views["bar"],
+        views["hist"],
         gr.Button(interactive=True),
     )
 
@@ -585,15 +615,19 @@ def compare_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     full, routed = full_control.trace, routed_control.trace
     yield plots.token_html(None), plots.token_html(None), skip, skip, _status("run", "Prefilling both…")
     decoder = Decoder([full_steps, routed_steps])
+    heat = _shown(session, "compare_heat", lambda: plot_data(plots.empty_heatmap("The routed run's heatmap appears here.")))
+    columns: dict = {}
     try:
         for (f, r), draw_plot in decoder.frames([full, routed]):
             div = plots.first_divergence(f, r)
             finished = decoder.done.is_set()
+            if draw_plot and r.steps:  # otherwise repeat the last one (see plot_data)
+                heat = session.views["compare_heat"] = plot_data(plots.heatmap(r, live=not finished, cache=columns))
             yield (
                 plots.token_html(f, diverge_at=div),
                 plots.token_html(r, diverge_at=div),
                 compare_html(f, r, div),
-                plots.heatmap(r, live=not decoder.done.is_set()) if draw_plot and r.steps else skip,
+                heat,
                 _status("ok", "Done. The red outline marks the first token where the two runs differ.") if finished else _status("run", "Generating both, one token each in turn…"),
             )
         decoder.raise_error()

@@ -193,3 +193,25 @@ def test_every_figure_passes_plotly_validation_and_strict_json():
         go.Figure(fig.to_dict())  # raises ValueError on an invalid property
         text = fig.to_json()
         json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
+def test_incremental_heatmap_equals_full_redraw():
+    """A cached redraw of a growing run (only new steps converted) draws exactly what a fresh one does."""
+    full = synthetic_trace(n_layers=6, n_prompt=5, n_gen=30, thresholds=lambda p: 0.5 if p < 20 else 0.3)
+    cache: dict = {}
+    for n in (5, 6, 12, 35):
+        part = Trace(full.n_layers, full.steps[:n], full.meta)
+        cached, fresh = plots.heatmap(part, cache=cache), plots.heatmap(part)
+        assert len(cached.data) == len(fresh.data)
+        for a, b in zip(cached.data, fresh.data):
+            np.testing.assert_array_equal(np.asarray(a.z, float), np.asarray(b.z, float))
+            assert list(a.x) == list(b.x)
+        assert cached.layout.title.text == fresh.layout.title.text
+    other = synthetic_trace(seed=3)  # a different run with the same cache starts over
+    np.testing.assert_array_equal(np.asarray(plots.heatmap(other, cache=cache).data[0].z, float), np.asarray(plots.heatmap(other).data[0].z, float))
+
+
+def test_heatmap_skip_rates_match_trace():
+    trace = synthetic_trace(n_gen=40)
+    assert f"skip rate {trace.skip_rate():.0%}" in plots.heatmap(trace).layout.title.text
+    assert f"skip rate {trace.skip_rate(0.7):.0%}" in plots.heatmap(trace, threshold=0.7, what_if=True).layout.title.text

@@ -101,6 +101,14 @@ def advance(gen, session, n_generated):
             return
 
 
+def figure(value) -> dict:
+    """A streamed figure as a dict, whether the handler gave a plotly Figure or serialized PlotData."""
+    if isinstance(value, go.Figure):
+        return value.to_dict()
+    assert hasattr(value, "plot"), f"not a figure: {type(value)}"
+    return json.loads(value.plot)
+
+
 def is_skip(value) -> bool:
     return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
 
@@ -110,9 +118,11 @@ def test_explore_streams_text_then_final_figures_and_exports(res):
     outs = run_all(explore(res, session, max_new=40))
     assert len(outs) >= 3 and all(len(o) == 9 for o in outs)
     text, heat, stats, status, trace_dl, html_dl, bar, hist, _ = outs[-1]
-    assert "rl-tok" in text and isinstance(heat, go.Figure) and isinstance(bar, go.Figure) and isinstance(hist, go.Figure)
+    assert "rl-tok" in text and figure(heat)["data"] and figure(bar)["data"] and figure(hist)["data"]
     assert status.startswith("✓ Done")
-    assert any(isinstance(o[1], go.Figure) for o in outs[:-1]), "the heatmap streams before the end"
+    streamed = [figure(o[1])["layout"]["meta"].get("routerlab") for o in outs[1:-1]]
+    assert "live" in streamed, "the heatmap streams before the end"
+    assert not any(is_skip(v) for o in outs[1:-1] for v in o), "no gr.skip() while streaming (Gradio rebuilds a component per skip)"
     trace = Trace.from_json(file_path(trace_dl).read_text())
     assert trace.generated_steps and trace.meta["granularity"] == "attention-token"
     assert "plotly" in file_path(html_dl).read_text()[:200000].lower()
