@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--granularities", default=None, help="comma-separated shipped granularities for the table (default: all shipped)")
     o.add_argument("--data", default=None, help="JSONL (default: the built-in held-out split)")
     o.add_argument("--limit", type=int, default=40, help="held-out examples for perplexity")
-    o.add_argument("--thresholds", default=None, help="comma-separated (default 0.3,0.4,0.45,0.5,0.55,0.6,0.7,0.8,0.9)")
+    o.add_argument("--thresholds", default=None, help="comma-separated, for the main curve (default: where its routers skip 2%%..30%% of routed cells)")
     o.add_argument("--new-tokens", type=int, default=48, help="tokens generated per timed run")
     o.add_argument("--rounds", type=int, default=2)
     o.add_argument("--contexts", default="256,1024,2048", help="prompt lengths for the context-scaling rows")
@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kd-weight", type=float, default=None, help="distillation to the full-depth model (0 turns it off)")
     t.add_argument("--target", type=float, default=None, help="executed fraction of routed cells the budget aims for")
     t.add_argument("--budget-weight", type=float, default=None)
-    t.add_argument("--ramp", type=float, default=None)
+    t.add_argument("--ramp", type=float, default=None, help="fraction of steps over which the skip target ramps in")
+    t.add_argument("--warmup", type=float, default=None, help="fraction of steps over which the learning rate ramps up")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
     t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
@@ -208,10 +209,10 @@ def _bench_tradeoff(args) -> int:
     from .config import check_threshold
     from .data import encode_all, load_records
     from .models import load_model
-    from .tradeoff import DEFAULT_THRESHOLDS, OUT, run_tradeoff, write_outputs
+    from .tradeoff import OUT, run_tradeoff, write_outputs
 
     try:
-        thresholds = tuple(check_threshold(float(t)) for t in args.thresholds.split(",")) if args.thresholds else DEFAULT_THRESHOLDS
+        thresholds = tuple(check_threshold(float(t)) for t in args.thresholds.split(",")) if args.thresholds else None
         contexts = tuple(int(c) for c in args.contexts.split(",") if c.strip())
     except ValueError:
         raise RouterLabError("--thresholds and --contexts take comma-separated numbers.", "For example --thresholds 0.4,0.5,0.6.") from None

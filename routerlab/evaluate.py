@@ -106,6 +106,26 @@ def static_order(importance: list[float]) -> list[int]:
     return sorted(range(len(importance)), key=lambda i: -importance[i])
 
 
+@torch.no_grad()
+def thresholds_for_skips(anatomy, routers: RouterSet, examples, skips) -> list[float]:
+    """Thresholds at which `routers` skip about each fraction in `skips` of their routed response cells.
+
+    Quantiles of the routers' own scores on `examples` (scored at full depth, so the realised
+    skip rates differ a little; every sweep reports the measured ones). Trained routers' scores
+    cluster near 0.5, so a fixed grid such as 0.3..0.9 would mostly skip nothing or everything.
+    """
+    from .engine import Plan
+    from .train import student_forward
+
+    device = anatomy.embed.weight.device
+    scores = torch.cat([student_forward(anatomy, torch.tensor([e.ids], device=device), e.start, Plan(routers, 0.0))[1][e.start:]
+                        .flatten().cpu() for e in examples])
+    scores = scores[~torch.isnan(scores)].sort().values
+    if not len(scores):
+        raise RouterLabError("These routers scored no response token.", "Check the data and the routed layers.")
+    return [round(float(scores[min(len(scores) - 1, max(0, int(f * len(scores))))]), 6) for f in skips]
+
+
 # -- one evaluation ------------------------------------------------------------------------------
 @dataclass
 class _Full:

@@ -28,12 +28,14 @@ from .bench import cost_breakdown, bench_prompt
 from .config import GenerateConfig, RoutingConfig
 from .engine import Control, Engine
 from .evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,
-                       static_order, static_routers)
+                       static_order, static_routers, thresholds_for_skips)
 
 COLUMNS = ["method", "granularity", "kv_policy", "threshold", "skip_rate_all_layers", "perplexity", "perplexity_full",
            "perplexity_increase", "agreement", "tokens_per_second", "tokens_per_second_full", "speedup", "ideal_speedup",
            "kv_bytes_saved", "ttft_seconds", "context_tokens"]
-DEFAULT_THRESHOLDS = (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9)
+# Default operating points, as the share of routed cells skipped (thresholds from score quantiles).
+MAIN_SKIPS = (0.02, 0.04, 0.07, 0.1, 0.14, 0.2, 0.3)  # the main curve
+TABLE_SKIPS = (0.03, 0.07, 0.12, 0.2)  # each other granularity in the table
 OUT = Path(__file__).resolve().parent.parent / "assets" / "bench"
 
 
@@ -92,9 +94,12 @@ def ideal(costs: dict, skip_all: float, n_layers: int, policy: str, target: str)
 
 
 # -- the sweep ---------------------------------------------------------------------------------
-def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=DEFAULT_THRESHOLDS, prompts_ids=None,
+def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=None, prompts_ids=None,
                  new_tokens: int = 48, rounds: int = 2, contexts=(256, 1024, 2048), log=print) -> dict:
-    """router_sets: granularity -> (RouterSet, default threshold). The first one is the main curve."""
+    """router_sets: granularity -> (RouterSet, default threshold). The first one is the main curve.
+
+    `thresholds` (for the main curve) default to the quantiles of its scores at MAIN_SKIPS; the
+    other granularities are swept at their own TABLE_SKIPS quantiles."""
     model, tok = loaded.model, loaded.tokenizer
     engine = Engine(model, tok, loaded.name)
     an = engine.anatomy
@@ -117,6 +122,7 @@ def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=
 
     routers, _ = router_sets[main]
     target = routers.config.target
+    thresholds = tuple(dict.fromkeys(thresholds or thresholds_for_skips(an, routers, examples, MAIN_SKIPS)))
     tuned_rates = []
     for t in thresholds:
         tuned_rates.append(add(f"tuned-kv@{t}", "tuned", main, "kv", t, routers, target)["skip_rate_all_layers"])
@@ -132,7 +138,7 @@ def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=
         if f"static@{k}" not in quality:
             add(f"static@{k}", "static", main, "drop", STATIC_THRESHOLD, static_routers(order, k, target, n, an.hidden_size), target)
     for g, (rs, _) in list(router_sets.items())[1:]:
-        for t in thresholds:
+        for t in dict.fromkeys(thresholds_for_skips(an, rs, examples, TABLE_SKIPS)):
             add(f"{g}@{t}", "tuned", g, "kv", t, rs, rs.config.target)
 
     prompts_ids = prompts_ids or [list(ex.ids[: ex.start]) for ex in examples[:2]]
@@ -197,6 +203,8 @@ def granularity_table(rows: list[dict], limits=(0.02, 0.05, 0.10)) -> list[dict]
             best = max(ok, key=lambda r: r["speedup"]) if ok else None
             key = f"{round(lim * 100)}%"
             entry[f"speedup@{key}"] = best["speedup"] if best else None
+            entry[f"ideal@{key}"] = best["ideal_speedup"] if best else None
+            entry[f"perplexity_increase@{key}"] = best["perplexity_increase"] if best else None
             entry[f"skip@{key}"] = best["skip_rate_all_layers"] if best else None
             entry[f"threshold@{key}"] = best["threshold"] if best else None
         table.append(entry)

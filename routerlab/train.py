@@ -53,6 +53,7 @@ class TrainConfig:
     target: float = 0.75  # executed fraction the budget term aims for
     budget_weight: float = 1.0
     ramp: float = 0.3  # fraction of steps over which the target ramps down from 1.0
+    warmup: float = 0.1  # fraction of steps over which the learning rate ramps up from 0
     max_tokens: int = 384
     seed: int = 0
     threshold: float = 0.5  # gate used while training (the shipped threshold is calibrated later)
@@ -65,8 +66,9 @@ class TrainConfig:
                 raise RouterLabError(f"{name}={getattr(self, name)!r} must be a whole number >= 1.")
         if not 0.0 < self.target <= 1.0:
             raise RouterLabError(f"target={self.target!r} is outside (0, 1].", "It is the executed fraction, e.g. 0.8.")
-        if not 0.0 <= self.ramp <= 1.0:
-            raise RouterLabError(f"ramp={self.ramp!r} is outside [0, 1].")
+        for name in ("ramp", "warmup"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise RouterLabError(f"{name}={getattr(self, name)!r} is outside [0, 1].")
         if not self.lr > 0 or min(self.lm_weight, self.kd_weight, self.budget_weight) < 0:
             raise RouterLabError("lr must be > 0 and loss weights >= 0.")
         if self.lm_weight == 0 and self.kd_weight == 0:
@@ -78,6 +80,16 @@ class TrainConfig:
         if ramp_steps <= 0 or step >= ramp_steps:
             return self.target
         return 1.0 - (1.0 - self.target) * step / ramp_steps
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate at `step` (0-based): linear warmup, then constant.
+
+        Zero-initialised routers sit exactly on the 0.5 threshold and the first gradients are
+        tiny (the student still equals the teacher); Adam normalises them to full-size steps,
+        which would flip whole layers at random. A warmup keeps the first moves small.
+        """
+        warm = self.warmup * self.steps
+        return self.lr * min(1.0, (step + 1) / warm) if warm >= 1 else self.lr
 
 
 # -- one example's losses ----------------------------------------------------------------------
@@ -233,6 +245,8 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     cursor, shard = 0, []
     for step in bar:
         target = cfg.target_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr_at(step)
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "lm": 0.0, "kd": 0.0, "budget": 0.0, "skip": 0.0}
         for _ in range(cfg.batch_size):
@@ -370,7 +384,7 @@ def run_training(args) -> dict | None:
     from .routed import Anatomy
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
-                                               "budget_weight", "ramp", "seed") if getattr(args, k, None) is not None}
+                                               "budget_weight", "ramp", "warmup", "seed") if getattr(args, k, None) is not None}
     cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)
     threshold = None if str(args.threshold) == "auto" else check_threshold(args.threshold)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())

@@ -11,7 +11,7 @@ from routerlab.__main__ import main
 from routerlab.config import RoutingConfig
 from routerlab.data import Example
 from routerlab.evaluate import (RandomRouterSet, baseline_set, calibrate, evaluate_examples, layer_importance,
-                                static_order, static_routers)
+                                static_order, static_routers, thresholds_for_skips)
 from routerlab.models import tiny_model
 from routerlab.routed import Anatomy
 from routerlab.router import RouterSet
@@ -74,3 +74,16 @@ def test_eval_cli_refuses_bad_input_with_one_line(tmp_path, capsys):
     assert main(["eval", "--threshold", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 2 and "Traceback" not in err
+
+
+def test_thresholds_for_skips_land_near_the_asked_skip_rates(setup):
+    an, examples = setup
+    routers = RouterSet(RoutingConfig(layers=(1, 2)), 4, 64)
+    g = torch.Generator().manual_seed(1)
+    for r in routers.routers.values():
+        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g)
+    thresholds = thresholds_for_skips(an, routers, examples, (0.1, 0.5, 0.9))
+    assert thresholds == sorted(thresholds) and len(set(thresholds)) == 3
+    rates = [evaluate_examples(an, examples, routers, t)["skip_rate"] for t in thresholds]
+    for asked, got in zip((0.1, 0.5, 0.9), rates):
+        assert abs(asked - got) < 0.2, (asked, got)  # scored at full depth; skipping shifts later scores a little

@@ -23,8 +23,7 @@ def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
             r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3
         sets[name] = (rs, 0.5)
     examples = [Example(tuple(int(x) for x in torch.randint(0, 128, (24,), generator=g)), 8) for _ in range(3)]
-    result = run_tradeoff(loaded, sets, examples, thresholds=(0.3, 0.5, 0.7), new_tokens=4, rounds=1, contexts=(16,),
-                          log=lambda *a: None)
+    result = run_tradeoff(loaded, sets, examples, new_tokens=4, rounds=1, contexts=(16,), log=lambda *a: None)
     paths = write_outputs(result, tmp_path, log=lambda *a: None)
     with open(paths["csv"]) as f:
         rows = list(csv.DictReader(f))
@@ -36,4 +35,6 @@ def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
     assert paths["html"].stat().st_size > 1000
     table = granularity_table(result["rows"])
     assert [t["granularity"] for t in table] == ["attention-token", "mlp-token"]
+    tuned = sorted(float(r["skip_rate_all_layers"]) for r in rows if r["method"] == "tuned" and r["granularity"] == "attention-token")
+    assert len(tuned) >= 2 and tuned[0] < tuned[-1]  # default points follow the routers' own score quantiles
     assert result["context_scaling"][0]["context_tokens"] == 16

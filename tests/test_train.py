@@ -86,6 +86,11 @@ def test_config_and_layer_parsing_refuse_bad_values():
         TrainConfig(lm_weight=0.0, kd_weight=0.0)
     assert TrainConfig(steps=10, ramp=0.5, target=0.6).target_at(0) == 1.0
     assert TrainConfig(steps=10, ramp=0.5, target=0.6).target_at(5) == 0.6
+    warm = TrainConfig(steps=10, warmup=0.5, lr=1e-3)
+    assert warm.lr_at(0) == pytest.approx(2e-4) and warm.lr_at(4) == warm.lr_at(9) == 1e-3
+    assert TrainConfig(steps=10, warmup=0.0, lr=1e-3).lr_at(0) == 1e-3
+    with pytest.raises(RouterLabError):
+        TrainConfig(warmup=2.0)
 
 
 _JOB = """
