@@ -47,7 +47,7 @@ bench: setup
 
 # The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~20 minutes on two CPU cores.
 tradeoff: dev chromium
-	$(BIN)/python -m routerlab bench tradeoff --limit 30 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
+	$(BIN)/python -m routerlab bench tradeoff --limit 30 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
 
 # The built-in self-distilled data (assets/data/selfdistill.jsonl); resumes where it stopped.
 data: setup
@@ -58,8 +58,8 @@ data: setup
 TRAIN := $(BIN)/python -m routerlab train --batch-size 4 --lr 3e-3 --lm-weight 1 --kd-weight 1 --ramp 0.4 --warmup 0.1 --no-progress
 routers: setup
 	$(TRAIN) --granularity attention-token --layers 2-23,25-28 --steps 150 --target 0.85 --calib-examples 40 --out assets/routers/attention-token
-	$(TRAIN) --granularity attention-sequence --layers 2-23,25-28 --steps 60 --target 0.85 --calib-examples 24 --out assets/routers/attention-sequence
-	$(TRAIN) --granularity mlp-token --steps 60 --target 0.9 --calib-examples 24 --out assets/routers/mlp-token
-	$(TRAIN) --granularity block-token --steps 60 --target 0.92 --calib-examples 24 --out assets/routers/block-token
-	$(TRAIN) --granularity mlp-sequence --steps 30 --target 0.9 --calib-examples 24 --out assets/routers/mlp-sequence
-	$(TRAIN) --granularity block-sequence --steps 30 --target 0.92 --calib-examples 24 --out assets/routers/block-sequence
+	$(TRAIN) --granularity attention-sequence --layers 2-23,25-28 --steps 40 --target 0.85 --calib-examples 24 --out assets/routers/attention-sequence
+	$(TRAIN) --granularity mlp-token --layers 4-28 --steps 60 --target 0.9 --calib-examples 24 --out assets/routers/mlp-token
+	$(TRAIN) --granularity block-token --layers 4-23,25-28 --steps 60 --target 0.92 --calib-examples 24 --out assets/routers/block-token
+	$(TRAIN) --granularity mlp-sequence --layers 4-28 --steps 30 --target 0.9 --calib-examples 24 --out assets/routers/mlp-sequence
+	$(TRAIN) --granularity block-sequence --layers 4-23,25-28 --steps 30 --target 0.92 --calib-examples 24 --out assets/routers/block-sequence

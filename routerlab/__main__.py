@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--limit", type=int, default=40, help="held-out examples for perplexity")
     o.add_argument("--thresholds", default=None, help="comma-separated, for the main curve (default: where its routers skip 2%%..30%% of routed cells)")
     o.add_argument("--new-tokens", type=int, default=48, help="tokens generated per timed run")
+    o.add_argument("--prompts", type=int, default=2, help="held-out prompts timed per configuration and round")
     o.add_argument("--rounds", type=int, default=2)
     o.add_argument("--contexts", default="256,1024,2048", help="prompt lengths for the context-scaling rows")
     o.add_argument("--out", default=None, help="output folder (default assets/bench)")
@@ -235,7 +236,11 @@ def _bench_tradeoff(args) -> int:
         raise RouterLabError("No routers to sweep.", "Train some with `python -m routerlab train` or pass --routers.")
     examples = encode_all(records, loaded.tokenizer)[: args.limit]
     log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
-    result = run_tradeoff(loaded, sets, examples, thresholds=thresholds, new_tokens=args.new_tokens, rounds=args.rounds,
+    if args.prompts < 1 or args.rounds < 1 or args.new_tokens < 1:
+        raise RouterLabError("--prompts, --rounds and --new-tokens must be >= 1.")
+    prompts_ids = [list(ex.ids[: ex.start]) for ex in examples[: args.prompts]]
+    result = run_tradeoff(loaded, sets, examples, thresholds=thresholds, prompts_ids=prompts_ids,
+                          new_tokens=args.new_tokens, rounds=args.rounds,
                           contexts=contexts, log=log)
     paths = write_outputs(result, Path(args.out) if args.out else OUT, log=log)
     if args.json:
