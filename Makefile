@@ -47,7 +47,7 @@ bench: setup
 
 # The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~20 minutes on two CPU cores.
 tradeoff: dev chromium
-	$(BIN)/python -m routerlab bench tradeoff --limit 30 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
+	$(BIN)/python -m routerlab bench tradeoff --limit 24 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
 
 # The built-in self-distilled data (assets/data/selfdistill.jsonl); resumes where it stopped.
 data: setup
