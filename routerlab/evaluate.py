@@ -107,13 +107,8 @@ def static_order(importance: list[float]) -> list[int]:
 
 
 @torch.no_grad()
-def thresholds_for_skips(anatomy, routers: RouterSet, examples, skips) -> list[float]:
-    """Thresholds at which `routers` skip about each fraction in `skips` of their routed response cells.
-
-    Quantiles of the routers' own scores on `examples` (scored at full depth, so the realised
-    skip rates differ a little; every sweep reports the measured ones). Trained routers' scores
-    cluster near 0.5, so a fixed grid such as 0.3..0.9 would mostly skip nothing or everything.
-    """
+def response_scores(anatomy, routers: RouterSet, examples) -> torch.Tensor:
+    """The routers' scores of every routed response cell of `examples`, sorted (scored at full depth)."""
     from .engine import Plan
     from .train import student_forward
 
@@ -123,6 +118,17 @@ def thresholds_for_skips(anatomy, routers: RouterSet, examples, skips) -> list[f
     scores = scores[~torch.isnan(scores)].sort().values
     if not len(scores):
         raise RouterLabError("These routers scored no response token.", "Check the data and the routed layers.")
+    return scores
+
+
+def thresholds_for_skips(anatomy, routers: RouterSet, examples, skips) -> list[float]:
+    """Thresholds at which `routers` skip about each fraction in `skips` of their routed response cells.
+
+    Quantiles of the routers' own scores on `examples` (scored at full depth, so the realised
+    skip rates differ a little; every sweep reports the measured ones). Trained routers' scores
+    cluster near 0.5, so a fixed grid such as 0.3..0.9 would mostly skip nothing or everything.
+    """
+    scores = response_scores(anatomy, routers, examples)
     return [round(float(scores[min(len(scores) - 1, max(0, int(f * len(scores))))]), 6) for f in skips]
 
 

@@ -353,14 +353,10 @@ def calibrate_threshold(anatomy, routers: RouterSet, examples, max_increase: flo
 
     Skip rate grows with the threshold, so bisect over the quantile of the routers' own scores.
     """
-    from .engine import Plan
-    from .evaluate import evaluate_examples, full_depth
+    from .evaluate import evaluate_examples, full_depth, response_scores
 
     full = full_depth(anatomy, examples)
-    with torch.no_grad():
-        scores = torch.cat([student_forward(anatomy, torch.tensor([e.ids], device=anatomy.embed.weight.device), e.start,
-                                            Plan(routers, 0.0, KV_POLICY))[1][e.start:].flatten().cpu() for e in examples])
-    scores = scores[~torch.isnan(scores)].sort().values
+    scores = response_scores(anatomy, routers, examples)
     lo, hi, best, points = 0.0, 0.7, 0.0, []
     for _ in range(iterations):
         q = (lo + hi) / 2
