@@ -185,7 +185,10 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
 
 
 # -- one layer -------------------------------------------------------------------------------
-def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: torch.Tensor) -> Gate:
+Scores = dict  # layer -> (T,) tensor, or a Python float for a one-token forward; see `score_table`
+
+
+def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: Scores) -> Gate:
     """Score the tokens of `x` (1, T, D) and turn the scores into a Gate under `plan`."""
     t = x.shape[1]
     if plan.level == "sequence":
@@ -193,24 +196,37 @@ def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: torch.Tensor
             s = torch.sigmoid(router.logits(x.mean(dim=1)))[0]  # ()
             plan.sequence[layer] = (s, bool(s >= plan.threshold))
         s, run = plan.sequence[layer]
-        scores[:, layer] = s.detach()
+        scores[layer] = s.detach().expand(t)
         if plan.ste:
             return Gate("soft", mult=(float(run) + s - s.detach()).expand(t))
         if plan.policy == "mask":
             return Gate("soft", mult=torch.full((t,), float(run), device=x.device))
         return ALL if run else NONE
+    if t == 1 and not plan.ste and plan.policy != "mask":
+        # Decode: real skipping needs the decision on the host anyway, so take the score there
+        # (one dot product, one read) and compare it in Python: no tensor op per layer beyond that.
+        score = router.score_one(x)
+        scores[layer] = score
+        return ALL if score >= plan.threshold else NONE
     s = router(x)[0]  # (T,)
-    scores[:, layer] = s.detach()
+    scores[layer] = s.detach()
     hard = s >= plan.threshold
     if plan.ste:
         return Gate("soft", mult=hard.to(s.dtype) + s - s.detach())
     if plan.policy == "mask":
         return Gate("soft", mult=hard.to(x.dtype))
-    # Real skipping needs the decision on the host: one sync per routed layer (free on CPU).
-    if t == 1:
-        return ALL if bool(hard[0]) else NONE
-    n = int(hard.sum())
+    n = int(hard.sum())  # real skipping: which tokens run is decided on the host
     return ALL if n == t else NONE if n == 0 else Gate("some", index=hard.nonzero().squeeze(1))
+
+
+def score_table(scores: Scores, t: int, n_layers: int, device) -> torch.Tensor:
+    """The (T, L) table of a forward's router scores, NaN where a layer is not routed."""
+    if t == 1 and all(isinstance(v, float) for v in scores.values()):  # a decode step: one small tensor
+        return torch.tensor([[scores.get(i, math.nan) for i in range(n_layers)]], device=device)
+    table = torch.full((t, n_layers), math.nan, device=device)
+    for layer, s in scores.items():
+        table[:, layer] = s
+    return table
 
 
 def _gated_add(h: torch.Tensor, update: torch.Tensor, gate: Gate) -> torch.Tensor:
@@ -258,7 +274,7 @@ def mlp_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate) ->
 
 
 def run_layer(i: int, parts: LayerParts, h: torch.Tensor, positions: torch.Tensor, rope, cache: LayerCache | None,
-              plan: Plan, scores: torch.Tensor) -> torch.Tensor:
+              plan: Plan, scores: Scores) -> torch.Tensor:
     router = plan.routers.get(i) if plan.routers is not None else None
     x = parts.attn_norm(h)
     gate = ALL
@@ -280,11 +296,11 @@ def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: lis
     """Run `ids` (1, T) at `positions` (T,). Returns logits (1, T or 1, V) and scores (T, L), NaN where unrouted."""
     h = an.embed(ids)  # (1, T, D)
     tables = an.rope(h, positions)
-    scores = torch.full((ids.shape[1], an.n_layers), math.nan, device=h.device)
+    scores: Scores = {}
     for i, parts in enumerate(an.layers):
         cache = caches[i] if caches is not None else None
         h = run_layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
-    return an.logits(h if all_logits else h[:, -1:]), scores
+    return an.logits(h if all_logits else h[:, -1:]), score_table(scores, ids.shape[1], an.n_layers, h.device)
 
 
 # -- sampling ----------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ class RandomRouter(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.rand(x.shape[:-1], generator=self.generator).to(x.device)  # (B, T)
 
+    def score_one(self, x: torch.Tensor) -> float:
+        return float(torch.rand((), generator=self.generator))
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         p = self.forward(x).clamp(1e-6, 1 - 1e-6)
         return torch.log(p) - torch.log1p(-p)

@@ -203,3 +203,27 @@ def test_drop_really_holds_less_kv_memory_than_kv():
         list(engine.generate_ids(list(range(1, 20)), routers(model, "attention-token"), GenerateConfig(max_new_tokens=8, threshold=0.51, kv_policy=policy), control))
         held[policy] = control.trace.meta["kv_bytes_held"]
     assert held["drop"] == held["kv"] // 2  # layers 1 and 2 of 4 store nothing
+
+
+@pytest.mark.parametrize("granularity", ["attention-token", "mlp-token"])
+def test_decode_scores_match_the_batched_scores(granularity):
+    """A decode step scores on the host (Router.score_one); it must agree with the tensor path."""
+    model = tiny_model("llama")
+    engine = Engine(model)
+    rs = routers(model, granularity, seed=4)
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, batched = forward(engine.anatomy, ids, torch.arange(12), None, Plan(rs, 0.0, "kv"), all_logits=True)
+        caches = engine.new_caches(12)
+        forward(engine.anatomy, ids[:, :6], torch.arange(6), caches, Plan(rs, 0.0, "kv"))
+        for t in range(6, 12):
+            _, step = forward(engine.anatomy, ids[:, t : t + 1], torch.tensor([t]), caches, Plan(rs, 0.0, "kv"))
+            torch.testing.assert_close(step[0], batched[t], equal_nan=True, atol=1e-5, rtol=1e-5)
+    assert not torch.isnan(batched[:, ROUTED]).any() and torch.isnan(batched[:, 0]).all()
+
+
+def test_host_sigmoid_is_stable_at_the_extremes():
+    from routerlab.router import sigmoid
+
+    assert sigmoid(0.0) == 0.5 and sigmoid(-1e4) == 0.0 and sigmoid(1e4) == 1.0
+    assert abs(sigmoid(2.0) - float(torch.sigmoid(torch.tensor(2.0, dtype=torch.float64)))) < 1e-15

@@ -38,3 +38,27 @@ def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
     tuned = sorted(float(r["skip_rate_all_layers"]) for r in rows if r["method"] == "tuned" and r["granularity"] == "attention-token")
     assert len(tuned) >= 2 and tuned[0] < tuned[-1]  # default points follow the routers' own score quantiles
     assert result["context_scaling"][0]["context_tokens"] == 16
+
+
+def test_lockstep_timing_runs_every_configuration_to_the_end():
+    """Configurations decoded in lockstep produce the same generations as solo runs."""
+    from routerlab.config import GenerateConfig
+    from routerlab.engine import Engine
+    from routerlab.tradeoff import measure_speed
+
+    model = tiny_model("llama")
+    engine = Engine(model)
+    rs = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", [1, 2]))
+    for r in rs.routers.values():
+        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=torch.Generator().manual_seed(5)) * 3
+    ids = [int(x) for x in torch.randint(0, 128, (10,), generator=torch.Generator().manual_seed(6))]
+    configs = {"kv": (rs, 0.5, "kv"), "drop": (rs, 0.5, "drop"), "never": (rs, 0.0, "kv")}
+    out = measure_speed(engine, [ids], configs, new_tokens=6, rounds=2, log=lambda *a: None)
+    assert set(out) == {"full", "kv", "drop", "never"}
+    for name, (routers, threshold, policy) in configs.items():
+        config = GenerateConfig(max_new_tokens=6, threshold=threshold, kv_policy=policy, ignore_eos=True)
+        solo = [s for s in engine.generate_ids(ids, routers, config) if not s.is_prompt and s.seconds > 0]
+        skipped = sum(e is False for s in solo for e in s.executed) / (len(solo) * engine.n_layers)
+        assert out[name]["skip_rate_all_layers_measured"] == skipped, name
+        assert out[name]["tokens_per_second"] > 0 and math.isfinite(out[name]["speedup"])
+    assert out["never"]["skip_rate_all_layers_measured"] == 0.0 < out["kv"]["skip_rate_all_layers_measured"]
