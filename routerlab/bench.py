@@ -17,7 +17,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .config import GenerateConfig, RoutingConfig, default_layers
-from .engine import ALL, NONE, Engine, Plan, attention_part, forward, mlp_part
+from .engine import Engine, Plan, forward
 from .models import load_model
 from .router import RouterSet
 
@@ -78,47 +78,59 @@ def _timeit(fn, repeat: int) -> float:
 
 
 @torch.inference_mode()
-def cost_breakdown(engine: Engine, ids: list[int], context: int, repeat: int = 200) -> dict[str, float]:
-    """Seconds per decode token of each piece, timed at `context` cached tokens.
+def cost_breakdown(engine: Engine, ids: list[int], context: int, repeat: int = 30) -> dict[str, float]:
+    """Seconds per decode token of each piece, measured inside whole decode steps at `context` cached tokens.
 
-    attention_full: one layer's whole attention sub-layer; attention_kv_only: what `kv` still pays
-    when it skips (keys/values + cache write); mlp: one layer's MLP; head: final norm + LM head;
-    step: one whole decode step of the full model. Overhead is the step minus the pieces.
+    Each piece is the difference between whole steps that run it and steps that do not, all timed
+    in turn (so a noisy machine slows them alike), with routers on every layer in both, so router
+    cost cancels: attention_full, one layer's attention sub-layer (steps with every router
+    running vs every attention dropped); attention_kv_only, what `kv` still pays when it skips
+    (keys/values and the cache write); mlp, one layer's MLP. Timing a piece on its own would
+    under-count it: called over and over, its weights stay in the CPU caches, which a real step,
+    streaming through every layer's weights, never sees. head: final norm + LM head (timed alone;
+    it is larger than any CPU cache). step: the full model's step, no routers; routing: what
+    routers cost when they skip nothing; overhead: the step minus all the pieces.
     """
     an = engine.anatomy
+    n = an.n_layers
     ctx_ids = (ids * (context // max(1, len(ids)) + 1))[:context]
-    caches = engine.new_caches(context + 1)
-    plan = Plan(None, 0.5, "kv")
-    forward(an, torch.tensor([ctx_ids]), torch.arange(context), caches, plan)
-    pos = torch.tensor([context])
-    h = torch.randn(1, 1, an.hidden_size, dtype=engine.dtype) * 0.5
-    rope = an.rope(h, pos)
-    layer = an.layers[len(an.layers) // 2]
-    cache = caches[len(an.layers) // 2]
-    x = layer.attn_norm(h)
-
-    def attn(gate):
-        def run():
-            attention_part(layer, h, x, gate, pos, rope[layer.attn.rope_key], cache, plan)
-            cache.n = context  # forget the appended token: every call sees the same context
-        return run
-
-    step_caches = engine.new_caches(context + 1)
-    forward(an, torch.tensor([ctx_ids]), torch.arange(context), step_caches, plan)
-
-    def step():
-        forward(an, torch.tensor([[ctx_ids[-1]]]), pos, step_caches, plan)
-        for c in step_caches:
-            c.n = context
-
-    costs = {
-        "attention_full": _timeit(attn(ALL), repeat),
-        "attention_kv_only": _timeit(attn(NONE), repeat),
-        "mlp": _timeit(lambda: mlp_part(layer, h, layer.mlp_norm(h), ALL), repeat),
-        "head": _timeit(lambda: an.logits(h), repeat),
-        "step": _timeit(step, max(20, repeat // 10)),
+    every = tuple(range(n))
+    attn = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("attention-token", every))
+    mlp = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("mlp-token", every))
+    plans = {  # zero routers score 0.5: threshold 0 never skips, threshold 1 always skips
+        "step": lambda: Plan(None, 0.5, "kv"),
+        "routed": lambda: Plan(attn, 0.0, "kv"),
+        "no_attention": lambda: Plan(attn, 1.0, "drop"),
+        "kv_only": lambda: Plan(attn, 1.0, "kv"),
+        "routed_mlp": lambda: Plan(mlp, 0.0, "kv"),
+        "no_mlp": lambda: Plan(mlp, 1.0, "kv"),
     }
-    costs["overhead"] = costs["step"] - an.n_layers * (costs["attention_full"] + costs["mlp"]) - costs["head"]
+    caches = {}
+    for name, plan in plans.items():
+        caches[name] = engine.new_caches(context + 1)
+        forward(an, torch.tensor([ctx_ids]), torch.arange(context), caches[name], plan())
+    token, pos = torch.tensor([[ctx_ids[-1]]]), torch.tensor([context])
+    times: dict[str, list[float]] = {k: [] for k in plans}
+    for r in range(repeat + 1):
+        order = list(plans)[r % len(plans):] + list(plans)[: r % len(plans)]
+        for name in order:
+            t0 = time.perf_counter()
+            forward(an, token, pos, caches[name], plans[name]())
+            if r:  # the first round warms up
+                times[name].append(time.perf_counter() - t0)
+            for c in caches[name]:
+                c.n = min(c.n, context)  # forget the appended token: every step sees the same context
+    t = {k: statistics.median(v) for k, v in times.items()}
+    h = torch.randn(1, 1, an.hidden_size, dtype=engine.dtype) * 0.5
+    costs = {
+        "attention_full": max(0.0, (t["routed"] - t["no_attention"]) / n),
+        "attention_kv_only": max(0.0, (t["kv_only"] - t["no_attention"]) / n),
+        "mlp": max(0.0, (t["routed_mlp"] - t["no_mlp"]) / n),
+        "head": _timeit(lambda: an.logits(h), repeat),
+        "step": t["step"],
+        "routing": t["routed"] - t["step"],
+    }
+    costs["overhead"] = costs["step"] - n * (costs["attention_full"] + costs["mlp"]) - costs["head"]
     return costs
 
 

@@ -36,6 +36,7 @@ COLUMNS = ["method", "granularity", "kv_policy", "threshold", "skip_rate_all_lay
 # Default operating points, as the share of routed cells skipped (thresholds from score quantiles).
 MAIN_SKIPS = (0.02, 0.04, 0.07, 0.1, 0.14, 0.2, 0.3)  # the main curve
 TABLE_SKIPS = (0.03, 0.07, 0.12, 0.2)  # each other granularity in the table
+CONTEXT_SKIPS = (0.05, 0.1)  # the main routers at longer prompts
 OUT = Path(__file__).resolve().parent.parent / "assets" / "bench"
 
 
@@ -136,7 +137,6 @@ def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=
     n = an.n_layers
     t0 = time.perf_counter()
     full = full_depth(an, examples)
-    rows: list[dict] = []
     quality: dict[str, dict] = {}
     speed_configs: dict[str, tuple] = {}
     main = next(iter(router_sets))
@@ -176,49 +176,83 @@ def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=
     speed = measure_speed(engine, prompts_ids, speed_configs, new_tokens, rounds, log)
     context = int(statistics.mean(len(p) for p in prompts_ids)) + new_tokens // 2
     costs = cost_breakdown(engine, prompts_ids[0], context)
-    for name, q in quality.items():
-        s = speed[name]
-        rows.append({
-            "method": q["method"], "granularity": q["granularity"], "kv_policy": q["kv_policy"], "threshold": q["threshold"],
-            "skip_rate_all_layers": q["skip_rate_all_layers"], "perplexity": q["perplexity_routed"],
-            "perplexity_full": q["perplexity_full"], "perplexity_increase": q["perplexity_increase"],
-            "agreement": q["agreement"], "tokens_per_second": s["tokens_per_second"],
-            "tokens_per_second_full": s["tokens_per_second_full"], "speedup": s["speedup"],
-            "ideal_speedup": ideal(costs, s["skip_rate_all_layers_measured"], n, q["kv_policy"], q["target"]),
-            "kv_bytes_saved": s["kv_bytes_saved"], "ttft_seconds": s["ttft_seconds"], "context_tokens": context,
-        })
+    rows = [_row(q, speed[name], costs, n, context) for name, q in quality.items()]
     full_q = quality[next(iter(quality))]
-    rows.append({"method": "full", "granularity": "full", "kv_policy": "-", "threshold": math.nan, "skip_rate_all_layers": 0.0,
-                 "perplexity": full_q["perplexity_full"], "perplexity_full": full_q["perplexity_full"],
-                 "perplexity_increase": 0.0, "agreement": 1.0, "tokens_per_second": speed["full"]["tokens_per_second"],
-                 "tokens_per_second_full": speed["full"]["tokens_per_second"], "speedup": 1.0, "ideal_speedup": 1.0,
-                 "kv_bytes_saved": 0.0, "ttft_seconds": speed["full"]["ttft_seconds"], "context_tokens": context})
+    rows.append(_full_row(full_q, speed["full"], context))
     result = {"model": loaded.name, "rows": rows, "costs": costs, "importance": importance,
               "per_layer_skip": {name: quality[name]["skip_rate_per_layer"] for name in quality if name.startswith("tuned-kv@")},
               "examples": len(examples), "tokens": full_q["tokens"], "new_tokens": new_tokens, "rounds": rounds}
-    result["context_scaling"] = context_scaling(engine, routers, best_threshold(rows, 0.05), contexts, new_tokens, rounds, log)
+    result["context_scaling"] = context_scaling(engine, main, routers, examples, contexts, new_tokens, rounds, log=log)
     result["seconds"] = time.perf_counter() - t0
     return result
 
 
-def best_threshold(rows: list[dict], max_increase: float, method: str = "tuned") -> float:
-    ok = [r for r in rows if r["method"] == method and r["perplexity_increase"] <= max_increase]
-    return max(ok, key=lambda r: r["speedup"])["threshold"] if ok else 0.5
+def _row(q: dict, s: dict, costs: dict, n_layers: int, context: int) -> dict:
+    """One CSV row: quality `q` (with method, granularity, kv_policy, target) and speed `s` of a configuration."""
+    return {
+        "method": q["method"], "granularity": q["granularity"], "kv_policy": q["kv_policy"], "threshold": q["threshold"],
+        "skip_rate_all_layers": q["skip_rate_all_layers"], "perplexity": q["perplexity_routed"],
+        "perplexity_full": q["perplexity_full"], "perplexity_increase": q["perplexity_increase"],
+        "agreement": q["agreement"], "tokens_per_second": s["tokens_per_second"],
+        "tokens_per_second_full": s["tokens_per_second_full"], "speedup": s["speedup"],
+        "ideal_speedup": ideal(costs, s["skip_rate_all_layers_measured"], n_layers, q["kv_policy"], q["target"]),
+        "kv_bytes_saved": s["kv_bytes_saved"], "ttft_seconds": s["ttft_seconds"], "context_tokens": context,
+    }
 
 
-def context_scaling(engine: Engine, routers, threshold: float, contexts, new_tokens: int, rounds: int, log=print) -> list[dict]:
-    """Decode speedup of the tuned routers at `threshold` as the prompt grows (attention costs more)."""
+def _full_row(q: dict, s: dict, context: int) -> dict:
+    return {"method": "full", "granularity": "full", "kv_policy": "-", "threshold": math.nan, "skip_rate_all_layers": 0.0,
+            "perplexity": q["perplexity_full"], "perplexity_full": q["perplexity_full"], "perplexity_increase": 0.0,
+            "agreement": 1.0, "tokens_per_second": s["tokens_per_second"], "tokens_per_second_full": s["tokens_per_second"],
+            "speedup": 1.0, "ideal_speedup": 1.0, "kv_bytes_saved": 0.0, "ttft_seconds": s["ttft_seconds"],
+            "context_tokens": context}
+
+
+def long_examples(examples, tokens: int, n: int) -> list:
+    """`n` examples whose prompt holds about `tokens` tokens: each held-out example, preceded by
+    other held-out examples whole (prompt and answer, one chat after another). Quality and speed
+    at long context, from held-out data only."""
+    from .data import Example
+
     out = []
-    for c in contexts:
-        ids = bench_prompt(engine.tokenizer, c)
-        configs = {"kv": (routers, threshold, "kv"), "drop": (routers, threshold, "drop")}
-        s = measure_speed(engine, [ids], configs, new_tokens, rounds, log=lambda *_: None)
-        out.append({"context_tokens": c, "threshold": threshold,
-                    **{f"speedup_{p}": s[p]["speedup"] for p in configs},
-                    **{f"skip_rate_all_layers_{p}": s[p]["skip_rate_all_layers_measured"] for p in configs},
-                    "tokens_per_second_full": s["full"]["tokens_per_second"]})
-        log(f"context {c}: speedup kv {out[-1]['speedup_kv']:.3f} drop {out[-1]['speedup_drop']:.3f}")
+    for k in range(min(n, len(examples))):
+        prefix: list[int] = []
+        j = k + 1
+        while j < k + len(examples) and len(prefix) + len(examples[j % len(examples)].ids) <= tokens - examples[k].start:
+            prefix += examples[j % len(examples)].ids
+            j += 1
+        ex = examples[k]
+        out.append(Example(tuple(prefix) + ex.ids, len(prefix) + ex.start))
     return out
+
+
+def context_scaling(engine: Engine, granularity: str, routers, examples, contexts, new_tokens: int, rounds: int,
+                    skips=CONTEXT_SKIPS, n_examples: int = 4, log=print) -> list[dict]:
+    """Rows (the CSV's columns) of the tuned routers at longer prompts, where attention costs more:
+    quality on held-out chats of about each length, speed measured in lockstep at that length."""
+    an = engine.anatomy
+    target = routers.config.target
+    rows = []
+    for c in contexts:
+        exs = long_examples(examples, c, n_examples)
+        full = full_depth(an, exs)
+        quality, configs = {}, {}
+        for t in dict.fromkeys(thresholds_for_skips(an, routers, exs, skips)):
+            for method, policy in (("tuned", "kv"), ("tuned-drop", "drop")):
+                q = evaluate_examples(an, exs, routers, t, policy, full)
+                quality[f"{policy}@{t}"] = {"method": method, "granularity": granularity, "kv_policy": policy,
+                                            "threshold": t, "target": target, **q}
+                configs[f"{policy}@{t}"] = (routers, t, policy)
+        prompt = list(exs[0].ids[: exs[0].start])
+        speed = measure_speed(engine, [prompt], configs, new_tokens, rounds, log=lambda *_: None)
+        context = len(prompt) + new_tokens // 2
+        costs = cost_breakdown(engine, prompt, context)
+        rows += [_row(q, speed[name], costs, an.n_layers, context) for name, q in quality.items()]
+        rows.append(_full_row(next(iter(quality.values())), speed["full"], context))
+        for r in rows[-len(quality) - 1: -1]:
+            log(f"context {context}: {r['method']} @{r['threshold']}: skip {r['skip_rate_all_layers']:.3f} "
+                f"ppl {r['perplexity_increase']:+.2%} speedup {r['speedup']:.3f} (ideal {r['ideal_speedup']:.3f})")
+    return rows
 
 
 # -- outputs -----------------------------------------------------------------------------------
@@ -250,7 +284,7 @@ def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
     with open(paths["csv"], "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(result["rows"])
+        writer.writerows(result["rows"] + result["context_scaling"])  # context rows: same columns, longer prompts
     result = {**result, "granularity_table": granularity_table(result["rows"])}
     paths["json"].write_text(json.dumps(result, indent=1, default=str))
     main = result["rows"][0]["granularity"]

@@ -37,7 +37,20 @@ def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
     assert [t["granularity"] for t in table] == ["attention-token", "mlp-token"]
     tuned = sorted(float(r["skip_rate_all_layers"]) for r in rows if r["method"] == "tuned" and r["granularity"] == "attention-token")
     assert len(tuned) >= 2 and tuned[0] < tuned[-1]  # default points follow the routers' own score quantiles
-    assert result["context_scaling"][0]["context_tokens"] == 16
+    longer = result["context_scaling"]
+    assert {r["method"] for r in longer} == {"tuned", "tuned-drop", "full"}
+    assert all(math.isfinite(r["speedup"]) and math.isfinite(r["perplexity"]) for r in longer)
+    assert len(rows) == len(result["rows"]) + len(longer)  # the CSV holds both
+
+
+def test_long_examples_prepend_other_examples_whole():
+    from routerlab.tradeoff import long_examples
+
+    exs = [Example(tuple(range(10 * k, 10 * k + 10)), 4) for k in range(5)]
+    out = long_examples(exs, 30, 2)
+    assert out[0].ids[-10:] == exs[0].ids and out[0].ids[:20] == exs[1].ids + exs[2].ids
+    assert out[0].start == 24 and out[0].n_response == exs[0].n_response
+    assert out[1].ids[:10] == exs[2].ids
 
 
 def test_lockstep_timing_runs_every_configuration_to_the_end():
