@@ -43,9 +43,9 @@ test: dev chromium
 	$(BIN)/python -m pytest -q
 
 bench: setup
-	$(BIN)/python -m routerlab bench speed
+	$(BIN)/python -m routerlab bench speed --save assets/bench/speed.json
 
-# The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~20 minutes on two CPU cores.
+# The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~30 minutes on two CPU cores.
 tradeoff: dev chromium
 	$(BIN)/python -m routerlab bench tradeoff --limit 24 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
 

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
     s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--save", default=None, help="also write the JSON result to this file (make bench: assets/bench/speed.json)")
     s.set_defaults(func=_bench_speed)
     o = bench.add_parser("tradeoff", help="threshold sweep: speed vs quality of tuned routers, baselines, granularities")
     o.add_argument("--model", default=None)
@@ -62,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default=None, help="output folder (default assets/bench)")
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=_bench_tradeoff)
+
+    rp = bench.add_parser("report", help="print the tables of a bench tradeoff run (markdown, from its tradeoff.json)")
+    rp.add_argument("--out", default=None, help="the run's output folder (default assets/bench)")
+    rp.set_defaults(func=_bench_report)
 
     d = sub.add_parser("data", help="the built-in self-distilled data").add_subparsers(dest="data", required=True)
     b = d.add_parser("build", help="answer assets/data/prompts.jsonl with the full-depth embedded model (resumable)")
@@ -197,8 +202,14 @@ def _generate(args) -> int:
 def _bench_speed(args) -> int:
     from .bench import speed_benchmark, format_speed
 
+    if args.prompt_tokens < 1 or args.new_tokens < 2 or args.rounds < 1:
+        raise RouterLabError("--prompt-tokens and --rounds must be >= 1, --new-tokens >= 2.")
     result = speed_benchmark(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              rounds=args.rounds, threads=args.threads)
+    if args.save:
+        from pathlib import Path
+
+        Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1) if args.json else format_speed(result))
     return 0
 
@@ -247,6 +258,23 @@ def _bench_tradeoff(args) -> int:
         print(json.dumps({"paths": {k: str(v) for k, v in paths.items()}, **result}, default=str))
     else:
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def _bench_report(args) -> int:
+    from pathlib import Path
+
+    from .report import markdown
+    from .tradeoff import OUT
+
+    path = (Path(args.out) if args.out else OUT) / "tradeoff.json"
+    try:
+        result = json.loads(path.read_text())
+        print(markdown(result))
+    except FileNotFoundError:
+        raise RouterLabError(f"No trade-off results at {path}.", "Run `python -m routerlab bench tradeoff` first.") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise RouterLabError(f"{path} is not a complete bench tradeoff result ({err}).", "Run `bench tradeoff` again.") from None
     return 0
 
 

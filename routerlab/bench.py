@@ -1,9 +1,11 @@
 """`bench speed`: decode tokens/s of transformers' generate and of the engine, measured side by side.
 
-Every configuration runs once per round, in a rotating order, and the report gives medians of
-the per-round figures and of the per-round ratios: machines here are noisy, so only numbers
-measured next to each other are compared. The ideal speedup of a skipping run comes from the
-measured cost of exactly the work it skips (timed in the same process, at the same context).
+Machines here are noisy, so only numbers measured next to each other are compared: the engine's
+configurations generate in lockstep with the engine's full model (one token each in turn,
+`measure_speed`, also used by `bench tradeoff`), transformers' generate runs between those
+rounds, and the report gives medians of per-round figures and ratios. The ideal speedup of a
+skipping run comes from the measured cost of exactly the work it skips (`cost_breakdown`:
+measured inside whole decode steps, in the same process, at the same context).
 
 Knows nothing about the UI or training.
 """
@@ -17,7 +19,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .config import GenerateConfig, RoutingConfig, default_layers
-from .engine import Engine, Plan, forward
+from .engine import Control, Engine, Plan, forward
 from .models import load_model
 from .router import RouterSet
 
@@ -62,11 +64,78 @@ def generate_rate(model, ids: list[int], new_tokens: int) -> float:
     return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
 
-def engine_rate(engine: Engine, ids: list[int], routers, threshold: float, policy: str, new_tokens: int) -> float:
+# -- engine speed: real generations, every configuration in lockstep with the full model -----------
+def _start(engine: Engine, ids: list[int], routers, threshold: float, policy: str, new_tokens: int):
     config = GenerateConfig(max_new_tokens=new_tokens, threshold=threshold, kv_policy=policy, ignore_eos=True,
                             max_new_tokens_cap=max(4096, new_tokens))
-    seconds = [s.seconds for s in engine.generate_ids(ids, routers, config) if not s.is_prompt and s.seconds > 0]
-    return len(seconds) / sum(seconds)
+    control = Control(threshold)
+    return engine.generate_ids(ids, routers, config, control), control
+
+
+def _summary(engine: Engine, control: Control) -> dict:
+    trace = control.trace
+    gen = [s for s in trace.generated_steps if s.seconds > 0]
+    routed = [e for s in gen for e in s.executed]
+    return {
+        "seconds": sum(s.seconds for s in gen),
+        "tokens": len(gen),
+        "skip_all": sum(e is False for e in routed) / (len(gen) * engine.n_layers),
+        "kv_saved": trace.meta["kv_bytes_full"] - trace.meta["kv_bytes_held"],
+        "ttft": trace.meta["prefill_seconds"],
+    }
+
+
+def _lockstep(engine: Engine, ids: list[int], configs: dict[str, tuple], new_tokens: int, turn: int) -> dict[str, dict]:
+    """Generate with every configuration at once, one token each in turn (the order rotates every
+    token), so a slow spell of a noisy machine falls on all of them alike."""
+    running = {name: _start(engine, ids, *cfg, new_tokens) for name, cfg in configs.items()}
+    names = list(running)
+    live = set(names)
+    tick = turn
+    while live:
+        k = tick % len(names)
+        for name in names[k:] + names[:k]:
+            if name in live:
+                step = next(running[name][0], None)
+                while step is not None and step.is_prompt:  # the prompt's steps come out of one prefill
+                    step = next(running[name][0], None)
+                if step is None:
+                    live.discard(name)
+        tick += 1
+    return {name: _summary(engine, control) for name, (_, control) in running.items()}
+
+
+def measure_speed(engine: Engine, prompts: list[list[int]], configs: dict[str, tuple], new_tokens: int,
+                  rounds: int, log=print) -> dict[str, dict]:
+    """configs: name -> (routers, threshold, policy). Returns medians of per-round figures and ratios.
+
+    In each round and prompt all configurations and the full model decode in lockstep; a speedup
+    is the full model's decode time over the configuration's, for the same tokens of the same run."""
+    names = ["full"] + [n for n in configs if n != "full"]
+    configs = {"full": (None, 0.5, "kv"), **{n: configs[n] for n in names[1:]}}
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(rounds):
+        for j, ids in enumerate(prompts):
+            for name, summary in _lockstep(engine, ids, configs, new_tokens, r * len(prompts) + j).items():
+                runs[name].append(summary)
+        log(f"speed round {r + 1}/{rounds} done")
+    full = runs["full"]
+
+    def tps(x: dict) -> float:
+        return x["tokens"] / x["seconds"]
+
+    out = {}
+    for name in names:
+        rs = runs[name]
+        out[name] = {
+            "tokens_per_second": statistics.median(tps(x) for x in rs),
+            "tokens_per_second_full": statistics.median(tps(x) for x in full),
+            "speedup": statistics.median(tps(x) / tps(f) for x, f in zip(rs, full)),
+            "skip_rate_all_layers_measured": statistics.mean(x["skip_all"] for x in rs),
+            "kv_bytes_saved": statistics.mean(x["kv_saved"] for x in rs),
+            "ttft_seconds": statistics.median(x["ttft"] for x in rs),
+        }
+    return out
 
 
 def _timeit(fn, repeat: int) -> float:
@@ -120,6 +189,7 @@ def cost_breakdown(engine: Engine, ids: list[int], context: int, repeat: int = 3
                 times[name].append(time.perf_counter() - t0)
             for c in caches[name]:
                 c.n = min(c.n, context)  # forget the appended token: every step sees the same context
+
     t = {k: statistics.median(v) for k, v in times.items()}
     h = torch.randn(1, 1, an.hidden_size, dtype=engine.dtype) * 0.5
     costs = {
@@ -128,7 +198,7 @@ def cost_breakdown(engine: Engine, ids: list[int], context: int, repeat: int = 3
         "mlp": max(0.0, (t["routed_mlp"] - t["no_mlp"]) / n),
         "head": _timeit(lambda: an.logits(h), repeat),
         "step": t["step"],
-        "routing": t["routed"] - t["step"],
+        "routing": t["routed"] - t["step"],  # small: within a few ms of noise
     }
     costs["overhead"] = costs["step"] - n * (costs["attention_full"] + costs["mlp"]) - costs["head"]
     return costs
@@ -153,24 +223,22 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
     never = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", default_layers(n)))
     deep = tuple(range(n // 2, n))  # the deeper half of all layers
     forced = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", deep))
-    runs = {
-        "generate": lambda: generate_rate(model, ids, new_tokens),
-        "engine_never_skip": lambda: engine_rate(engine, ids, never, 0.0, "kv", new_tokens),
-        "deep_off_mask": lambda: engine_rate(engine, ids, forced, 1.0, "mask", new_tokens),
-        "deep_off_kv": lambda: engine_rate(engine, ids, forced, 1.0, "kv", new_tokens),
-        "deep_off_drop": lambda: engine_rate(engine, ids, forced, 1.0, "drop", new_tokens),
+    configs = {  # zero routers score 0.5: threshold 0 never skips, threshold 1 always skips
+        "engine_never_skip": (never, 0.0, "kv"),
+        **{f"deep_off_{p}": (forced, 1.0, p) for p in ("mask", "kv", "drop")},
     }
-    names = list(runs)
-    rates: dict[str, list[float]] = {k: [] for k in names}
-    engine_rate(engine, ids[:64], never, 0.0, "kv", 8)  # warm-up
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order each round
-            rates[name].append(runs[name]())
+    measure_speed(engine, [ids[:64]], configs, 4, 1, log=lambda *_: None)  # warm-up
+    generate, engine_runs = [], []
+    for _ in range(rounds):  # transformers' generate cannot run in lockstep: it runs between the engine's rounds
+        generate.append(generate_rate(model, ids, new_tokens))
+        engine_runs.append(measure_speed(engine, [ids], configs, new_tokens, 1, log=lambda *_: None))
     costs = cost_breakdown(engine, ids, prompt_tokens + new_tokens // 2)
 
-    def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+    def med(name: str, key: str) -> float:
+        return statistics.median(run[name][key] for run in engine_runs)
 
+    rates = {"generate": statistics.median(generate), "engine": med("full", "tokens_per_second"),
+             **{name: med(name, "tokens_per_second") for name in configs}}
     result = {
         "model": loaded.name,
         "device": str(engine.device),
@@ -178,10 +246,12 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
         "rounds": rounds,
+        "routed_layers": list(default_layers(n)),
         "skipped_layers": list(deep),
-        "tokens_per_second": {k: statistics.median(v) for k, v in rates.items()},
-        "engine_vs_generate": ratio("engine_never_skip", "generate"),
-        "speedup": {p: ratio(f"deep_off_{p}", "engine_never_skip") for p in ("mask", "kv", "drop")},
+        "tokens_per_second": rates,
+        "engine_vs_generate": statistics.median(run["full"]["tokens_per_second"] / g for run, g in zip(engine_runs, generate)),
+        "routing": med("engine_never_skip", "speedup"),
+        "speedup": {p: med(f"deep_off_{p}", "speedup") for p in ("mask", "kv", "drop")},
         "ideal_speedup": {p: ideal_speedup(costs, len(deep), p) for p in ("mask", "kv", "drop")},
         "cost_seconds": costs,
     }
@@ -196,7 +266,9 @@ def format_speed(r: dict) -> str:
         f"bench speed: {r['model']} on {r['device']} ({r['threads']} threads), prompt {r['prompt_tokens']} tokens, "
         f"{r['new_tokens']} new tokens, {r['rounds']} interleaved rounds (medians)",
         f"  transformers generate (bare model)      {tps['generate']:7.2f} tok/s",
-        f"  engine, routers attached, never skip    {tps['engine_never_skip']:7.2f} tok/s   engine_vs_generate {r['engine_vs_generate']:.3f}",
+        f"  engine, no routers                      {tps['engine']:7.2f} tok/s   engine_vs_generate {r['engine_vs_generate']:.3f}",
+        f"  engine, routers on layers {r['routed_layers'][0]}-{r['routed_layers'][-1]}, never skip {tps['engine_never_skip']:7.2f} tok/s   "
+        f"speedup {r['routing']:.3f} (the cost of routing)",
     ]
     for p in ("mask", "kv", "drop"):
         lines.append(f"  engine, layers {r['skipped_layers'][0]}-{r['skipped_layers'][-1]} attention off, {p:<4}   "

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .bench import cost_breakdown, bench_prompt
+from .bench import cost_breakdown, measure_speed
 from .config import GenerateConfig, RoutingConfig
-from .engine import Control, Engine
+from .engine import Engine
 from .evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,
                        static_order, static_routers, thresholds_for_skips)
 
@@ -38,80 +38,6 @@ MAIN_SKIPS = (0.02, 0.04, 0.07, 0.1, 0.14, 0.2, 0.3)  # the main curve
 TABLE_SKIPS = (0.03, 0.07, 0.12, 0.2)  # each other granularity in the table
 CONTEXT_SKIPS = (0.05, 0.1)  # the main routers at longer prompts
 OUT = Path(__file__).resolve().parent.parent / "assets" / "bench"
-
-
-# -- speed: real generations, every configuration in lockstep with the full model ----------------
-def _start(engine: Engine, ids: list[int], routers, threshold: float, policy: str, new_tokens: int):
-    config = GenerateConfig(max_new_tokens=new_tokens, threshold=threshold, kv_policy=policy, ignore_eos=True,
-                            max_new_tokens_cap=max(4096, new_tokens))
-    control = Control(threshold)
-    return engine.generate_ids(ids, routers, config, control), control
-
-
-def _summary(engine: Engine, control: Control) -> dict:
-    trace = control.trace
-    gen = [s for s in trace.generated_steps if s.seconds > 0]
-    routed = [e for s in gen for e in s.executed]
-    return {
-        "seconds": sum(s.seconds for s in gen),
-        "tokens": len(gen),
-        "skip_all": sum(e is False for e in routed) / (len(gen) * engine.n_layers),
-        "kv_saved": trace.meta["kv_bytes_full"] - trace.meta["kv_bytes_held"],
-        "ttft": trace.meta["prefill_seconds"],
-    }
-
-
-def _lockstep(engine: Engine, ids: list[int], configs: dict[str, tuple], new_tokens: int, turn: int) -> dict[str, dict]:
-    """Generate with every configuration at once, one token each in turn (the order rotates every
-    token), so a slow spell of a noisy machine falls on all of them alike."""
-    running = {name: _start(engine, ids, *cfg, new_tokens) for name, cfg in configs.items()}
-    names = list(running)
-    live = set(names)
-    tick = turn
-    while live:
-        k = tick % len(names)
-        for name in names[k:] + names[:k]:
-            if name in live:
-                step = next(running[name][0], None)
-                while step is not None and step.is_prompt:  # the prompt's steps come out of one prefill
-                    step = next(running[name][0], None)
-                if step is None:
-                    live.discard(name)
-        tick += 1
-    return {name: _summary(engine, control) for name, (_, control) in running.items()}
-
-
-def measure_speed(engine: Engine, prompts: list[list[int]], configs: dict[str, tuple], new_tokens: int,
-                  rounds: int, log=print) -> dict[str, dict]:
-    """configs: name -> (routers, threshold, policy). Returns medians of per-round figures and ratios.
-
-    In each round and prompt all configurations and the full model decode in lockstep; a speedup
-    is the full model's decode time over the configuration's, for the same tokens of the same run."""
-    names = ["full"] + [n for n in configs if n != "full"]
-    configs = {"full": (None, 0.5, "kv"), **{n: configs[n] for n in names[1:]}}
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for r in range(rounds):
-        for j, ids in enumerate(prompts):
-            for name, summary in _lockstep(engine, ids, configs, new_tokens, r * len(prompts) + j).items():
-                runs[name].append(summary)
-        log(f"speed round {r + 1}/{rounds} done")
-    full = runs["full"]
-
-    def tps(x: dict) -> float:
-        return x["tokens"] / x["seconds"]
-
-    out = {}
-    for name in names:
-        rs = runs[name]
-        out[name] = {
-            "tokens_per_second": statistics.median(tps(x) for x in rs),
-            "tokens_per_second_full": statistics.median(tps(x) for x in full),
-            "speedup": statistics.median(tps(x) / tps(f) for x, f in zip(rs, full)),
-            "skip_rate_all_layers_measured": statistics.mean(x["skip_all"] for x in rs),
-            "kv_bytes_saved": statistics.mean(x["kv_saved"] for x in rs),
-            "ttft_seconds": statistics.median(x["ttft"] for x in rs),
-        }
-    return out
 
 
 def ideal(costs: dict, skip_all: float, n_layers: int, policy: str, target: str) -> float:
@@ -287,6 +213,10 @@ def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
         writer.writerows(result["rows"] + result["context_scaling"])  # context rows: same columns, longer prompts
     result = {**result, "granularity_table": granularity_table(result["rows"])}
     paths["json"].write_text(json.dumps(result, indent=1, default=str))
+    from .report import markdown
+
+    paths["md"] = out / "tradeoff.md"
+    paths["md"].write_text(markdown(result))
     main = result["rows"][0]["granularity"]
     frame = pd.DataFrame([{**r, "method": r["method"] if r["granularity"] in (main, "full") else f"tuned {r['granularity']}"}
                           for r in result["rows"]])

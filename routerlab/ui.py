@@ -150,7 +150,8 @@ BENCH_COLUMNS = ["method", "granularity", "kv_policy", "threshold", "speedup", "
 def load_bench(folder: Path = BENCH_DIR):
     """Benchmark CSVs in `folder` with method/speedup/perplexity columns, concatenated; None when absent.
 
-    Keeps the columns the Trade-off tab shows; when several granularities are present, each tuned
+    Keeps the columns the Trade-off tab shows, and the rows at a run's main context (its first
+    row's `context_tokens`: the longer-prompt rows are another table); when several granularities are present, each tuned
     granularity gets its own curve ("tuned mlp-token", ...), as in `bench tradeoff`'s own figure.
     """
     import pandas as pd
@@ -163,6 +164,8 @@ def load_bench(folder: Path = BENCH_DIR):
             log.warning("skipping %s: %s", csv, err)
             continue
         if {"method", "speedup", "perplexity"} <= set(df.columns):
+            if "context_tokens" in df.columns and len(df):  # longer-prompt rows are a separate table
+                df = df[df["context_tokens"] == df["context_tokens"].iloc[0]]
             frames.append(df)
     if not frames:
         return None

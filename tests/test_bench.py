@@ -7,11 +7,11 @@ from routerlab.bench import format_speed, ideal_speedup, speed_benchmark
 
 def test_speed_report_has_ratios_and_ideals(embedded):
     r = speed_benchmark(prompt_tokens=24, new_tokens=4, rounds=1, loaded=embedded)
-    for key in ("generate", "engine_never_skip", "deep_off_mask", "deep_off_kv", "deep_off_drop"):
+    for key in ("generate", "engine", "engine_never_skip", "deep_off_mask", "deep_off_kv", "deep_off_drop"):
         assert r["tokens_per_second"][key] > 0
     assert math.isfinite(r["engine_vs_generate"]) and math.isfinite(r["drop_speedup"])
     assert r["ideal_speedup"]["mask"] == 1.0
-    assert r["skipped_layers"] == list(range(15, 30))
+    assert r["skipped_layers"] == list(range(15, 30)) and math.isfinite(r["routing"])
     assert "engine_vs_generate" in format_speed(r)
 
 

@@ -33,6 +33,8 @@ def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
         for col in ("skip_rate_all_layers", "perplexity", "agreement", "tokens_per_second", "speedup", "ideal_speedup"):
             assert math.isfinite(float(r[col])), (r["method"], col)
     assert paths["html"].stat().st_size > 1000
+    md = paths["md"].read_text()  # the README's tables
+    assert md.count("| tuned |") >= 2 and "## Longer prompts" in md and "Cost per decode step" in md
     table = granularity_table(result["rows"])
     assert [t["granularity"] for t in table] == ["attention-token", "mlp-token"]
     tuned = sorted(float(r["skip_rate_all_layers"]) for r in rows if r["method"] == "tuned" and r["granularity"] == "attention-token")
@@ -57,7 +59,7 @@ def test_lockstep_timing_runs_every_configuration_to_the_end():
     """Configurations decoded in lockstep produce the same generations as solo runs."""
     from routerlab.config import GenerateConfig
     from routerlab.engine import Engine
-    from routerlab.tradeoff import measure_speed
+    from routerlab.bench import measure_speed
 
     model = tiny_model("llama")
     engine = Engine(model)
@@ -75,3 +77,15 @@ def test_lockstep_timing_runs_every_configuration_to_the_end():
         assert out[name]["skip_rate_all_layers_measured"] == skipped, name
         assert out[name]["tokens_per_second"] > 0 and math.isfinite(out[name]["speedup"])
     assert out["never"]["skip_rate_all_layers_measured"] == 0.0 < out["kv"]["skip_rate_all_layers_measured"]
+
+
+def test_report_prints_the_tables_of_a_run_or_says_what_is_missing(tmp_path, capsys):
+    import json
+
+    from routerlab.__main__ import main
+
+    assert main(["bench", "report", "--out", str(tmp_path)]) == 2
+    assert "No trade-off results" in capsys.readouterr().err
+    (tmp_path / "tradeoff.json").write_text(json.dumps({"model": "m"}))
+    assert main(["bench", "report", "--out", str(tmp_path)]) == 2
+    assert "not a complete bench tradeoff result" in capsys.readouterr().err

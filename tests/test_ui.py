@@ -305,6 +305,13 @@ def test_load_bench_handles_absence_and_bad_files(tmp_path):
     assert "tuned mlp-token" in set(df["method"]) and "extra" not in df.columns
 
 
+def test_load_bench_keeps_the_main_context_only(tmp_path):
+    (tmp_path / "t.csv").write_text("method,speedup,perplexity,threshold,context_tokens\ntuned,1.0,9,0.4,60\n"
+                                    "full,1.0,9,,60\ntuned,1.1,10,0.4,2000\nfull,1.0,9,,2000\n")
+    df = ui.load_bench(tmp_path)
+    assert list(df["method"]) == ["tuned", "full"] and list(df["speedup"]) == [1.0, 1.0]
+
+
 def test_tradeoff_pick_ignores_rows_without_threshold():
     import pandas as pd
 
