@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ramp", type=float, default=None, help="fraction of steps over which the skip target ramps in")
     t.add_argument("--warmup", type=float, default=None, help="fraction of steps over which the learning rate ramps up")
     t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--gate", type=float, default=None,
+                   help="threshold of the hard gate while training (default 0.5; below 0.5, fresh zero routers start "
+                        "clear of it instead of on it)")
     t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
     t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
     t.add_argument("--calib-examples", type=int, default=32, help="held-out examples used to calibrate the threshold")

@@ -382,6 +382,8 @@ def run_training(args) -> dict | None:
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
                                                "budget_weight", "ramp", "warmup", "seed") if getattr(args, k, None) is not None}
+    if getattr(args, "gate", None) is not None:
+        overrides["threshold"] = args.gate
     cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)
     threshold = None if str(args.threshold) == "auto" else check_threshold(args.threshold)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())

@@ -48,3 +48,9 @@ def test_a_folder_that_is_not_a_checkpoint_is_refused(embedded, tmp_path, capsys
 def test_prompt_longer_than_the_context_is_refused(embedded, capsys):
     assert main(["generate", "--prompt", "word " * 9000, "--max-new-tokens", "4"]) == 2
     assert "exceeds the model's context" in capsys.readouterr().err
+
+
+def test_train_refuses_a_gate_outside_0_1_before_loading_anything(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "r"), "--gate", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "outside [0, 1]" in err and not (tmp_path / "r").exists()

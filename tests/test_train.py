@@ -129,3 +129,13 @@ def test_two_processes_train_the_same_routers(tmp_path):
     a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert a["weights"] == b["weights"] and any(w != 0 for w in a["weights"])  # averaged gradients: identical updates
     assert a["report"]["processes"] == 2
+
+
+def test_a_training_gate_below_half_keeps_fresh_routers_clear_of_it():
+    """Zero routers score exactly 0.5: at gate 0.5 Adam's first, sign-sized update flips cells to
+    skip at once; at gate 0.45 they all still run after it."""
+    model = tiny_model("llama")
+    cfg = dict(steps=2, batch_size=4, lr=3e-3, warmup=0.0, target=0.5, ramp=0.0, kd_weight=0.0, lm_weight=1.0)
+    on = train_routers(model, _examples(4), TrainConfig(**cfg), progress=False).log
+    clear = train_routers(model, _examples(4), TrainConfig(**cfg, threshold=0.45), progress=False).log
+    assert on[-1]["skip"] > 0.0 and clear[-1]["skip"] == 0.0
