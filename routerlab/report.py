@@ -58,7 +58,7 @@ def context_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def costs_line(costs: dict, n_layers: int | None = None) -> str:
+def costs_line(costs: dict) -> str:
     ms = {k: 1e3 * v for k, v in costs.items()}
     return ("Cost per decode step (ms): step {step:.1f}; per layer: attention {attention_full:.2f} (keys/values alone "
             "{attention_kv_only:.2f}), MLP {mlp:.2f}; LM head {head:.1f}; routing (routers on every layer, skipping "

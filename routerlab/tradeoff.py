@@ -25,7 +25,6 @@ from pathlib import Path
 import pandas as pd
 
 from .bench import cost_breakdown, measure_speed
-from .config import GenerateConfig, RoutingConfig
 from .engine import Engine
 from .evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,
                        static_order, static_routers, thresholds_for_skips)
