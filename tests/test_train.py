@@ -93,6 +93,17 @@ def test_config_and_layer_parsing_refuse_bad_values():
         TrainConfig(warmup=2.0)
 
 
+def test_cosine_decay_peaks_after_warmup_and_falls_towards_zero():
+    cos = TrainConfig(steps=10, warmup=0.2, lr=1e-3, decay="cosine")
+    lrs = [cos.lr_at(i) for i in range(10)]
+    assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3)  # warmup, then the peak
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:]))  # strictly falling after the peak
+    assert 0 < lrs[-1] < 0.05e-3  # the last step still moves, barely
+    assert TrainConfig(steps=10, warmup=0.0, lr=1e-3, decay="cosine").lr_at(0) == pytest.approx(1e-3)
+    with pytest.raises(RouterLabError, match="decay"):
+        TrainConfig(decay="linear")
+
+
 _JOB = """
 import json, sys, torch
 from accelerate import Accelerator
