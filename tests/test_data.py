@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from routerlab.data import DEFAULT, PROMPTS, Record, encode, load_records, read_jsonl, read_prompts, record_from_row, split_of
+from routerlab.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, load_records, read_jsonl, read_prompts, record_from_row, split_of
 from routerlab.errors import RouterLabError
 
 
@@ -84,3 +84,23 @@ def test_built_in_prompts_are_many_and_diverse_and_answered():
     assert sum(bool(r.response.strip()) for r in records) >= 0.95 * len(records)
     rows = [json.loads(line) for line in DEFAULT.read_text().splitlines()]
     assert all(row["messages"][-1]["role"] == "assistant" for row in rows)
+
+
+def test_extra_prompts_are_new_and_answered_with_the_same_split_rule():
+    """assets/data/*_extra.jsonl: 720 more prompts, none in the built-in set, answered by `data build --prompts/--out`."""
+    extra = read_prompts(DATA_DIR / "prompts_extra.jsonl")
+    built_in = {p["prompt"].strip().lower() for p in read_prompts(PROMPTS)}
+    assert len(extra) == 720 and not {p["prompt"].strip().lower() for p in extra} & built_in
+    records = read_jsonl(DATA_DIR / "selfdistill_extra.jsonl")
+    assert [r.messages[0]["content"] for r in records] == [p["prompt"] for p in extra]
+    assert all(r.split == split_of(r.messages[0]["content"]) for r in records)
+    assert Counter(r.split for r in records)["heldout"] >= 100
+
+
+def test_a_missing_or_malformed_prompts_file_is_refused_cleanly(tmp_path):
+    with pytest.raises(RouterLabError, match="does not exist"):
+        read_prompts(tmp_path / "nope.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"category": "x"}\n')
+    with pytest.raises(RouterLabError, match=r"bad.jsonl:2 has no \"prompt\""):
+        read_prompts(bad)
