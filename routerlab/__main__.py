@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import GRANULARITIES, KV_POLICIES
+from .config import DECAYS, GRANULARITIES, KV_POLICIES
 from .errors import RouterLabError
 
 
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ramp", type=float, default=None, help="fraction of steps over which the skip target ramps in")
     t.add_argument("--warmup", type=float, default=None, help="fraction of steps over which the learning rate ramps up")
     t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--decay", choices=("constant", "cosine"), default=None,
+    t.add_argument("--decay", choices=DECAYS, default=None,
                    help="learning rate after warmup: constant (default) or a cosine decay to 0 over the remaining steps")
     t.add_argument("--gate", type=float, default=None,
                    help="threshold of the hard gate while training (default 0.5; below 0.5, fresh zero routers start "

@@ -13,6 +13,7 @@ from .errors import RouterLabError
 TARGETS = ("attention", "mlp", "block")
 LEVELS = ("token", "sequence")
 KV_POLICIES = ("mask", "kv", "drop")
+DECAYS = ("constant", "cosine")  # learning-rate schedules after warmup (train --decay)
 KV_POLICY_HELP = {
     "mask": "compute everything, zero the skipped update (the official code; saves nothing)",
     "kv": "skipped tokens compute only keys/values; same numbers as mask, less work",

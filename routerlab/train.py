@@ -32,11 +32,10 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from .config import RoutingConfig, check_threshold, default_layers
+from .config import DECAYS, RoutingConfig, check_threshold, default_layers
 from .errors import RouterLabError
 from .router import RouterSet
 
-DECAYS = ("constant", "cosine")
 KV_POLICY = "kv"  # training's hard gate has mask semantics == kv numbers; inference defaults to it
 
 
