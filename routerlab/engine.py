@@ -292,15 +292,19 @@ def run_layer(i: int, parts: LayerParts, h: torch.Tensor, positions: torch.Tenso
 
 
 def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache] | None, plan: Plan,
-            all_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run `ids` (1, T) at `positions` (T,). Returns logits (1, T or 1, V) and scores (T, L), NaN where unrouted."""
+            logits_at: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `ids` (1, T) at `positions` (T,). Returns logits and scores (T, L), NaN where unrouted.
+
+    Logits are those of the positions `logits_at` picks ((1, n, V)), or of the last one ((1, 1, V)):
+    the head is a fifth of this model's work per position, so only the positions asked for pay it.
+    """
     h = an.embed(ids)  # (1, T, D)
     tables = an.rope(h, positions)
     scores: Scores = {}
     for i, parts in enumerate(an.layers):
         cache = caches[i] if caches is not None else None
         h = run_layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
-    return an.logits(h if all_logits else h[:, -1:]), score_table(scores, ids.shape[1], an.n_layers, h.device)
+    return an.logits(h[:, logits_at] if logits_at is not None else h[:, -1:]), score_table(scores, ids.shape[1], an.n_layers, h.device)
 
 
 # -- sampling ----------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def response_scores(anatomy, routers: RouterSet, examples) -> torch.Tensor:
     from .train import student_forward
 
     device = anatomy.embed.weight.device
-    scores = torch.cat([student_forward(anatomy, torch.tensor([e.ids], device=device), e.start, Plan(routers, 0.0))[1][e.start:]
+    scores = torch.cat([student_forward(anatomy, torch.tensor([e.ids], device=device), e.start, Plan(routers, 0.0), logits=False)[1][e.start:]
                         .flatten().cpu() for e in examples])
     scores = scores[~torch.isnan(scores)].sort().values
     if not len(scores):
@@ -147,12 +147,14 @@ class _Full:
 @torch.no_grad()
 def full_depth(anatomy, examples) -> list[_Full]:
     from .engine import Plan, forward
+    from .train import response_slice
 
     out = []
     for ex in examples:
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
-        logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None), all_logits=True)
-        logits = logits[0, ex.start - 1 : -1].float()
+        logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
+                            logits_at=response_slice(ex.start))
+        logits = logits[0].float()
         labels = ids[0, ex.start:]
         out.append(_Full(torch.nn.functional.cross_entropy(logits, labels, reduction="none").cpu(), logits.argmax(-1).cpu()))
     return out
@@ -175,7 +177,7 @@ def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_pol
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
         plan = Plan(routers, threshold, kv_policy)
         logits, scores = student_forward(anatomy, ids, ex.start, plan)
-        logits = logits[0, ex.start - 1 : -1].float()
+        logits = logits[0].float()
         labels = ids[0, ex.start:]
         nll = torch.nn.functional.cross_entropy(logits, labels, reduction="none").cpu()
         nll_routed += float(nll.sum())

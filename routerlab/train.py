@@ -104,14 +104,23 @@ class TrainConfig:
 
 
 # -- one example's losses ----------------------------------------------------------------------
-def student_forward(anatomy, ids: torch.Tensor, start: int, plan):
-    """Teacher-forced logits + scores under `plan`; sequence level decides from the prompt only."""
+def response_slice(start: int) -> slice:
+    """The positions whose logits predict the response tokens ids[start:]."""
+    return slice(start - 1, -1)
+
+
+def student_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool = True):
+    """Teacher-forced logits of the response predictions (1, R, V) + scores (T, L) under `plan`.
+
+    Sequence level decides from the prompt only. With `logits=False` only the scores are wanted:
+    the head then runs on the last position alone.
+    """
     from .engine import forward
 
     positions = torch.arange(ids.shape[1], device=ids.device)
     if plan.level == "sequence":  # as at generation: decide once from the mean-pooled prompt
-        forward(anatomy, ids[:, :start], positions[:start], None, plan, all_logits=False)
-    return forward(anatomy, ids, positions, None, plan, all_logits=True)
+        forward(anatomy, ids[:, :start], positions[:start], None, plan)
+    return forward(anatomy, ids, positions, None, plan, logits_at=response_slice(start) if logits else None)
 
 
 def gate_values(plan, scores: torch.Tensor, routers: RouterSet, start: int) -> torch.Tensor:
@@ -135,7 +144,7 @@ def example_losses(anatomy, routers: RouterSet, ids: torch.Tensor, start: int, c
     else:
         logits, scores = student_forward(anatomy, ids, start, plan)
         exec_frac = gate_values(plan, scores, routers, start).mean()
-    logits = logits[0, start - 1 : -1].float()  # (R, V) predictions of the response tokens
+    logits = logits[0].float()  # (R, V) predictions of the response tokens
     labels = ids[0, start:]
     out = {"exec": exec_frac}
     total = torch.zeros((), device=ids.device)
@@ -198,8 +207,9 @@ def teacher_logits(anatomy, ids: torch.Tensor, start: int) -> torch.Tensor:
     """Full-depth logits of the response predictions (R, V): the same model with no routers."""
     from .engine import Plan, forward
 
-    logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None), all_logits=True)
-    return logits[0, start - 1 : -1]
+    logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
+                        logits_at=response_slice(start))
+    return logits[0]
 
 
 # -- the loop ----------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def run(engine, ids, plan, prefill=8):
     """Prefill `prefill` tokens, then decode the rest one at a time; logits for every position."""
     caches = engine.new_caches(ids.shape[1])
     with torch.no_grad():
-        logits, _ = forward(engine.anatomy, ids[:, :prefill], torch.arange(prefill), caches, plan, all_logits=True)
+        logits, _ = forward(engine.anatomy, ids[:, :prefill], torch.arange(prefill), caches, plan, logits_at=slice(None))
         out = [logits]
         for t in range(prefill, ids.shape[1]):
             step, _ = forward(engine.anatomy, ids[:, t : t + 1], torch.tensor([t]), caches, plan)
@@ -213,13 +213,30 @@ def test_decode_scores_match_the_batched_scores(granularity):
     rs = routers(model, granularity, seed=4)
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        _, batched = forward(engine.anatomy, ids, torch.arange(12), None, Plan(rs, 0.0, "kv"), all_logits=True)
+        _, batched = forward(engine.anatomy, ids, torch.arange(12), None, Plan(rs, 0.0, "kv"), logits_at=slice(None))
         caches = engine.new_caches(12)
         forward(engine.anatomy, ids[:, :6], torch.arange(6), caches, Plan(rs, 0.0, "kv"))
         for t in range(6, 12):
             _, step = forward(engine.anatomy, ids[:, t : t + 1], torch.tensor([t]), caches, Plan(rs, 0.0, "kv"))
             torch.testing.assert_close(step[0], batched[t], equal_nan=True, atol=1e-5, rtol=1e-5)
     assert not torch.isnan(batched[:, ROUTED]).any() and torch.isnan(batched[:, 0]).all()
+
+
+def test_logits_only_where_asked():
+    """The head runs on the positions `logits_at` picks (the response predictions), else the last one."""
+    from routerlab.train import response_slice
+
+    model = tiny_model("llama")
+    engine = Engine(model)
+    plan = Plan(routers(model, "attention-token", seed=3), 0.5, "kv")
+    ids = torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        every, _ = forward(engine.anatomy, ids, torch.arange(10), None, plan, logits_at=slice(None))
+        response, _ = forward(engine.anatomy, ids, torch.arange(10), None, plan, logits_at=response_slice(4))
+        last, _ = forward(engine.anatomy, ids, torch.arange(10), None, plan)
+    assert every.shape[1] == 10 and response.shape[1] == 6 and last.shape[1] == 1  # predicts ids[4:], 6 tokens
+    torch.testing.assert_close(response, every[:, 3:9])
+    torch.testing.assert_close(last, every[:, -1:])
 
 
 def test_host_sigmoid_is_stable_at_the_extremes():
