@@ -304,7 +304,8 @@ def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: lis
     for i, parts in enumerate(an.layers):
         cache = caches[i] if caches is not None else None
         h = run_layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
-    return an.logits(h[:, logits_at] if logits_at is not None else h[:, -1:]), score_table(scores, ids.shape[1], an.n_layers, h.device)
+    logits = an.logits(h[:, logits_at] if logits_at is not None else h[:, -1:])
+    return logits, score_table(scores, ids.shape[1], an.n_layers, h.device)
 
 
 # -- sampling ----------------------------------------------------------------------------------
