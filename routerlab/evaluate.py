@@ -6,6 +6,12 @@ over the whole teacher-forced sequence; sequence-level routers decide from the p
 at generation. Skip rates count the response tokens' cells:
   skip_rate             skipped / routed (token, layer) cells
   skip_rate_all_layers  skipped / every layer's cells of the routed target (all L layers)
+  skip_rate_prompt      skipped / routed cells of the prompt tokens (routed too, but not counted above)
+
+kl_full is the mean KL(full || routed) per response token, in nats: how far the routed model's
+next-token distribution is from the full model's, whatever the text. Perplexity on the full
+model's own greedy answers is not such a distance: a routed model that is more sure of the full
+model's favourite token scores lower there even while its distribution moves away (see README).
 
 Baselines, built as router sets so the engine stays untouched:
   random  each routed (token, layer) cell skipped with probability p (seeded uniform "scores",
@@ -30,6 +36,7 @@ from .router import RouterSet
 
 BASELINES = ("random", "static")
 STATIC_THRESHOLD = 0.51  # a zero router scores 0.5: under this threshold it always skips
+KL_TOP = 256  # full-depth log-probabilities kept per response token for kl_full; the rest is one bucket
 
 
 # -- baselines as router sets ------------------------------------------------------------------
@@ -142,10 +149,27 @@ class _Full:
 
     nll: torch.Tensor  # (R,) negative log-likelihood of each response token
     argmax: torch.Tensor  # (R,)
+    top_logp: torch.Tensor  # (R, k) the full model's k largest log-probabilities at each position
+    top_ids: torch.Tensor  # (R, k) their token ids
+
+
+def kl_to_full(full: _Full, logp: torch.Tensor) -> torch.Tensor:
+    """KL(full || routed) at each response position (R,), nats, from the routed log-probs `logp` (R, V).
+
+    Exact over the full model's top-k tokens; the remaining tokens count as one bucket, which can
+    only under-count (log-sum inequality) and is exact when they hold no mass, e.g. V <= k.
+    """
+    lq = logp.gather(1, full.top_ids.to(logp.device)).double().cpu()
+    lp = full.top_logp.double()
+    head = (lp.exp() * (lp - lq)).sum(1)
+    p_rest = (1.0 - lp.exp().sum(1)).clamp_min(0.0)  # below 1e-6 it is float32 rounding: no bucket
+    q_rest = (1.0 - lq.exp().sum(1)).clamp_min(1e-300)
+    tail = torch.where(p_rest > 1e-6, p_rest * (p_rest.clamp_min(1e-300).log() - q_rest.log()), torch.zeros_like(p_rest))
+    return (head + tail).clamp_min(0.0)
 
 
 @torch.no_grad()
-def full_depth(anatomy, examples) -> list[_Full]:
+def full_depth(anatomy, examples, top: int = KL_TOP) -> list[_Full]:
     from .engine import Plan, forward
     from .train import response_slice
 
@@ -154,9 +178,10 @@ def full_depth(anatomy, examples) -> list[_Full]:
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
         logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
                             logits_at=response_slice(ex.start))
-        logits = logits[0].float()
+        logp = torch.log_softmax(logits[0].float(), dim=-1)
         labels = ids[0, ex.start:]
-        out.append(_Full(torch.nn.functional.cross_entropy(logits, labels, reduction="none").cpu(), logits.argmax(-1).cpu()))
+        top_logp, top_ids = logp.topk(min(top, logp.shape[-1]), dim=-1)
+        out.append(_Full(-logp.gather(1, labels[:, None])[:, 0].cpu(), logp.argmax(-1).cpu(), top_logp.cpu(), top_ids.cpu()))
     return out
 
 
@@ -170,20 +195,23 @@ def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_pol
     check_threshold(threshold)
     check_kv_policy(kv_policy)
     full = full if full is not None else full_depth(anatomy, examples)
-    nll_full = nll_routed = 0.0
-    agree = tokens = skipped = routed_cells = 0
+    nll_full = nll_routed = kl = 0.0
+    agree = tokens = skipped = routed_cells = prompt_skipped = prompt_cells = 0
     per_layer_skip = torch.zeros(anatomy.n_layers, dtype=torch.float64)
     for ex, f in zip(examples, full):
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
         plan = Plan(routers, threshold, kv_policy)
         logits, scores = student_forward(anatomy, ids, ex.start, plan)
-        logits = logits[0].float()
+        logp = torch.log_softmax(logits[0].float(), dim=-1)
         labels = ids[0, ex.start:]
-        nll = torch.nn.functional.cross_entropy(logits, labels, reduction="none").cpu()
-        nll_routed += float(nll.sum())
+        nll_routed += float(-logp.gather(1, labels[:, None]).sum())
         nll_full += float(f.nll.sum())
-        agree += int((logits.argmax(-1).cpu() == f.argmax).sum())
+        kl += float(kl_to_full(f, logp).sum())
+        agree += int((logp.argmax(-1).cpu() == f.argmax).sum())
         tokens += labels.numel()
+        p = scores[: ex.start].cpu()
+        prompt_skipped += int((p < threshold).sum())  # NaN (unrouted) compares False
+        prompt_cells += int((~torch.isnan(p)).sum())
         s = scores[ex.start:].cpu()  # (R, L), NaN where unrouted
         routed = ~torch.isnan(s)
         skip = routed & (s < threshold)
@@ -197,9 +225,11 @@ def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_pol
         "perplexity_routed": math.exp(nll_routed / tokens),
         "perplexity_increase": math.exp((nll_routed - nll_full) / tokens) - 1.0,
         "agreement": agree / tokens,
+        "kl_full": kl / tokens,
         "skip_rate": skipped / routed_cells if routed_cells else 0.0,
         "skip_rate_all_layers": skipped / (tokens * n_layers),
         "skip_rate_per_layer": {str(i): round(float(per_layer_skip[i]) / tokens, 4) for i in (config.layers if config else ())},
+        "skip_rate_prompt": prompt_skipped / prompt_cells if prompt_cells else 0.0,
         "tokens": tokens,
         "examples": len(examples),
         "threshold": threshold,
@@ -280,7 +310,8 @@ def plot_sweep(result: dict, path, title: str = "skip rate vs perplexity") -> No
 # -- the command ---------------------------------------------------------------------------------
 def _row(name: str, r: dict) -> str:
     return (f"{name:<28} ppl {r['perplexity_routed']:8.4f} ({r['perplexity_increase']:+.2%})  agreement {r['agreement']:.1%}  "
-            f"skip {r['skip_rate']:.1%} routed / {r['skip_rate_all_layers']:.1%} all layers")
+            f"KL {r['kl_full']:.4f}  skip {r['skip_rate']:.1%} routed / {r['skip_rate_all_layers']:.1%} all layers "
+            f"(prompt {r['skip_rate_prompt']:.1%} routed)")
 
 
 def run_eval(args) -> dict:

@@ -10,8 +10,8 @@ import torch
 from routerlab.__main__ import main
 from routerlab.config import RoutingConfig
 from routerlab.data import Example
-from routerlab.evaluate import (RandomRouterSet, baseline_set, calibrate, evaluate_examples, layer_importance,
-                                static_order, static_routers, thresholds_for_skips)
+from routerlab.evaluate import (RandomRouterSet, _Full, baseline_set, calibrate, evaluate_examples, kl_to_full,
+                                layer_importance, static_order, static_routers, thresholds_for_skips)
 from routerlab.models import tiny_model
 from routerlab.routed import Anatomy
 from routerlab.router import RouterSet
@@ -32,8 +32,38 @@ def test_no_routers_and_fresh_routers_match_the_full_model(setup):
     for r in (full, fresh):
         assert r["perplexity_routed"] == pytest.approx(r["perplexity_full"], rel=1e-5)
         assert r["agreement"] == 1.0 and r["skip_rate"] == 0.0 and r["tokens"] == 4 * 16
+        assert r["kl_full"] == pytest.approx(0.0, abs=1e-6) and r["skip_rate_prompt"] == 0.0
     assert {"perplexity_full", "perplexity_routed", "agreement", "skip_rate", "skip_rate_all_layers", "tokens",
-            "threshold", "granularity", "kv_policy"} <= set(fresh)
+            "threshold", "granularity", "kv_policy", "kl_full", "skip_rate_prompt"} <= set(fresh)
+
+
+def test_skipping_moves_the_distribution_and_prompt_cells_are_counted_apart(setup):
+    an, examples = setup
+    r = evaluate_examples(an, examples, RandomRouterSet(RoutingConfig(layers=(1, 2)), 4, 64, seed=5), 0.5)
+    assert r["kl_full"] > 1e-4
+    assert 0.25 < r["skip_rate_prompt"] < 0.75 and 0.3 < r["skip_rate"] < 0.7  # 8 prompt, 16 response tokens each
+
+
+def _exact_kl(p_logits, q_logits):
+    lp, lq = p_logits.log_softmax(-1).double(), q_logits.log_softmax(-1).double()
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+def _full_of(p_logits, k):
+    lp = p_logits.log_softmax(-1)
+    top = lp.topk(k, dim=-1)
+    return _Full(torch.zeros(len(lp)), lp.argmax(-1), top.values, top.indices)
+
+
+def test_kl_is_exact_when_the_top_k_holds_the_vocabulary_and_a_close_lower_bound_otherwise():
+    g = torch.Generator().manual_seed(0)
+    p = 6 * torch.randn(6, 50, generator=g)  # peaked, as a language model: the top 10 hold most of the mass
+    q = p + 0.5 * torch.randn(6, 50, generator=g)
+    exact = _exact_kl(p, q)
+    assert torch.allclose(kl_to_full(_full_of(p, 50), q.log_softmax(-1)), exact, atol=1e-5)
+    part = kl_to_full(_full_of(p, 10), q.log_softmax(-1))
+    assert (part <= exact + 1e-9).all() and torch.allclose(part, exact, rtol=0.2, atol=1e-3)
+    assert kl_to_full(_full_of(p, 10), p.log_softmax(-1)).abs().max() < 1e-6  # same distribution: 0
 
 
 def test_kv_policy_gives_the_mask_numbers(setup):
