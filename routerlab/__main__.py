@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .config import DECAYS, GRANULARITIES, KV_POLICIES
+from .data import SPLITS
 from .errors import RouterLabError
 
 
@@ -76,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=100)
     b.add_argument("--limit", type=int, default=None, help="answer only the first N prompts")
     b.add_argument("--batch-size", type=int, default=16)
+    b.add_argument("--split", choices=SPLITS, default="all", help="answer only the prompts of this split (by hash)")
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="0 (default): greedy answers; 1: sampled from the full model as it is (no top-k/top-p)")
+    b.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     b.set_defaults(func=_data_build)
 
     t = sub.add_parser("train", help="Router-Tuning: train routers only (accelerate; `accelerate launch` for several processes)")
@@ -131,7 +136,8 @@ def _data_build(args) -> int:
     read_prompts(prompts)  # a missing or malformed prompts file fails here, before the model loads
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     path = build_default(prompts=prompts, out=Path(args.out) if args.out else DEFAULT, max_new_tokens=args.max_new_tokens,
-                         limit=args.limit, batch_size=args.batch_size)
+                         limit=args.limit, batch_size=args.batch_size, split=args.split, temperature=args.temperature,
+                         seed=args.seed)
     print(path)
     return 0
 

@@ -186,21 +186,31 @@ def read_prompts(path: Path = PROMPTS) -> list[dict]:
 
 
 def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, max_new_tokens: int = 100,
-                  limit: int | None = None, batch_size: int = 16) -> Path:
-    """Answer every prompt with the full-depth model (greedy, no routers); resumable.
+                  limit: int | None = None, batch_size: int = 16, split: str = "all", temperature: float = 0.0,
+                  seed: int = 0) -> Path:
+    """Answer every prompt (of `split`) with the full-depth model (no routers); resumable.
 
-    Prompts are answered in batches of `batch_size` (left-padded, greedy `generate` of the base
-    model: the same full-depth model the engine runs with no routers, ~5x the throughput of
-    batch-1 decoding on CPU). Answers are appended to `<out>.partial` as they come, so an
-    interrupted build resumes where it stopped; the finished file is renamed into place at the end.
+    Prompts are answered in batches of `batch_size` (left-padded `generate` of the base model: the
+    same full-depth model the engine runs with no routers, ~5x the throughput of batch-1 decoding
+    on CPU). Greedy by default; with `temperature` > 0, sampled from the model's own distribution
+    (no top-k/top-p), seeded: on such answers the expected rise in log-perplexity of a routed
+    model is its KL from the full model, which greedy answers understate. Answers are appended to
+    `<out>.partial` as they come, so an interrupted build resumes where it stopped; the finished
+    file is renamed into place at the end.
     """
+    if split not in SPLITS:
+        raise RouterLabError(f"split={split!r} is not known.", f"Choose one of: {', '.join(SPLITS)}.")
+    if not temperature >= 0:
+        raise RouterLabError(f"temperature={temperature!r} must be >= 0.", "0 answers greedily, 1 samples the model as it is.")
     import torch
 
     from .models import load_model
 
     loaded = loaded or load_model(device="cpu")
     model, tok = loaded.model, loaded.tokenizer
-    rows = read_prompts(prompts)[:limit]
+    rows = [r for r in read_prompts(prompts) if split == "all" or split_of(r["prompt"]) == split][:limit]
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
+    torch.manual_seed(seed)
     partial = out.with_suffix(out.suffix + ".partial")
     done = {}
     for existing in (out, partial):  # resume: keep every answer already written
@@ -225,7 +235,7 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
                 batch = todo[b : b + batch_size]
                 enc = tok([encoded[r["prompt"]] for r in batch], return_tensors="pt", padding=True, add_special_tokens=False)
                 with torch.inference_mode():
-                    gen = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens, do_sample=False,
+                    gen = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens, **sampling,
                                          pad_token_id=tok.pad_token_id or eos, eos_token_id=eos)
                 for row, seq in zip(batch, gen[:, enc["input_ids"].shape[1]:].tolist()):
                     finished = eos in seq
@@ -235,6 +245,8 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
                     rec = {"messages": [{"role": "user", "content": prompt},
                                         {"role": "assistant", "content": tok.decode(seq, skip_special_tokens=True).strip()}],
                            "category": row.get("category", ""), "split": split_of(prompt), "finished": finished}
+                    if temperature > 0:
+                        rec["temperature"] = temperature
                     f.write(json.dumps(rec) + "\n")
                     done[prompt] = rec
                 f.flush()

@@ -104,3 +104,27 @@ def test_a_missing_or_malformed_prompts_file_is_refused_cleanly(tmp_path):
     bad.write_text('{"prompt": "fine"}\n{"category": "x"}\n')
     with pytest.raises(RouterLabError, match=r"bad.jsonl:2 has no \"prompt\""):
         read_prompts(bad)
+
+
+def test_build_samples_when_asked_seeded_and_only_the_split_asked(embedded, tmp_path):
+    from routerlab.data import build_default
+
+    rows = [{"category": "c", "prompt": f"Name a colour number {i}."} for i in range(10, 16)]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held = [r["prompt"] for r in rows if split_of(r["prompt"]) == "heldout"]
+    assert held and len(held) < len(rows)
+
+    def build(name, **kw):
+        out = build_default(embedded, prompts=prompts, out=tmp_path / name, max_new_tokens=12, batch_size=4, **kw)
+        return read_jsonl(out)
+
+    greedy, again = build("g.jsonl"), build("g2.jsonl")
+    assert [r.response for r in greedy] == [r.response for r in again] and len(greedy) == 6
+    a, b, c = (build(f"s{i}.jsonl", temperature=1.0, seed=s) for i, s in enumerate((0, 0, 1)))
+    assert [r.response for r in a] == [r.response for r in b] != [r.response for r in c]
+    assert [r.response for r in a] != [r.response for r in greedy]
+    only = build("h.jsonl", split="heldout")
+    assert [r.messages[0]["content"] for r in only] == held
+    with pytest.raises(RouterLabError, match="temperature"):
+        build("bad.jsonl", temperature=-1.0)
