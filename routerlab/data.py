@@ -209,8 +209,10 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
     loaded = loaded or load_model(device="cpu")
     model, tok = loaded.model, loaded.tokenizer
     rows = [r for r in read_prompts(prompts) if split == "all" or split_of(r["prompt"]) == split][:limit]
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
-    torch.manual_seed(seed)
+    sampling = {"do_sample": False}
+    if temperature > 0:
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        torch.manual_seed(seed)  # `generate` samples from torch's global generator
     partial = out.with_suffix(out.suffix + ".partial")
     done = {}
     for existing in (out, partial):  # resume: keep every answer already written
