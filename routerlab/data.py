@@ -185,6 +185,45 @@ def read_prompts(path: Path = PROMPTS) -> list[dict]:
     return rows
 
 
+def _decoding(temperature: float, seed: int) -> dict:
+    """How an answer was decoded, as stored on each sampled record (greedy records store nothing)."""
+    return {"temperature": temperature, "seed": seed} if temperature > 0 else {}
+
+
+def _answers_to_resume(out: Path, partial: Path, decoding: dict) -> dict[str, dict]:
+    """Answers already in `out` or `<out>.partial`, by prompt; refuses ones decoded differently.
+
+    Resuming a sampled build into a greedy file (or another temperature or seed) would mix two
+    kinds of answers in one set, and the perplexity on it would mean neither.
+    """
+    done = {}
+    for existing in (out, partial):
+        if not existing.is_file():
+            continue
+        for line in existing.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                prompt = r["messages"][0]["content"]
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+                continue  # a line cut by an interruption
+            theirs = {k: r[k] for k in ("temperature", "seed") if k in r}
+            if theirs.get("temperature", 0) > 0 and "seed" not in theirs:
+                theirs["seed"] = None  # written before seeds were stored: cannot be matched
+            if theirs != decoding:
+                raise RouterLabError(
+                    f"{existing} already holds answers decoded with {_describe(theirs)}; this build asks for "
+                    f"{_describe(decoding)}.",
+                    "Write to a new --out (or delete that file): one set must not mix the two.")
+            done[prompt] = r
+    return done
+
+
+def _describe(decoding: dict) -> str:
+    if not decoding:
+        return "greedy decoding"
+    return f"sampling at temperature {decoding['temperature']} (seed {decoding.get('seed')})"
+
+
 def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, max_new_tokens: int = 100,
                   limit: int | None = None, batch_size: int = 16, split: str = "all", temperature: float = 0.0,
                   seed: int = 0) -> Path:
@@ -214,16 +253,7 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         torch.manual_seed(seed)  # `generate` samples from torch's global generator
     partial = out.with_suffix(out.suffix + ".partial")
-    done = {}
-    for existing in (out, partial):  # resume: keep every answer already written
-        if not existing.is_file():
-            continue
-        for line in existing.read_text().splitlines():
-            try:
-                r = json.loads(line)
-                done[r["messages"][0]["content"]] = r
-            except (json.JSONDecodeError, KeyError, IndexError):
-                continue  # a line cut by an interruption
+    done = _answers_to_resume(out, partial, _decoding(temperature, seed))
     todo = [r for r in rows if r["prompt"] not in done]
     encoded = {r["prompt"]: tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
                                                      add_generation_prompt=True) for r in todo}
@@ -247,8 +277,7 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
                     rec = {"messages": [{"role": "user", "content": prompt},
                                         {"role": "assistant", "content": tok.decode(seq, skip_special_tokens=True).strip()}],
                            "category": row.get("category", ""), "split": split_of(prompt), "finished": finished}
-                    if temperature > 0:
-                        rec["temperature"] = temperature
+                    rec.update(_decoding(temperature, seed))
                     f.write(json.dumps(rec) + "\n")
                     done[prompt] = rec
                 f.flush()

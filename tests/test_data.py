@@ -128,3 +128,28 @@ def test_build_samples_when_asked_seeded_and_only_the_split_asked(embedded, tmp_
     assert [r.messages[0]["content"] for r in only] == held
     with pytest.raises(RouterLabError, match="temperature"):
         build("bad.jsonl", temperature=-1.0)
+
+
+def test_a_build_never_mixes_greedy_and_sampled_answers_in_one_file(embedded, tmp_path):
+    from routerlab.data import build_default
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say hello {i}."}) + "\n" for i in range(3)))
+
+    def build(name, limit=None, **kw):
+        return build_default(embedded, prompts=prompts, out=tmp_path / name, max_new_tokens=6, batch_size=4,
+                             limit=limit, **kw)
+
+    greedy = build("g.jsonl", limit=2)
+    before = greedy.read_text()
+    with pytest.raises(RouterLabError, match=r"greedy decoding; this build asks for sampling at temperature 1.0"):
+        build("g.jsonl", temperature=1.0, seed=0)
+    assert greedy.read_text() == before  # refused before anything was written
+    sampled = build("s.jsonl", limit=2, temperature=1.0, seed=0)
+    with pytest.raises(RouterLabError, match=r"seed 0\); this build asks for sampling at temperature 1.0 \(seed 1\)"):
+        build("s.jsonl", temperature=1.0, seed=1)
+    with pytest.raises(RouterLabError, match="new --out"):
+        build("s.jsonl")
+    first = read_jsonl(sampled)
+    resumed = read_jsonl(build("s.jsonl", temperature=1.0, seed=0))  # same decoding: resumes, answers the third
+    assert [r.response for r in resumed[:2]] == [r.response for r in first] and len(resumed) == 3
