@@ -265,14 +265,14 @@ def sweep(anatomy, examples, routers: RouterSet, thresholds, *, random_p=(), sta
     for t in thresholds:
         r = evaluate_examples(anatomy, examples, routers, t, kv_policy, full)
         out["tuned"].append(r)
-        log(f"tuned  t={t:.3f} skip_all={r['skip_rate_all_layers']:.3f} ppl+={r['perplexity_increase']:+.3%}")
+        log(_row(f"tuned t={t:.4f}", r))
     config = routers.config
     n, d = anatomy.n_layers, anatomy.hidden_size
     for p in random_p:
         rs = RandomRouterSet(config, n, d, seed)
         r = {**evaluate_examples(anatomy, examples, rs, p, kv_policy, full), "baseline": "random", "p": p}
         out["random"].append(r)
-        log(f"random p={p:.3f} skip_all={r['skip_rate_all_layers']:.3f} ppl+={r['perplexity_increase']:+.3%}")
+        log(_row(f"random p={p:.4f}", r))
     if static_k:
         importance = layer_importance(anatomy, examples, config.target)
         order = static_order(importance)
@@ -282,7 +282,7 @@ def sweep(anatomy, examples, routers: RouterSet, thresholds, *, random_p=(), sta
             r = {**evaluate_examples(anatomy, examples, rs, STATIC_THRESHOLD, kv_policy, full), "baseline": "static",
                  "k": k, "dropped_layers": order[:k]}
             out["static"].append(r)
-            log(f"static k={k} skip_all={r['skip_rate_all_layers']:.3f} ppl+={r['perplexity_increase']:+.3%}")
+            log(_row(f"static k={k} {order[:k]}", r))
     return out
 
 
@@ -353,8 +353,7 @@ def run_eval(args) -> dict:
         curve = sweep(anatomy, examples, routers, [], random_p=random_p, static_k=ks, seed=args.seed, kv_policy=policy,
                       log=lines.append)
         curve["tuned"] = tuned
-        for r in tuned:
-            lines.insert(0, _row(f"tuned t={r['threshold']:.4f}", r))
+        lines[:0] = [_row(f"tuned t={r['threshold']:.4f}", r) for r in tuned]
         if args.plot:
             plot_sweep(curve, args.plot, title=f"{routers.granularity}: skip rate vs perplexity ({split})")
         text = "\n".join([f"full depth ppl {tuned[0]['perplexity_full']:.4f} on {tuned[0]['tokens']} tokens"] + lines)

@@ -117,3 +117,20 @@ def test_thresholds_for_skips_land_near_the_asked_skip_rates(setup):
     rates = [evaluate_examples(an, examples, routers, t)["skip_rate"] for t in thresholds]
     for asked, got in zip((0.1, 0.5, 0.9), rates):
         assert abs(asked - got) < 0.2, (asked, got)  # scored at full depth; skipping shifts later scores a little
+
+
+def test_sweep_scores_tuned_random_and_static_on_the_same_tokens_and_logs_kl(setup):
+    from routerlab.evaluate import sweep
+
+    an, examples = setup
+    routers = RandomRouterSet(RoutingConfig(layers=(1, 2)), 4, 64, seed=3)  # any scores: a stand-in for tuned ones
+    lines: list[str] = []
+    out = sweep(an, examples, routers, [0.2, 0.6], random_p=[0.5], static_k=[1], log=lines.append)
+    assert [len(out[k]) for k in ("tuned", "random", "static")] == [2, 1, 1]
+    points = out["tuned"] + out["random"] + out["static"]
+    assert len({p["perplexity_full"] for p in points}) == 1 and {p["tokens"] for p in points} == {64}
+    assert out["tuned"][0]["skip_rate"] < out["tuned"][1]["skip_rate"]
+    assert out["static"][0]["skip_rate_all_layers"] == pytest.approx(0.25)  # 1 of 4 layers, always
+    assert len(lines) == 4 and all("KL " in line and "ppl " in line for line in lines)
+    assert lines[0].startswith("tuned t=0.2000") and lines[2].startswith("random p=0.5000")
+    assert lines[3].startswith(f"static k=1 {out['static'][0]['dropped_layers']}")
