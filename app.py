@@ -17,12 +17,12 @@ import sys
 import time
 
 from routerlab import ui
-from routerlab.errors import RouterLabError
+from routerlab.core.errors import RouterLabError
 
 
 def load_engine(spec: str | None):
-    from routerlab.engine import Engine
-    from routerlab.models import load_model
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import load_model
 
     loaded = load_model(spec)
     return Engine(loaded.model, loaded.tokenizer, name=loaded.name), loaded

@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from .config import DECAYS, GRANULARITIES, KV_POLICIES
-from .data import SPLITS
-from .errors import RouterLabError
+from routerlab.core.config import DECAYS, GRANULARITIES, KV_POLICIES
+from routerlab.tuning.data import SPLITS
+from routerlab.core.errors import RouterLabError
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _data_build(args) -> int:
     import logging
 
-    from .data import DEFAULT, PROMPTS, build_default, read_prompts
+    from routerlab.tuning.data import DEFAULT, PROMPTS, build_default, read_prompts
 
     prompts = Path(args.prompts) if args.prompts else PROMPTS
     read_prompts(prompts)  # a missing or malformed prompts file fails here, before the model loads
@@ -143,7 +143,7 @@ def _data_build(args) -> int:
 
 
 def _train(args) -> int:
-    from .train import run_training
+    from routerlab.tuning.train import run_training
 
     report = run_training(args)
     if report is not None:
@@ -152,7 +152,7 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from .evaluate import run_eval
+    from routerlab.tuning.evaluate import run_eval
 
     result = run_eval(args)
     print(json.dumps(result) if args.json else result.pop("_text", json.dumps(result, indent=1)))
@@ -160,10 +160,10 @@ def _eval(args) -> int:
 
 
 def _generate(args) -> int:
-    from .config import GenerateConfig, RoutingConfig
-    from .engine import Control, Engine
-    from .models import load_model
-    from .checkpoint import resolve_routers
+    from routerlab.core.config import GenerateConfig, RoutingConfig
+    from routerlab.core.engine import Control, Engine
+    from routerlab.core.models import load_model
+    from routerlab.tuning.checkpoint import resolve_routers
 
     if not args.prompt.strip():  # fail before spending seconds on loading
         raise RouterLabError("The prompt is empty.", "Pass some text with --prompt.")
@@ -217,7 +217,7 @@ def _generate(args) -> int:
 
 
 def _bench_speed(args) -> int:
-    from .bench import speed_benchmark, format_speed
+    from routerlab.bench.speed import speed_benchmark, format_speed
 
     if args.prompt_tokens < 1 or args.new_tokens < 2 or args.rounds < 1:
         raise RouterLabError("--prompt-tokens and --rounds must be >= 1, --new-tokens >= 2.")
@@ -232,11 +232,11 @@ def _bench_speed(args) -> int:
 def _bench_tradeoff(args) -> int:
     from pathlib import Path
 
-    from .checkpoint import load_routers, shipped_routers
-    from .config import check_threshold
-    from .data import encode_all, load_records
-    from .models import load_model
-    from .tradeoff import OUT, run_tradeoff, write_outputs
+    from routerlab.tuning.checkpoint import load_routers, shipped_routers
+    from routerlab.core.config import check_threshold
+    from routerlab.tuning.data import encode_all, load_records
+    from routerlab.core.models import load_model
+    from routerlab.bench.tradeoff import OUT, run_tradeoff, write_outputs
 
     try:
         thresholds = tuple(check_threshold(float(t)) for t in args.thresholds.split(",")) if args.thresholds else None
@@ -279,8 +279,8 @@ def _bench_tradeoff(args) -> int:
 def _bench_report(args) -> int:
     from pathlib import Path
 
-    from .report import markdown
-    from .tradeoff import OUT
+    from routerlab.bench.report import markdown
+    from routerlab.bench.tradeoff import OUT
 
     path = (Path(args.out) if args.out else OUT) / "tradeoff.json"
     try:

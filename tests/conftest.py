@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from routerlab.models import LoadedModel, load_model
+from routerlab.core.models import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from routerlab import ui
-from routerlab.trace import Trace
+from routerlab.core.trace import Trace
 
 LONG_PROMPT = "Write a long story about a dragon who learns to read. Describe every chapter."
 
@@ -30,7 +30,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def app(embedded):
-    from routerlab.engine import Engine
+    from routerlab.core.engine import Engine
 
     engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256, concurrency=2, queue_size=8))

@@ -2,7 +2,7 @@
 
 import math
 
-from routerlab.bench import format_speed, ideal_speedup, speed_benchmark
+from routerlab.bench.speed import format_speed, ideal_speedup, speed_benchmark
 
 
 def test_speed_report_has_ratios_and_ideals(embedded):

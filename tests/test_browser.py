@@ -42,7 +42,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def app_url(embedded):
-    from routerlab.engine import Engine
+    from routerlab.core.engine import Engine
 
     engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256), status=f"Model **{engine.name}** loaded ({engine.n_layers} layers). Pick a prompt and press **Generate**.")
@@ -139,11 +139,11 @@ def long_run_url(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_ui import char_tokenizer, random_routers  # noqa: E402
 
-    from routerlab.checkpoint import save_routers
-    from routerlab.config import RoutingConfig
-    from routerlab.engine import Engine
-    from routerlab.models import tiny_model
-    from routerlab.router import RouterSet
+    from routerlab.tuning.checkpoint import save_routers
+    from routerlab.core.config import RoutingConfig
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import tiny_model
+    from routerlab.core.router import RouterSet
 
     model = tiny_model("llama", num_hidden_layers=30, max_position_embeddings=1024)
     routers = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", range(1, 29)))

@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 
-from routerlab.checkpoint import CONFIG, WEIGHTS, load_routers, read_config, resolve_routers, save_routers
-from routerlab.config import RoutingConfig
-from routerlab.errors import RouterLabError
-from routerlab.models import tiny_model
-from routerlab.router import RouterSet
+from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, load_routers, read_config, resolve_routers, save_routers
+from routerlab.core.config import RoutingConfig
+from routerlab.core.errors import RouterLabError
+from routerlab.core.models import tiny_model
+from routerlab.core.router import RouterSet
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_a_failed_save_leaves_the_old_checkpoint_whole(saved, monkeypatch):
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("routerlab.checkpoint.save_file", boom)
+    monkeypatch.setattr("routerlab.tuning.checkpoint.save_file", boom)
     with pytest.raises(OSError):
         save_routers(routers, folder, model, threshold=0.9)
     assert read_config(folder) == before and [p for p in folder.parent.iterdir() if p.name.startswith(".")] == []

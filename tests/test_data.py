@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from routerlab.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, load_records, read_jsonl, read_prompts, record_from_row, split_of
-from routerlab.errors import RouterLabError
+from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, load_records, read_jsonl, read_prompts, record_from_row, split_of
+from routerlab.core.errors import RouterLabError
 
 
 class _Tok:
@@ -65,9 +65,9 @@ def test_bad_files_and_offline_hub_names_fail_cleanly(tmp_path, monkeypatch):
     bad.write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(RouterLabError, match="bad.jsonl:2"):
         read_jsonl(bad)
-    import routerlab.models
+    import routerlab.core.models
 
-    monkeypatch.setattr(routerlab.models, "_hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(routerlab.core.models, "_hub_reachable", lambda *a, **k: False)
     with pytest.raises(RouterLabError, match="offline|needs `datasets`"):
         load_records("someone/some-dataset")
 
@@ -107,7 +107,7 @@ def test_a_missing_or_malformed_prompts_file_is_refused_cleanly(tmp_path):
 
 
 def test_build_samples_when_asked_seeded_and_only_the_split_asked(embedded, tmp_path):
-    from routerlab.data import build_default
+    from routerlab.tuning.data import build_default
 
     rows = [{"category": "c", "prompt": f"Name a colour number {i}."} for i in range(10, 16)]
     prompts = tmp_path / "p.jsonl"
@@ -131,7 +131,7 @@ def test_build_samples_when_asked_seeded_and_only_the_split_asked(embedded, tmp_
 
 
 def test_a_build_never_mixes_greedy_and_sampled_answers_in_one_file(embedded, tmp_path):
-    from routerlab.data import build_default
+    from routerlab.tuning.data import build_default
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Say hello {i}."}) + "\n" for i in range(3)))

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from routerlab.config import GenerateConfig, RoutingConfig
-from routerlab.engine import Control, Engine, Plan, forward
-from routerlab.errors import RouterLabError
-from routerlab.models import TINY_FAMILIES, tiny_model
-from routerlab.router import RouterSet
+from routerlab.core.config import GenerateConfig, RoutingConfig
+from routerlab.core.engine import Control, Engine, Plan, forward
+from routerlab.core.errors import RouterLabError
+from routerlab.core.models import TINY_FAMILIES, tiny_model
+from routerlab.core.router import RouterSet
 
 GRANULARITIES = ["attention-token", "mlp-token", "block-token", "attention-sequence"]
 POLICIES = ["mask", "kv", "drop"]
@@ -224,7 +224,7 @@ def test_decode_scores_match_the_batched_scores(granularity):
 
 def test_logits_only_where_asked():
     """The head runs on the positions `logits_at` picks (the response predictions), else the last one."""
-    from routerlab.train import response_slice
+    from routerlab.tuning.forward import response_slice
 
     model = tiny_model("llama")
     engine = Engine(model)
@@ -240,7 +240,7 @@ def test_logits_only_where_asked():
 
 
 def test_host_sigmoid_is_stable_at_the_extremes():
-    from routerlab.router import sigmoid
+    from routerlab.core.router import sigmoid
 
     assert sigmoid(0.0) == 0.5 and sigmoid(-1e4) == 0.0 and sigmoid(1e4) == 1.0
     assert abs(sigmoid(2.0) - float(torch.sigmoid(torch.tensor(2.0, dtype=torch.float64)))) < 1e-15

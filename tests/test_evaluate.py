@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from routerlab.__main__ import main
-from routerlab.config import RoutingConfig
-from routerlab.data import Example
-from routerlab.evaluate import (RandomRouterSet, _Full, baseline_set, calibrate, evaluate_examples, kl_to_full,
+from routerlab.core.config import RoutingConfig
+from routerlab.tuning.data import Example
+from routerlab.tuning.evaluate import (RandomRouterSet, _Full, baseline_set, calibrate, evaluate_examples, kl_to_full,
                                 layer_importance, static_order, static_routers, thresholds_for_skips)
-from routerlab.models import tiny_model
-from routerlab.routed import Anatomy
-from routerlab.router import RouterSet
+from routerlab.core.models import tiny_model
+from routerlab.core.routed import Anatomy
+from routerlab.core.router import RouterSet
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_thresholds_for_skips_land_near_the_asked_skip_rates(setup):
 
 
 def test_sweep_scores_tuned_random_and_static_on_the_same_tokens_and_logs_kl(setup):
-    from routerlab.evaluate import sweep
+    from routerlab.tuning.evaluate import sweep
 
     an, examples = setup
     routers = RandomRouterSet(RoutingConfig(layers=(1, 2)), 4, 64, seed=3)  # any scores: a stand-in for tuned ones

@@ -8,9 +8,9 @@ import zipfile
 import pytest
 import torch
 
-from routerlab import models
-from routerlab.errors import RouterLabError
-from routerlab.models import EMBEDDED_HUB_ID, EMBEDDED_NAME, load_model, model_identity, tiny_model
+from routerlab.core import models
+from routerlab.core.errors import RouterLabError
+from routerlab.core.models import EMBEDDED_HUB_ID, EMBEDDED_NAME, load_model, model_identity, tiny_model
 
 
 # -- the embedded model ---------------------------------------------------------------------------

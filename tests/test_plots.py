@@ -11,8 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from routerlab import plots
-from routerlab.trace import Step, Trace
+from routerlab.ui import plots
+from routerlab.core.trace import Step, Trace
 
 COSTS = {"q": 10.0, "k": 5.0, "v": 5.0, "o": 10.0, "mlp": 60.0, "score_per_ctx": 1.0, "kv_bytes": 256.0}
 

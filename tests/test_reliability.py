@@ -1,4 +1,4 @@
-"""Reliability and security, short versions of `python -m routerlab.loadtest` (the full run writes assets/bench/load.json).
+"""Reliability and security, short versions of `python -m routerlab.bench.load` (the full run writes assets/bench/load.json).
 
 The server is the real app (`ui.build_demo`) on the embedded model, on 127.0.0.1, with the
 loadtest's watched engine; every check goes through the HTTP API the way a visitor or a script does.
@@ -12,17 +12,17 @@ import math
 import gradio as gr
 import pytest
 
-from routerlab import loadtest as lt
+from routerlab.bench import load as lt
 from routerlab import ui
-from routerlab.errors import RouterLabError
-from routerlab.trace import Step, Trace, savings
+from routerlab.core.errors import RouterLabError
+from routerlab.core.trace import Step, Trace, savings
 
 CAP = 12  # the test server's ROUTERLAB_MAX_NEW_TOKENS
 
 
 @pytest.fixture(scope="module")
 def server(embedded):
-    from routerlab.engine import Engine
+    from routerlab.core.engine import Engine
 
     engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
     srv = lt.serve(engine, ui.Limits(max_new_tokens=CAP, max_prompt_chars=4000, queue_size=3, concurrency=1))
@@ -99,7 +99,7 @@ def test_app_never_enables_remote_code(monkeypatch):
         seen.update(kwargs, spec=spec)
         raise RouterLabError("stop here")
 
-    monkeypatch.setattr("routerlab.models.load_model", fake_load_model)
+    monkeypatch.setattr("routerlab.core.models.load_model", fake_load_model)
     with pytest.raises(RouterLabError):
         app.load_engine("someone/custom-code-model")
     assert seen.get("trust_remote_code", False) is False
@@ -149,8 +149,8 @@ def test_prompt_with_unpaired_surrogates_is_refused_cleanly():
 def test_served_exports_are_swept_from_gradio_cache():
     """Each run's exports (heatmap HTML with plotly.js, ~5 MB) are copied into gradio's cache; without a sweep a
     public demo's disk fills up run by run."""
-    from routerlab.engine import Engine
-    from routerlab.models import tiny_model
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import tiny_model
 
     demo = ui.build_demo(ui.Resources(Engine(tiny_model("llama"), None, name="tiny"), router_sets=[], prompts=["x"]))
     frequency, age = demo.delete_cache

@@ -5,11 +5,11 @@ import math
 
 import torch
 
-from routerlab.config import RoutingConfig
-from routerlab.data import Example
-from routerlab.models import LoadedModel, tiny_model
-from routerlab.router import RouterSet
-from routerlab.tradeoff import COLUMNS, granularity_table, run_tradeoff, write_outputs
+from routerlab.core.config import RoutingConfig
+from routerlab.tuning.data import Example
+from routerlab.core.models import LoadedModel, tiny_model
+from routerlab.core.router import RouterSet
+from routerlab.bench.tradeoff import COLUMNS, granularity_table, run_tradeoff, write_outputs
 
 
 def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
@@ -46,7 +46,7 @@ def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
 
 
 def test_long_examples_prepend_other_examples_whole():
-    from routerlab.tradeoff import long_examples
+    from routerlab.bench.tradeoff import long_examples
 
     exs = [Example(tuple(range(10 * k, 10 * k + 10)), 4) for k in range(5)]
     out = long_examples(exs, 30, 2)
@@ -57,9 +57,9 @@ def test_long_examples_prepend_other_examples_whole():
 
 def test_lockstep_timing_runs_every_configuration_to_the_end():
     """Configurations decoded in lockstep produce the same generations as solo runs."""
-    from routerlab.config import GenerateConfig
-    from routerlab.engine import Engine
-    from routerlab.bench import measure_speed
+    from routerlab.core.config import GenerateConfig
+    from routerlab.core.engine import Engine
+    from routerlab.bench.speed import measure_speed
 
     model = tiny_model("llama")
     engine = Engine(model)

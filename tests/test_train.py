@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from routerlab.checkpoint import load_routers, save_routers
-from routerlab.data import Example
-from routerlab.errors import RouterLabError
-from routerlab.models import tiny_model
-from routerlab.routed import Anatomy
-from routerlab.train import TrainConfig, example_losses, parse_layers, router_parameters_only, train_routers
+from routerlab.tuning.checkpoint import load_routers, save_routers
+from routerlab.tuning.data import Example
+from routerlab.core.errors import RouterLabError
+from routerlab.core.models import tiny_model
+from routerlab.core.routed import Anatomy
+from routerlab.tuning.train import TrainConfig, example_losses, parse_layers, router_parameters_only, train_routers
 
 
 def _examples(n=6, length=16, start=6, seed=0):
@@ -107,9 +107,9 @@ def test_cosine_decay_peaks_after_warmup_and_falls_towards_zero():
 _JOB = """
 import json, sys, torch
 from accelerate import Accelerator
-from routerlab.data import Example
-from routerlab.models import tiny_model
-from routerlab.train import TrainConfig, train_routers
+from routerlab.tuning.data import Example
+from routerlab.core.models import tiny_model
+from routerlab.tuning.train import TrainConfig, train_routers
 
 folder = sys.argv[1]
 acc = Accelerator(cpu=True)

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from routerlab import ui
-from routerlab.config import RoutingConfig
-from routerlab.errors import RouterLabError
-from routerlab.trace import Trace
+from routerlab.core.config import RoutingConfig
+from routerlab.core.errors import RouterLabError
+from routerlab.core.trace import Trace
 
 RANDOM = "attention-token (random, test)"
 
@@ -37,7 +37,7 @@ def char_tokenizer():
 
 def random_routers(model, seed=0):
     """Routers with small random weights: scores spread around 0.5, about half the tokens skip."""
-    from routerlab.router import RouterSet
+    from routerlab.core.router import RouterSet
 
     rs = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", [1, 2]))
     g = torch.Generator().manual_seed(seed)
@@ -48,8 +48,8 @@ def random_routers(model, seed=0):
 
 @pytest.fixture(scope="module")
 def res():
-    from routerlab.engine import Engine
-    from routerlab.models import tiny_model
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import tiny_model
 
     model = tiny_model("llama")
     engine = Paced(Engine(model, char_tokenizer(), name="tiny-llama"))
@@ -238,7 +238,7 @@ def test_untrained_router_set_never_skips_at_half(res):
 
 
 def test_available_router_sets_lists_valid_folders_then_untrained(tmp_path, res):
-    from routerlab.checkpoint import save_routers
+    from routerlab.tuning.checkpoint import save_routers
 
     save_routers(random_routers(res.engine.model), tmp_path / "tiny-attn", res.engine.model, threshold=0.5, kv_policy="kv")
     half = tmp_path / "half"

@@ -1,8 +1,8 @@
 """Load, fault, bad-input and loader-fuzz tests of the real app, over HTTP on localhost, measured.
 
-    python -m routerlab.loadtest                         # full run: 8 sessions, 50 generations, JSON to assets/bench/load.json
-    python -m routerlab.loadtest --sessions 4 --generations 8 --max-new 8 --out -   # a short run
-    python -m routerlab.loadtest serve --port 7861       # only the watched server (what the full run spawns)
+    python -m routerlab.bench.load                         # full run: 8 sessions, 50 generations, JSON to assets/bench/load.json
+    python -m routerlab.bench.load --sessions 4 --generations 8 --max-new 8 --out -   # a short run
+    python -m routerlab.bench.load serve --port 7861       # only the watched server (what the full run spawns)
 
 The driver talks to the app the way visitors do: one `gradio_client.Client` per visitor on the
 named endpoints (`/generate`, `/stop`, `/set_threshold`, `/compare`), plus one raw HTTP stream that
@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import RouterLabError
+from routerlab.core.paths import ASSETS, ROOT
+from routerlab.core.errors import RouterLabError
 
 FAULT_MARKER = "[[routerlab-loadtest:fault]]"
 READY = "ROUTERLAB-LOADTEST-READY"
@@ -53,7 +54,7 @@ PROMPTS = [
 ]
 THRESHOLDS = [0.3, 0.45, 0.5, 0.55, 0.6, 0.7, 0.4, 0.8]
 POLICIES = ["kv", "drop", "mask"]
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "assets" / "bench" / "load.json"
+DEFAULT_OUT = ASSETS / "bench" / "load.json"
 
 
 # -- the watched server ---------------------------------------------------------------------------
@@ -82,7 +83,7 @@ class WatchedEngine:
         return getattr(self._engine, name)
 
     def generate(self, prompt, routers, config, control=None):
-        from .engine import Control
+        from routerlab.core.engine import Control
 
         control = control or Control(config.threshold)
         control._stop = _StampedEvent()  # same behaviour; it only records when Stop was asked for
@@ -144,10 +145,10 @@ def malloc_trim() -> bool:
 
 def _broken_router_set(engine, folder: Path):
     """A router set with a valid router.json and a truncated weights file: choosing it must fail cleanly."""
-    from .checkpoint import WEIGHTS, save_routers
-    from .config import RoutingConfig, default_layers
-    from .router import RouterSet
-    from .ui import RouterSetInfo
+    from routerlab.tuning.checkpoint import WEIGHTS, save_routers
+    from routerlab.core.config import RoutingConfig, default_layers
+    from routerlab.core.router import RouterSet
+    from routerlab.ui import RouterSetInfo
 
     routers = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("attention-token", default_layers(engine.n_layers)))
     save_routers(routers, folder, engine.model)
@@ -161,10 +162,10 @@ def _random_router_set(engine, folder: Path, granularity: str, seed: int):
     Written and read back through the real checkpoint path (safetensors + validated JSON)."""
     import torch
 
-    from .checkpoint import read_config, save_routers
-    from .config import RoutingConfig, default_layers
-    from .router import RouterSet
-    from .ui import RouterSetInfo
+    from routerlab.tuning.checkpoint import read_config, save_routers
+    from routerlab.core.config import RoutingConfig, default_layers
+    from routerlab.core.router import RouterSet
+    from routerlab.ui import RouterSetInfo
 
     routers = RouterSet.zeros(engine.model, RoutingConfig.from_granularity(granularity, default_layers(engine.n_layers)))
     gen = torch.Generator().manual_seed(seed)
@@ -188,7 +189,7 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
     """The real app (`ui.build_demo`) on a WatchedEngine, plus the hidden stats endpoint. Returns (demo, res, watched)."""
     import gradio as gr
 
-    from . import ui
+    from routerlab import ui
 
     limits = limits or ui.Limits.from_env()
     watched = WatchedEngine(engine)
@@ -227,7 +228,7 @@ def free_port() -> int:
 
 def serve(engine, limits=None, router_sets=None, port: int | None = None) -> Server:
     """Launch the watched app in this process on 127.0.0.1 (non-blocking)."""
-    from . import ui
+    from routerlab import ui
 
     demo, res, watched = build_server(engine, limits, router_sets)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port or free_port(), prevent_thread_lock=True,
@@ -236,12 +237,12 @@ def serve(engine, limits=None, router_sets=None, port: int | None = None) -> Ser
 
 
 def spawn(port: int | None = None, env: dict | None = None, timeout: float = 600.0, log_path: Path | None = None) -> Server:
-    """Start `python -m routerlab.loadtest serve` in a child process (its RSS is the server's alone)."""
+    """Start `python -m routerlab.bench.load serve` in a child process (its RSS is the server's alone)."""
     port = port or free_port()
     log = open(log_path or os.devnull, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "routerlab.loadtest", "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "routerlab.bench.load", "serve", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **(env or {})},
-                            cwd=str(Path(__file__).resolve().parent.parent))
+                            cwd=str(ROOT))
     end = time.time() + timeout
     url = None
     while time.time() < end:
@@ -264,14 +265,14 @@ def spawn(port: int | None = None, env: dict | None = None, timeout: float = 600
             proc.kill()
         log.close()
 
-    from . import ui
+    from routerlab import ui
 
     return Server(url=url, limits=ui.Limits.from_env(), close=close, pid=proc.pid)
 
 
 def _serve_forever(port: int) -> int:
-    from .engine import Engine
-    from .models import load_model
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import load_model
 
     loaded = load_model(device="cpu")
     server = serve(Engine(loaded.model, loaded.tokenizer, name=loaded.name), port=port)
@@ -310,7 +311,7 @@ def forget(url: str) -> None:
 
 
 def submit(c, prompt, threshold=0.5, router=None, policy="kv", max_new=8, temperature=0.0, model=None, api="/generate"):
-    from . import ui
+    from routerlab import ui
 
     return c.submit(prompt, threshold, router or ui.UNTRAINED, policy, max_new, temperature, model, api_name=api)
 
@@ -355,7 +356,7 @@ def wait_until(fn, timeout: float, every: float = 0.02):
 
 
 def trace_of(result):
-    from .trace import Trace
+    from routerlab.core.trace import Trace
 
     update = result[4]
     value = update.get("value", update) if isinstance(update, dict) else update
@@ -390,7 +391,7 @@ def _mb(n) -> float:
 def load_test(url: str, sessions: int = 8, generations: int = 50, max_new: int = 16, deadline_s: float = 1200.0,
               router_labels: list[str] | None = None, log=print) -> dict:
     """`sessions` concurrent visitors share `generations` runs, each with its own threshold, policy and router set."""
-    from . import ui
+    from routerlab import ui
 
     stats0 = probe(url)
     # random routers first: their scores spread around 0.5, so each session's threshold decides differently
@@ -574,7 +575,7 @@ def interrupt_test(url: str, kind: str, max_new: int = 48, timeout: float = 300.
     `kind`: "stop" (the Stop endpoint), "cancel" (gradio_client's Job.cancel) or "disconnect" (a raw
     stream dropped mid-generation, as a closed tab does; nothing calls /cancel). Measures when the
     server-side engine generator ends, and when the queued request gets its first token."""
-    from . import ui
+    from routerlab import ui
 
     info = probe(url)
     slots, cap = info["limits"]["concurrency"], info["limits"]["max_new_tokens"]
@@ -677,7 +678,7 @@ def fault_tests(url: str, max_new: int = 48, timeout: float = 300.0, log=print) 
 # -- 3. bad input through the API ----------------------------------------------------------------
 def bad_input_cases(default_model: str, cap: int, max_chars: int) -> list[tuple[str, str, list]]:
     """(name, endpoint, arguments) for /generate, /compare and /set_threshold."""
-    from . import ui
+    from routerlab import ui
 
     ok = [PROMPTS[0], 0.5, ui.UNTRAINED, "kv", 2, 0.0, default_model]
 
@@ -803,7 +804,7 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
     One raw case, a request with too few arguments, is malformed at the protocol level: Gradio refuses it
     before any RouterLab code runs, with its generic error (it is counted as `refused`, not as clear).
     """
-    from . import ui
+    from routerlab import ui
 
     info = probe(url)
     cases = bad_input_cases(info["default_model"], info["limits"]["max_new_tokens"], info["limits"]["max_prompt_chars"])
@@ -887,12 +888,12 @@ def queue_cap_test(url: str, queue_size: int, timeout: float = 300.0) -> dict:
 def fuzz_router_loading(cases: int = 60, seed: int = 0) -> dict:
     """Random, truncated and bit-flipped router folders through the app's own path (`Resources.routers_for`,
     `available_router_sets`): only RouterLabError (a clean message), never another exception."""
-    from . import ui
-    from .checkpoint import CONFIG, WEIGHTS, save_routers
-    from .config import RoutingConfig
-    from .engine import Engine
-    from .models import tiny_model
-    from .router import RouterSet
+    from routerlab import ui
+    from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, save_routers
+    from routerlab.core.config import RoutingConfig
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import tiny_model
+    from routerlab.core.router import RouterSet
 
     rng = random.Random(seed)
     model = tiny_model("llama")
@@ -969,7 +970,8 @@ def safe_loading_checks() -> dict:
     """Static and environment checks: no trust_remote_code by default, the allow-list, the caps from env."""
     import inspect
 
-    from . import models, ui
+    from routerlab.core import models
+    from routerlab import ui
 
     default_trc = inspect.signature(models.load_model).parameters["trust_remote_code"].default
     env = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("ROUTERLAB_")}
@@ -1051,7 +1053,7 @@ def run_all(args, log=print) -> dict:
     env = {"ROUTERLAB_MAX_NEW_TOKENS": str(args.cap), "ROUTERLAB_QUEUE_SIZE": str(args.queue_size),
            "ROUTERLAB_CONCURRENCY": str(args.concurrency), "ROUTERLAB_MAX_PROMPT_CHARS": "4000",
            "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="routerlab-gradio-")}
-    report: dict[str, Any] = {"command": "python -m routerlab.loadtest " + " ".join(args.argv), "started": started,
+    report: dict[str, Any] = {"command": "python -m routerlab.bench.load " + " ".join(args.argv), "started": started,
                               "server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")},
                               "machine": {"cpus": os.cpu_count(), "loadavg_before": list(os.getloadavg())}}
     report["safe_loading"] = safe_loading_checks()
@@ -1062,8 +1064,8 @@ def run_all(args, log=print) -> dict:
     os.environ.update(env)
     try:
         if args.inprocess:
-            from .engine import Engine
-            from .models import load_model
+            from routerlab.core.engine import Engine
+            from routerlab.core.models import load_model
 
             loaded = load_model(device="cpu")
             server = serve(Engine(loaded.model, loaded.tokenizer, name=loaded.name))
@@ -1072,7 +1074,7 @@ def run_all(args, log=print) -> dict:
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    report["server"] = {"mode": "in-process" if args.inprocess else "child process (python -m routerlab.loadtest serve)", "pid": server.pid}
+    report["server"] = {"mode": "in-process" if args.inprocess else "child process (python -m routerlab.bench.load serve)", "pid": server.pid}
     try:
         phases = set(args.phases.split(","))
         if "load" in phases:
@@ -1096,7 +1098,7 @@ def run_all(args, log=print) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m routerlab.loadtest", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m routerlab.bench.load", description=__doc__.split("\n")[0])
     p.add_argument("mode", nargs="?", default="run", choices=["run", "serve"], help="run the tests (default) or only serve")
     p.add_argument("--port", type=int, default=None, help="serve: port on 127.0.0.1")
     p.add_argument("--sessions", type=int, default=8, help="concurrent gradio_client visitors")

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .bench import cost_breakdown, measure_speed
-from .engine import Engine
-from .evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,
+from routerlab.core.paths import ASSETS
+from routerlab.bench.speed import cost_breakdown, measure_speed
+from routerlab.core.engine import Engine
+from routerlab.tuning.evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,
                        static_order, static_routers, thresholds_for_skips)
 
 COLUMNS = ["method", "granularity", "kv_policy", "threshold", "skip_rate_all_layers", "perplexity", "perplexity_full",
@@ -36,7 +37,7 @@ COLUMNS = ["method", "granularity", "kv_policy", "threshold", "skip_rate_all_lay
 MAIN_SKIPS = (0.02, 0.04, 0.07, 0.1, 0.14, 0.2, 0.3)  # the main curve
 TABLE_SKIPS = (0.03, 0.07, 0.12, 0.2)  # each other granularity in the table
 CONTEXT_SKIPS = (0.05, 0.1)  # the main routers at longer prompts
-OUT = Path(__file__).resolve().parent.parent / "assets" / "bench"
+OUT = ASSETS / "bench"
 
 
 def ideal(costs: dict, skip_all: float, n_layers: int, policy: str, target: str) -> float:
@@ -137,7 +138,7 @@ def long_examples(examples, tokens: int, n: int) -> list:
     """`n` examples whose prompt holds about `tokens` tokens: each held-out example, preceded by
     other held-out examples whole (prompt and answer, one chat after another). Quality and speed
     at long context, from held-out data only."""
-    from .data import Example
+    from routerlab.tuning.data import Example
 
     out = []
     for k in range(min(n, len(examples))):
@@ -201,7 +202,7 @@ def granularity_table(rows: list[dict], limits=(0.02, 0.05, 0.10)) -> list[dict]
 
 
 def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
-    from . import plots
+    from routerlab.ui import plots
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / "tradeoff.csv", "json": out / "tradeoff.json", "html": out / "tradeoff.html",
@@ -212,7 +213,7 @@ def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
         writer.writerows(result["rows"] + result["context_scaling"])  # context rows: same columns, longer prompts
     result = {**result, "granularity_table": granularity_table(result["rows"])}
     paths["json"].write_text(json.dumps(result, indent=1, default=str))
-    from .report import markdown
+    from routerlab.bench.report import markdown
 
     paths["md"] = out / "tradeoff.md"
     paths["md"].write_text(markdown(result))

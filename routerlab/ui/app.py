@@ -26,15 +26,15 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from . import plots
-from .config import GRANULARITIES, KV_POLICIES, KV_POLICY_HELP, GenerateConfig, RoutingConfig, default_layers
-from .errors import RouterLabError
-from .trace import Trace
+from routerlab.ui import plots
+from routerlab.core.config import GRANULARITIES, KV_POLICIES, KV_POLICY_HELP, GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.errors import RouterLabError
+from routerlab.core.trace import Trace
+
+from routerlab.core.paths import ASSETS
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
-ASSETS = ROOT / "assets"
 ROUTERS_DIR = ASSETS / "routers"
 BENCH_DIR = ASSETS / "bench"
 PROMPTS_FILE = ASSETS / "prompts.json"
@@ -117,7 +117,7 @@ def available_router_sets(root: Path = ROUTERS_DIR) -> list[RouterSetInfo]:
 
     A folder whose router.json does not validate is skipped with a warning, never offered.
     """
-    from .checkpoint import read_config  # validates the JSON; weights are only read when chosen
+    from routerlab.tuning.checkpoint import read_config  # validates the JSON; weights are only read when chosen
 
     found: list[RouterSetInfo] = []
     if root.is_dir():
@@ -231,12 +231,12 @@ class Resources:
 
     @staticmethod
     def _build_routers(engine, info: RouterSetInfo):
-        from .router import RouterSet  # torch lives behind this import; ui.py itself never touches tensors
+        from routerlab.core.router import RouterSet  # torch lives behind this import; ui.py itself never touches tensors
 
         if info.path is None:
             config = RoutingConfig.from_granularity(info.granularity, default_layers(engine.n_layers))
             return RouterSet.zeros(engine.model, config)
-        from .checkpoint import load_routers
+        from routerlab.tuning.checkpoint import load_routers
 
         return load_routers(info.path, engine.model)[0]
 
@@ -271,7 +271,7 @@ class Resources:
 
     def measure_full_speed(self, max_new_tokens: int = 24) -> float:
         """Decode tokens/s of the full default model on this machine (the 'speedup' denominator)."""
-        from .engine import Control
+        from routerlab.core.engine import Control
 
         prompt = self.prompts[0] if self.engine.tokenizer is not None else None
         control = Control(0.5)
@@ -377,7 +377,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
 
     Yields 9 values: text, heatmap, stats, status, trace file, heatmap html file, layer bar, score histogram, generate button.
     """
-    from .engine import Control
+    from routerlab.core.engine import Control
 
     skip = gr.skip()
     session = session if isinstance(session, Session) else Session()
@@ -551,7 +551,7 @@ def threshold_moved(res: Resources, threshold, session: Session):
     """
     skip = gr.skip()
     try:
-        from .config import check_threshold
+        from routerlab.core.config import check_threshold
 
         value = check_threshold(threshold)
     except RouterLabError as err:
@@ -594,7 +594,7 @@ def compare_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
 
     Yields full text, routed text, comparison HTML, routed heatmap, status.
     """
-    from .engine import Control
+    from routerlab.core.engine import Control
 
     skip = gr.skip()
     session = session if isinstance(session, Session) else Session()
@@ -724,7 +724,7 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
     """A quick sweep when no benchmark results ship: tokens/s and agreement with the full model per threshold."""
     import pandas as pd
 
-    from .engine import Control
+    from routerlab.core.engine import Control
 
     try:
         res.check_prompt(prompt)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import RoutingConfig, check_kv_policy, check_threshold, default_layers
-from .errors import RouterLabError
-from .router import RouterSet
+from routerlab.core.config import RoutingConfig, check_kv_policy, check_threshold, default_layers
+from routerlab.core.errors import RouterLabError
+from routerlab.core.router import RouterSet
 
 BASELINES = ("random", "static")
 STATIC_THRESHOLD = 0.51  # a zero router scores 0.5: under this threshold it always skips
@@ -89,7 +89,7 @@ def layer_importance(anatomy, examples, target: str = "attention", limit: int = 
     High similarity = the sub-layer changes its input little = least important. Measured on the
     response tokens of up to `limit` examples, full depth.
     """
-    from .engine import ALL, Plan, attention_part, mlp_part
+    from routerlab.core.engine import ALL, Plan, attention_part, mlp_part
 
     plan = Plan(None)
     sums = torch.zeros(anatomy.n_layers, dtype=torch.float64)
@@ -119,8 +119,8 @@ def static_order(importance: list[float]) -> list[int]:
 @torch.no_grad()
 def response_scores(anatomy, routers: RouterSet, examples) -> torch.Tensor:
     """The routers' scores of every routed response cell of `examples`, sorted (scored at full depth)."""
-    from .engine import Plan
-    from .train import student_forward
+    from routerlab.core.engine import Plan
+    from routerlab.tuning.forward import student_forward
 
     device = anatomy.embed.weight.device
     scores = torch.cat([student_forward(anatomy, torch.tensor([e.ids], device=device), e.start, Plan(routers, 0.0), logits=False)[1][e.start:]
@@ -170,8 +170,8 @@ def kl_to_full(full: _Full, logp: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def full_depth(anatomy, examples, top: int = KL_TOP) -> list[_Full]:
-    from .engine import Plan, forward
-    from .train import response_slice
+    from routerlab.core.engine import Plan, forward
+    from routerlab.tuning.forward import response_slice
 
     out = []
     for ex in examples:
@@ -189,8 +189,8 @@ def full_depth(anatomy, examples, top: int = KL_TOP) -> list[_Full]:
 def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_policy: str = "kv",
                       full: list[_Full] | None = None) -> dict:
     """Full vs routed on tokenized examples. `routers` may be a RouterSet, a baseline set, or None."""
-    from .engine import Plan
-    from .train import student_forward
+    from routerlab.core.engine import Plan
+    from routerlab.tuning.forward import student_forward
 
     check_threshold(threshold)
     check_kv_policy(kv_policy)
@@ -316,10 +316,10 @@ def _row(name: str, r: dict) -> str:
 
 def run_eval(args) -> dict:
     """`python -m routerlab eval`: one JSON-able dict (with a `_text` rendering for the terminal)."""
-    from .checkpoint import resolve_routers
-    from .data import encode_all, load_records
-    from .models import load_model
-    from .routed import Anatomy
+    from routerlab.tuning.checkpoint import resolve_routers
+    from routerlab.tuning.data import encode_all, load_records
+    from routerlab.core.models import load_model
+    from routerlab.core.routed import Anatomy
 
     if args.granularity != "full":
         RoutingConfig.from_granularity(args.granularity)

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from .config import RoutingConfig
+from routerlab.core.config import RoutingConfig
 
 
 class Router(nn.Module):
@@ -58,7 +58,7 @@ class RouterSet(nn.Module):
         super().__init__()
         bad = [i for i in config.layers if not 0 <= i < n_layers]
         if bad:
-            from .errors import RouterLabError
+            from routerlab.core.errors import RouterLabError
 
             raise RouterLabError(f"Routed layers {bad} do not exist in a {n_layers}-layer model.")
         self.config = config

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import RouterLabError
+from routerlab.core.errors import RouterLabError
 
 TRACE_VERSION = 1
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .errors import RouterLabError
+from routerlab.core.errors import RouterLabError
 
 TARGETS = ("attention", "mlp", "block")
 LEVELS = ("token", "sequence")

@@ -18,10 +18,10 @@ import time
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from .config import GenerateConfig, RoutingConfig, default_layers
-from .engine import Control, Engine, Plan, forward
-from .models import load_model
-from .router import RouterSet
+from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.engine import Control, Engine, Plan, forward
+from routerlab.core.models import load_model
+from routerlab.core.router import RouterSet
 
 # A fixed English passage, repeated to any length: deterministic prompts without a data file.
 PASSAGE = (

@@ -25,11 +25,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import GenerateConfig, check_kv_policy, check_threshold
-from .errors import RouterLabError
-from .routed import Anatomy, AttentionParts, LayerParts
-from .router import RouterSet
-from .trace import Step, Trace
+from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
+from routerlab.core.errors import RouterLabError
+from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
+from routerlab.core.router import RouterSet
+from routerlab.core.trace import Step, Trace
 
 
 # -- per-request state ---------------------------------------------------------------------------

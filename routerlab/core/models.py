@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from routerlab.errors import RouterLabError
+from routerlab.core.errors import RouterLabError
 
 # -- tiny random-init models, one per supported architecture (tests, no downloads) --------------
 TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2_moe", "mixtral")

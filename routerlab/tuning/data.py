@@ -25,11 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RouterLabError
+from routerlab.core.paths import ASSETS
+from routerlab.core.errors import RouterLabError
 
 log = logging.getLogger(__name__)
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "assets" / "data"
+DATA_DIR = ASSETS / "data"
 PROMPTS = DATA_DIR / "prompts.jsonl"
 DEFAULT = DATA_DIR / "selfdistill.jsonl"
 HELDOUT_EVERY = 5  # 1 prompt in 5 (by hash) is held out
@@ -118,7 +119,7 @@ def read_hub(name: str, split: str = "train", limit: int | None = None) -> list[
     except ImportError:
         raise RouterLabError(f"{name!r} is not a local file, and loading a Hugging Face dataset needs `datasets`.",
                              "pip install datasets (online), or pass a local JSONL file.") from None
-    from .models import _hub_reachable
+    from routerlab.core.models import _hub_reachable
 
     if not _hub_reachable():
         raise RouterLabError(f"{name!r} is not a local file and the Hugging Face Hub cannot be reached (offline).",
@@ -243,7 +244,7 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
         raise RouterLabError(f"temperature={temperature!r} must be >= 0.", "0 answers greedily, 1 samples the model as it is.")
     import torch
 
-    from .models import load_model
+    from routerlab.core.models import load_model
 
     loaded = loaded or load_model(device="cpu")
     model, tok = loaded.model, loaded.tokenizer

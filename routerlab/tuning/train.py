@@ -32,9 +32,10 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from .config import DECAYS, RoutingConfig, check_threshold, default_layers
-from .errors import RouterLabError
-from .router import RouterSet
+from routerlab.core.config import DECAYS, RoutingConfig, check_threshold, default_layers
+from routerlab.core.errors import RouterLabError
+from routerlab.core.router import RouterSet
+from routerlab.tuning.forward import student_forward, teacher_logits
 
 KV_POLICY = "kv"  # training's hard gate has mask semantics == kv numbers; inference defaults to it
 
@@ -104,25 +105,6 @@ class TrainConfig:
 
 
 # -- one example's losses ----------------------------------------------------------------------
-def response_slice(start: int) -> slice:
-    """The positions whose logits predict the response tokens ids[start:]."""
-    return slice(start - 1, -1)
-
-
-def student_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool = True):
-    """Teacher-forced logits of the response predictions (1, R, V) + scores (T, L) under `plan`.
-
-    Sequence level decides from the prompt only. With `logits=False` only the scores are wanted:
-    the head then runs on the last position alone.
-    """
-    from .engine import forward
-
-    positions = torch.arange(ids.shape[1], device=ids.device)
-    if plan.level == "sequence":  # as at generation: decide once from the mean-pooled prompt
-        forward(anatomy, ids[:, :start], positions[:start], None, plan)
-    return forward(anatomy, ids, positions, None, plan, logits_at=response_slice(start) if logits else None)
-
-
 def gate_values(plan, scores: torch.Tensor, routers: RouterSet, start: int) -> torch.Tensor:
     """STE gates (value: hard 0/1, gradient: through the scores) of the response cells, flat."""
     if plan.level == "sequence":
@@ -133,7 +115,7 @@ def gate_values(plan, scores: torch.Tensor, routers: RouterSet, start: int) -> t
 def example_losses(anatomy, routers: RouterSet, ids: torch.Tensor, start: int, cfg: TrainConfig, target: float,
                    teacher_logits: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """Losses of one example (1, T) whose response starts at `start`. Differentiable w.r.t. routers."""
-    from .engine import Plan
+    from routerlab.core.engine import Plan
 
     plan = Plan(routers, cfg.threshold, KV_POLICY, ste=True)
     gates: list[torch.Tensor] = []
@@ -196,20 +178,10 @@ class _RecordingSet:
 
 
 def _forward_recording(anatomy, routers, ids, start, plan, sink):
-    from .engine import Plan
+    from routerlab.core.engine import Plan
 
     rec = Plan(_RecordingSet(routers, plan.threshold, sink), plan.threshold, plan.policy, ste=True)
     return student_forward(anatomy, ids, start, rec)
-
-
-@torch.no_grad()
-def teacher_logits(anatomy, ids: torch.Tensor, start: int) -> torch.Tensor:
-    """Full-depth logits of the response predictions (R, V): the same model with no routers."""
-    from .engine import Plan, forward
-
-    logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
-                        logits_at=response_slice(start))
-    return logits[0]
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -237,7 +209,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    from .routed import Anatomy
+    from routerlab.core.routed import Anatomy
 
     accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
     set_seed(cfg.seed)
@@ -373,7 +345,7 @@ def calibrate_threshold(anatomy, routers: RouterSet, examples, max_increase: flo
 
     Skip rate grows with the threshold, so bisect over the quantile of the routers' own scores.
     """
-    from .evaluate import evaluate_examples, full_depth, response_scores
+    from routerlab.tuning.evaluate import evaluate_examples, full_depth, response_scores
 
     full = full_depth(anatomy, examples)
     scores = response_scores(anatomy, routers, examples)
@@ -395,10 +367,10 @@ def run_training(args) -> dict | None:
     """`python -m routerlab train`: data -> routers -> calibrated threshold -> checkpoint folder."""
     from accelerate import Accelerator
 
-    from .checkpoint import save_routers
-    from .data import DEFAULT, build_default, encode_all, load_records
-    from .models import load_model
-    from .routed import Anatomy
+    from routerlab.tuning.checkpoint import save_routers
+    from routerlab.tuning.data import DEFAULT, build_default, encode_all, load_records
+    from routerlab.core.models import load_model
+    from routerlab.core.routed import Anatomy
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
                                                "budget_weight", "ramp", "warmup", "decay", "seed") if getattr(args, k, None) is not None}

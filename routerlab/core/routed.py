@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import RouterLabError
-from .router import Router, RouterSet
+from routerlab.core.errors import RouterLabError
+from routerlab.core.router import Router, RouterSet
 
 # Families whose decoder layer is pre-norm: h += attn(ln1(h)); h += mlp(ln2(h)).
 PRE_NORM = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "mixtral"}

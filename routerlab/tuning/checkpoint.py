@@ -20,15 +20,16 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
-from .errors import RouterLabError
-from .models import model_identity
-from .router import RouterSet
+from routerlab.core.paths import ASSETS
+from routerlab.core.config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
+from routerlab.core.errors import RouterLabError
+from routerlab.core.models import model_identity
+from routerlab.core.router import RouterSet
 
 FORMAT = "routerlab-routers"
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG = "routers.safetensors", "router.json"
-SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "routers"
+SHIPPED = ASSETS / "routers"
 
 
 def save_routers(routers: RouterSet, folder: str | Path, model: torch.nn.Module, *, threshold: float = 0.5,

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 import plotly.graph_objects as go
 
-from .trace import Step, Trace, savings
+from routerlab.core.trace import Step, Trace, savings
 
 RAN_SCALE = [[0.0, "#fff3b0"], [0.5, "#f4a259"], [1.0, "#b23a48"]]
 SKIP_SCALE = [[0.0, "#f4f4f4"], [1.0, "#6b7280"]]

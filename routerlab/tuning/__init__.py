@@ -1,0 +1,4 @@
+"""Making and judging routers: data, the shared teacher-forced forward, training, checkpoints, evaluation.
+
+Builds on `routerlab.core`; knows nothing about benchmarks or the UI.
+"""

@@ -1,0 +1,36 @@
+"""The teacher-forced forward that training and evaluation share: routed, or at full depth.
+
+Lives below both `train` and `evaluate` so neither imports the other for it. Knows nothing about
+losses, optimisers or metrics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from routerlab.core.engine import Plan, forward
+
+
+def response_slice(start: int) -> slice:
+    """The positions whose logits predict the response tokens ids[start:]."""
+    return slice(start - 1, -1)
+
+
+def student_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool = True):
+    """Teacher-forced logits of the response predictions (1, R, V) + scores (T, L) under `plan`.
+
+    Sequence level decides from the prompt only. With `logits=False` only the scores are wanted:
+    the head then runs on the last position alone.
+    """
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    if plan.level == "sequence":  # as at generation: decide once from the mean-pooled prompt
+        forward(anatomy, ids[:, :start], positions[:start], None, plan)
+    return forward(anatomy, ids, positions, None, plan, logits_at=response_slice(start) if logits else None)
+
+
+@torch.no_grad()
+def teacher_logits(anatomy, ids: torch.Tensor, start: int) -> torch.Tensor:
+    """Full-depth logits of the response predictions (R, V): the same model with no routers."""
+    logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
+                        logits_at=response_slice(start))
+    return logits[0]
