@@ -1,3 +1,87 @@
-"""The Gradio app: resources and sessions, one module per tab, and the plots (pure plotly, no torch)."""
+"""The Gradio app: shared resources and per-visitor sessions, one module per tab, the layout, and the
+plots (pure plotly, no torch).
 
-from routerlab.ui.app import *  # noqa: F401,F403  (temporary, until the tabs are split out)
+    resources.py     Limits, router sets, prompts, Resources (shared by every visitor)
+    stream.py        Decoder: decodes in a worker thread, the UI reads snapshots at its own pace
+    session.py       Session (one visitor's state) and the helpers the tabs share
+    explore.py       Explore tab: run, stop, steer, what-if
+    compare.py       Compare tab: full vs routed, side by side
+    tradeoff_tab.py  Trade-off tab: benchmark table, quick sweep, row picking
+    about.py         About tab: text and diagram
+    layout.py        build_demo (components and event wiring), theme, launch options
+    plots.py         every figure and HTML fragment
+
+Knows nothing about tensors: handlers call `Engine.generate` and plotting functions, nothing else.
+Nothing is loaded at import time; `app.py` loads the model and calls `build_demo(Resources(...))`.
+
+Sharing rules (one model serves every visitor):
+  - `Resources` is shared and read-mostly: engines, router sets, limits, the full-model speed.
+  - `Session` (in a `gr.State`, one per browser tab or API client) holds that visitor's running
+    `Control`s and last Trace. A slider event reaches the running generation only through it.
+
+The constants re-exported here are copies: to change one (a test, a benchmark), set it on the
+module that defines it, e.g. `routerlab.ui.stream.HEATMAP_INTERVAL`.
+"""
+
+from routerlab.ui import plots
+from routerlab.ui.about import ABOUT_MD, DIAGRAM
+from routerlab.ui.compare import compare_html, compare_run
+from routerlab.ui.explore import STATS_INTERVAL, explore_run, show_last, stop_run, threshold_moved
+from routerlab.ui.layout import CSS_FILE, EXPORT_TTL, WHAT_IF_PREVIEW_JS, NumberSlider, build_demo, launch_options, router_set_chosen, theme
+from routerlab.ui.resources import (
+    FALLBACK_PROMPTS,
+    FULL,
+    PROMPTS_FILE,
+    ROUTERS_DIR,
+    UNTRAINED,
+    Limits,
+    Resources,
+    RouterSetInfo,
+    available_router_sets,
+    load_prompts,
+)
+from routerlab.ui.session import Session, plot_data
+from routerlab.ui.stream import HEATMAP_INTERVAL, TEXT_INTERVAL, Decoder, snapshot
+from routerlab.ui.tradeoff_tab import BENCH_COLUMNS, BENCH_DIR, load_bench, tradeoff_pick, tradeoff_sweep
+
+__all__ = [
+    "ABOUT_MD",
+    "BENCH_COLUMNS",
+    "BENCH_DIR",
+    "CSS_FILE",
+    "DIAGRAM",
+    "EXPORT_TTL",
+    "FALLBACK_PROMPTS",
+    "FULL",
+    "HEATMAP_INTERVAL",
+    "PROMPTS_FILE",
+    "ROUTERS_DIR",
+    "STATS_INTERVAL",
+    "TEXT_INTERVAL",
+    "UNTRAINED",
+    "WHAT_IF_PREVIEW_JS",
+    "Decoder",
+    "Limits",
+    "NumberSlider",
+    "Resources",
+    "RouterSetInfo",
+    "Session",
+    "available_router_sets",
+    "build_demo",
+    "compare_html",
+    "compare_run",
+    "explore_run",
+    "launch_options",
+    "load_bench",
+    "load_prompts",
+    "plot_data",
+    "plots",
+    "router_set_chosen",
+    "show_last",
+    "snapshot",
+    "stop_run",
+    "theme",
+    "threshold_moved",
+    "tradeoff_pick",
+    "tradeoff_sweep",
+]

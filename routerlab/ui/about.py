@@ -1,0 +1,58 @@
+"""The About tab's text: how a router decides, the KV policies, what each number measures, a diagram.
+
+Owns `ABOUT_MD` (Markdown; the KV policy lines come from `core.config.KV_POLICY_HELP`) and
+`DIAGRAM` (inline SVG, no network). Knows nothing else: no handlers, no state.
+"""
+
+from routerlab.core.config import KV_POLICY_HELP
+
+ABOUT_MD_TEMPLATE = """
+### What you are looking at
+A **router** is one tiny linear layer in front of a sub-layer (here: attention). For every token it
+reads the normalised hidden state and outputs a score `sigmoid(w · x)`. The sub-layer runs only if
+**score ≥ threshold**; otherwise the token goes straight on through the residual connection.
+In **Router-Tuning** only these routers are trained (about 1,000 instructions, one epoch), the base
+model stays frozen. Fresh routers output 0.5 everywhere, so at threshold 0.5 nothing is skipped.
+
+### Three ways to skip attention with a KV cache
+{kv_policies}
+
+### What is measured, and how
+* **Heatmap**: one column per token (prompt, then generated), one row per layer. Warm colours: the layer ran, coloured by router score; greys: skipped; blank rows: layers without a router (they always run). Dashed blue lines: where you moved the threshold during the run.
+* **tokens/s**: wall time of each decode step on this machine, measured in the engine (the UI's drawing is not included).
+* **vs full model**: tokens/s divided by the full model's tokens/s measured on this machine at start-up (Compare measures both side by side).
+* **attention FLOPs saved**: share of the attention work (projections + scores) not computed for routed layers, from the model's shapes and the recorded decisions.
+* **KV cache saved**: keys/values never stored (only the *drop* policy saves memory).
+* **What-if**: after a run, moving the slider re-decides every cell from the recorded scores (cells whose decision changes are tinted blue). Nothing is re-run: tokens after the first changed decision could have been different. Use *Regenerate at this threshold* for the true run.
+* Exports: the trace as JSON (every token's scores and decisions), the heatmap as a standalone HTML page; the camera icon on any plot saves a PNG.
+"""
+
+ABOUT_MD = ABOUT_MD_TEMPLATE.replace("{kv_policies}", "\n".join(f"* **{name}**: {text}." for name, text in KV_POLICY_HELP.items()))
+
+DIAGRAM = """
+<svg viewBox="0 0 800 190" class="rl-diagram" role="img" aria-label="A router scores each token; attention runs only if the score clears the threshold">
+ <defs><marker id="rl-arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#374151"/></marker></defs>
+ <g font-family="system-ui,sans-serif" font-size="13" fill="#111827" stroke-width="1.5">
+  <rect x="10" y="90" width="80" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="50" y="113" text-anchor="middle">token h</text>
+  <rect x="120" y="90" width="70" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="155" y="113" text-anchor="middle">norm</text>
+  <rect x="220" y="90" width="120" height="36" rx="6" fill="#fde68a" stroke="#d97706"/><text x="280" y="113" text-anchor="middle">router σ(w·x)</text>
+  <rect x="370" y="90" width="130" height="36" rx="18" fill="#fff" stroke="#374151"/><text x="435" y="113" text-anchor="middle">score ≥ threshold?</text>
+  <rect x="540" y="90" width="100" height="36" rx="6" fill="#fecaca" stroke="#b23a48"/><text x="590" y="113" text-anchor="middle">attention</text>
+  <circle cx="690" cy="108" r="16" fill="#fff" stroke="#374151"/><text x="690" y="113" text-anchor="middle">+</text>
+  <rect x="725" y="90" width="65" height="36" rx="6" fill="#f3f4f6" stroke="#9ca3af"/><text x="757" y="113" text-anchor="middle">h′</text>
+  <g stroke="#374151" fill="none">
+   <path d="M90,108 H116" marker-end="url(#rl-arrow)"/>
+   <path d="M190,108 H216" marker-end="url(#rl-arrow)"/>
+   <path d="M340,108 H366" marker-end="url(#rl-arrow)"/>
+   <path d="M500,108 H536" marker-end="url(#rl-arrow)"/>
+   <path d="M640,108 H670" marker-end="url(#rl-arrow)"/>
+   <path d="M706,108 H721" marker-end="url(#rl-arrow)"/>
+   <path d="M50,90 V40 H690 V88" stroke="#9ca3af" marker-end="url(#rl-arrow)"/>
+   <path d="M435,126 V165 H690 V128" stroke="#d97706" stroke-dasharray="5 4" marker-end="url(#rl-arrow)"/>
+  </g>
+  <text x="518" y="102" font-size="11" fill="#374151" text-anchor="middle">yes</text>
+  <text x="370" y="34" font-size="11" fill="#6b7280">residual: h always passes on</text>
+  <text x="445" y="160" font-size="11" fill="#92400e">no: skip (the KV policy decides what is still computed)</text>
+ </g>
+</svg>
+"""

@@ -1,0 +1,191 @@
+"""The Explore tab's handlers: stream one generation, stop it, steer it, and the what-if view.
+
+Owns `explore_run` (text, throttled heatmap, stats and status while decoding; figures and
+exports at the end), `stop_run` / `show_last` (Stop for both tabs, then the stopped run's view)
+and `threshold_moved` (the slider steers a running Explore or Compare run, or re-decides the last
+run from its recorded scores). Knows nothing about the layout or tensors: it calls the engine
+through `Resources`, draws with `plots`, and decodes through `stream.Decoder`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+import gradio as gr
+
+from routerlab.core.errors import RouterLabError
+from routerlab.core.trace import Trace
+from routerlab.ui import plots
+from routerlab.ui.resources import Resources
+from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data
+from routerlab.ui.stream import Decoder
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVAL = 1.0  # seconds between stat-card updates while streaming (savings() walks every cell)
+
+
+def _done_status(trace: Trace, res: Resources, wall: float) -> str:
+    m = trace.meta
+    n = len(trace.generated_steps)
+    reason = {"eos": "end of text", "max_new_tokens": "max new tokens reached", "stopped": "stopped by you"}.get(m.get("stop_reason"), m.get("stop_reason"))
+    return _status(
+        "stop" if m.get("stop_reason") == "stopped" else "ok",
+        f"Done: {n} tokens in {wall:.1f} s ({reason}); decode {trace.decode_tokens_per_second():.1f} tok/s, "
+        f"skip rate {trace.skip_rate():.0%}, granularity {m.get('granularity')}, kv policy {m.get('kv_policy_effective')}. "
+        "Move the threshold slider to see a what-if view from the recorded scores.",
+    )
+
+
+def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session) -> Iterator[tuple]:
+    """Stream one generation: text, heatmap (throttled), stats, status; then figures and exports.
+
+    Yields 9 values: text, heatmap, stats, status, trace file, heatmap html file, layer bar, score histogram, generate button.
+    """
+    from routerlab.core.engine import Control
+
+    skip = gr.skip()
+    session = session if isinstance(session, Session) else Session()
+    try:
+        res.check_prompt(prompt)
+        engine = res.engine_for(model_name)
+        routers = res.routers_for(engine, router_label)
+        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy)
+        control = Control(config.threshold)
+        steps = engine.generate(prompt, routers, config, control)
+    except RouterLabError as err:
+        yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
+        return
+    if session.control is not None:  # one Explore run per session: a new click ends the old one
+        session.control.request_stop()
+    session.control, session.trace, session.running = control, control.trace, True
+    trace = control.trace
+    live = routers is not None and routers.config.level == "token"
+    note = "" if live else (" (full model: the threshold has no effect)" if routers is None else " (sequence level: decided once per prompt)")
+    yield skip, skip, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False)
+
+    start = next_stats = time.perf_counter()
+    decoder = Decoder([steps])
+    # Every frame repeats the values it does not change (see plot_data): no gr.skip() while streaming.
+    heat = _shown(session, "heat", lambda: plot_data(plots.empty_heatmap()))
+    stats = _shown(session, "stats", lambda: plots.stats_html({}))
+    bar = _shown(session, "bar", lambda: plot_data(plots.layer_skip_bar(None)))
+    hist = _shown(session, "hist", lambda: plot_data(plots.score_histogram(None)))
+    status = _status("run", f"Prefilling the prompt on {engine.name}{note}…")
+    columns: dict = {}  # this run's heatmap columns, converted once each (plots._columns)
+    try:
+        for snap, draw_plot in decoder.frames([trace]):
+            snap = snap[0]
+            if decoder.done.is_set():
+                break  # the final view below draws everything once
+            if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):
+                continue  # still prefilling
+            if draw_plot:
+                heat = session.views["heat"] = plot_data(plots.heatmap(snap, live=True, cache=columns))
+                status = _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}")
+                if time.perf_counter() >= next_stats:
+                    next_stats = time.perf_counter() + STATS_INTERVAL
+                    stats = session.views["stats"] = plots.stats_html(plots.live_stats(snap, res.full_tokens_per_second), running=True)
+            yield plots.token_html(snap), heat, stats, status, None, None, bar, hist, "Generate"
+        decoder.raise_error()
+    except RouterLabError as err:
+        yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
+        return
+    except Exception as err:  # keep the page alive; the console has the traceback
+        log.error("generation failed", exc_info=err)
+        gr.Warning(f"Generation failed: {err}")
+        yield skip, skip, skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True)
+        return
+    finally:
+        control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled
+        session.running = False
+    yield (*_final_view(res, session, trace, time.perf_counter() - start),)
+
+
+def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
+    trace_file, html_file = _export(session, trace)
+    views = session.views
+    views["heat"] = plot_data(plots.heatmap(trace))
+    views["stats"] = plots.stats_html(plots.live_stats(trace, res.full_tokens_per_second))
+    views["bar"] = plot_data(plots.layer_skip_bar(trace))
+    views["hist"] = plot_data(plots.score_histogram(trace))
+    return (
+        plots.token_html(trace),
+        views["heat"],
+        views["stats"],
+        _done_status(trace, res, wall),
+        gr.DownloadButton(value=trace_file, visible=True),
+        gr.DownloadButton(value=html_file, visible=True),
+        views["bar"],
+        views["hist"],
+        gr.Button(interactive=True),
+    )
+
+
+def stop_run(session: Session):
+    """Ask this session's running generations to stop; returns the status line."""
+    stopped = False
+    for control in (getattr(session, "control", None), getattr(session, "compare_control", None)):
+        if control is not None:
+            control.request_stop()
+            stopped = True
+    return _status("stop", "Stopping…" if stopped else "Nothing is running.")
+
+
+def show_last(res: Resources, session: Session):
+    """After Stop (which also cancels the stream): show whatever the stopped run recorded."""
+    trace = getattr(session, "trace", None)
+    if isinstance(session, Session):
+        session.running = False  # the cancelled stream may never reach its own `finally`
+    if trace is None or not trace.steps:
+        return (gr.skip(),) * 8 + (gr.Button(interactive=True),)
+    view = list(_final_view(res, session, trace, 0.0))
+    view[3] = _status("stop", f"Stopped after {len(trace.generated_steps)} tokens. Move the slider for a what-if view, or regenerate.")
+    return tuple(view)
+
+
+def threshold_moved(res: Resources, threshold, session: Session):
+    """Slider moved: steer a running generation, or show the what-if view of the last run.
+
+    Returns heatmap, text, stats, status, layer bar, score histogram.
+    """
+    skip = gr.skip()
+    try:
+        from routerlab.core.config import check_threshold
+
+        value = check_threshold(threshold)
+    except RouterLabError as err:
+        return skip, skip, skip, _warn(err), skip, skip
+    session = session if isinstance(session, Session) else None
+    if session is None:
+        return (skip,) * 6
+    steered = []
+    if session.running and session.control is not None:
+        session.control.threshold = value
+        steered.append("Explore")
+    if session.compare_running and session.compare_control is not None:
+        session.compare_control.threshold = value
+        steered.append("Compare")
+    if steered:
+        return skip, skip, skip, _status("run", f"Threshold → {value:.2f} from the next token ({' and '.join(steered)} run)."), skip, skip
+    trace = session.trace
+    if trace is None or not trace.steps:
+        return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip
+    stats = plots.live_stats(trace, res.full_tokens_per_second, threshold=value)
+    stats["tokens_per_second"] = trace.decode_tokens_per_second()
+    recorded = trace.skip_rate()
+    return (
+        plots.heatmap(trace, threshold=value, what_if=True),
+        plots.token_html(trace, threshold=value),
+        plots.stats_html(stats),
+        _status(
+            "whatif",
+            f"**What-if view** at threshold {value:.2f}: decisions re-made from the recorded scores, nothing re-run "
+            f"(skip rate {trace.skip_rate(value):.0%} vs {recorded:.0%} recorded; tokens/s and text are the recorded run's). "
+            "Press **Regenerate at this threshold** for the true run.",
+        ),
+        plots.layer_skip_bar(trace, threshold=value),
+        plots.score_histogram(trace, threshold=value),
+    )

@@ -1,0 +1,236 @@
+"""The page: components, look and event wiring; `build_demo(res)` is the whole app.
+
+Owns `build_demo` (the settings column, the five tabs, and which handler each event calls with
+which inputs and outputs, API names and concurrency), `NumberSlider`, the theme, `launch_options`
+(theme, CSS, the in-browser what-if preview script), `EXPORT_TTL`, and `router_set_chosen` (the
+settings column's own handler). Knows nothing about how a run is streamed or drawn: the tabs'
+handlers live in explore.py, compare.py and tradeoff_tab.py, and nothing here touches tensors.
+Nothing is loaded at import time; `app.py` loads the model and calls `build_demo(Resources(...))`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gradio as gr
+
+from routerlab.core.config import KV_POLICIES
+from routerlab.core.paths import ASSETS
+from routerlab.ui import plots
+from routerlab.ui.about import ABOUT_MD, DIAGRAM
+from routerlab.ui.compare import compare_run
+from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
+from routerlab.ui.resources import UNTRAINED, Resources
+from routerlab.ui.session import Session, _delete_session, _status
+from routerlab.ui.tradeoff_tab import load_bench, tradeoff_pick, tradeoff_sweep
+
+CSS_FILE = ASSETS / "css" / "app.css"
+EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
+
+
+class NumberSlider(gr.Slider):
+    """A Slider that answers a non-number from the API with a clear message (gr.Slider raises a bare
+    TypeError on a string, None or a list, which a client sees only as "the app raised an exception")."""
+
+    def preprocess(self, payload):
+        if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
+            raise gr.Error(f"{self.label}: {str(payload)[:40]!r} is not a number; use a value from {self.minimum} to {self.maximum}.")
+        return super().preprocess(payload)
+
+    def get_block_name(self) -> str:
+        return "slider"  # the browser draws it with gr.Slider's own component
+
+
+def router_set_chosen(res: Resources, label: str):
+    """A shipped router set was chosen: start from its calibrated threshold and the KV policy it was trained for."""
+    info = next((r for r in res.router_sets if r.label == label), None)
+    if info is None or info.path is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    threshold, policy = float(info.meta.get("threshold", 0.5)), info.meta.get("kv_policy", "kv")
+    return (
+        gr.Slider(value=threshold),
+        gr.Radio(value=policy),
+        _status("ok", f"Router set **{label}**: threshold set to its calibrated {threshold:.2f}; trained for the **{policy}** KV policy."),
+    )
+
+
+# In-browser what-if preview: re-split the final heatmap's recorded scores at the new threshold
+# (a cell runs iff score >= threshold, as in Trace.executed_matrix) without waiting for the server,
+# which then sends the full view (changed-cell tint, stats, text, layer plots). Installed on page
+# load as plain DOM listeners on the threshold inputs: a Gradio `js=` listener on the slider would
+# make the browser hold the slider's server event until a running stream ends (no live steering).
+WHAT_IF_PREVIEW_JS = """
+() => {
+  const preview = (threshold) => {
+    try {
+      const gd = document.querySelector('#rl-heatmap .js-plotly-plot');
+      const meta = gd && gd.layout && gd.layout.meta;
+      if (!window.Plotly || !meta || meta.routerlab !== 'final' || !gd.data || gd.data.length < 2) return;
+      const generate = document.querySelector('#rl-generate');
+      if (generate && generate.disabled) return;  // a run is going: the slider steers it, no what-if
+      if (meta.what_if !== undefined && Math.abs(meta.what_if - threshold) < 1e-9) return;  // the server's view is already here
+      const unpack = (z) => {  // a 2-D array, or plotly's base64 typed-array spec
+        if (Array.isArray(z)) return {rows: z.length, cols: z[0].length, get: (r, c) => (z[r][c] === null ? NaN : z[r][c])};
+        const bytes = Uint8Array.from(atob(z.bdata), (ch) => ch.charCodeAt(0));
+        const flat = z.dtype === 'f8' ? new Float64Array(bytes.buffer) : new Float32Array(bytes.buffer);
+        const [rows, cols] = String(z.shape).split(',').map(Number);
+        return {rows, cols, get: (r, c) => flat[r * cols + c]};
+      };
+      const a = unpack(gd.data[0].z), b = unpack(gd.data[1].z);  // ran, skipped: together every routed score
+      const ran = [], skipped = [];
+      for (let r = 0; r < a.rows; r++) {
+        const rr = new Array(a.cols), sr = new Array(a.cols);
+        for (let c = 0; c < a.cols; c++) {
+          const v = Number.isNaN(a.get(r, c)) ? b.get(r, c) : a.get(r, c);
+          rr[c] = !Number.isNaN(v) && v >= threshold ? v : null;
+          sr[c] = !Number.isNaN(v) && v < threshold ? v : null;
+        }
+        ran.push(rr); skipped.push(sr);
+      }
+      // one redraw: new z for ran/skipped, the changed-cell tint (if any) hidden, the title
+      const traces = gd.data.length > 2 ? [0, 1, 2] : [0, 1];
+      const z = traces.length > 2 ? [ran, skipped, gd.data[2].z] : [ran, skipped];
+      Plotly.update(gd, {z: z, visible: traces.map((i) => i < 2)},
+        {'title.text': '<b>WHAT-IF</b> at threshold ' + Number(threshold).toFixed(2) + ', re-decided in your browser from the recorded scores (not a new run) …'}, traces);
+    } catch (err) { console.warn('RouterLab what-if preview:', err); }
+  };
+  const onInput = (e) => {
+    const el = e.target;
+    if (!el || !el.closest || !el.closest('#rl-threshold')) return;
+    if (e.type === 'input' && el.type !== 'range') return;  // typing a number: wait for Enter / blur
+    if (e.type === 'keydown' && e.key !== 'Enter') return;
+    const value = parseFloat(el.value);
+    if (Number.isNaN(value) || value === last) return;
+    if (e.type !== 'input') { last = value; preview(value); return; }  // a release or Enter: draw now
+    pending = value;  // while dragging: only the latest value, once per frame
+    requestAnimationFrame(() => { if (pending === null) return; last = pending; pending = null; preview(last); });
+  };
+  let pending = null, last = null;
+  for (const kind of ['input', 'change', 'keydown']) document.addEventListener(kind, onInput, true);
+  window.routerlabWhatIfPreview = preview;  // for tests and the curious
+}
+"""
+
+
+def theme():
+    # System fonts only: the app must look right offline (a workshop laptop without network).
+    return gr.themes.Soft(
+        primary_hue="orange",
+        neutral_hue="stone",
+        font=[gr.themes.Font(f) for f in ("Inter", "ui-sans-serif", "system-ui", "sans-serif")],
+        font_mono=[gr.themes.Font(f) for f in ("ui-monospace", "SFMono-Regular", "Menlo", "monospace")],
+    )
+
+
+def launch_options() -> dict:
+    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch)."""
+    return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS)
+
+
+def build_demo(res: Resources) -> gr.Blocks:
+    """The whole app. Handlers are bound to `res`; per-visitor state lives in a gr.State(Session)."""
+    limits = res.limits
+    labels = res.router_labels()
+    # Default: a shipped token-level set (the threshold steers it live), else any shipped set.
+    shipped = [r for r in res.router_sets if r.path is not None]
+    default_set = next((r for r in shipped if r.granularity.endswith("-token")), shipped[0] if shipped else None)
+    default_routers = default_set.label if default_set else UNTRAINED
+    start_threshold = float(default_set.meta.get("threshold", 0.5)) if default_set else 0.5
+    start_policy = default_set.meta.get("kv_policy", "kv") if default_set else "kv"
+    with gr.Blocks(title="RouterLab: see and steer dynamic depth", analytics_enabled=False, delete_cache=(600, EXPORT_TTL)) as demo:
+        session = gr.State(Session(), delete_callback=_delete_session)
+        gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
+        status = gr.Markdown(res.status, elem_id="rl-status")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
+                threshold = NumberSlider(0.0, 1.0, value=start_threshold, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
+                router_label = gr.Dropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
+                kv_policy = gr.Radio(list(KV_POLICIES), value=start_policy, label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
+                max_new = NumberSlider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
+                temperature = NumberSlider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
+                model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
+            with gr.Column(scale=4):
+                with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
+                    with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore"):
+                        prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt")
+                        gr.Examples([[p] for p in res.prompts], inputs=[prompt], label="Example prompts")
+                        with gr.Row():
+                            go_btn = gr.Button("Generate", variant="primary", elem_id="rl-generate")
+                            regen_btn = gr.Button("Regenerate at this threshold", elem_id="rl-regenerate")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="rl-stop")
+                        text = gr.HTML(plots.token_html(None), elem_id="rl-text")
+                        stats = gr.HTML(plots.stats_html({}), elem_id="rl-stats")
+                        heat = gr.Plot(plots.empty_heatmap(), label="Layers × tokens", elem_id="rl-heatmap")
+                        with gr.Row():
+                            trace_dl = gr.DownloadButton("Download trace (JSON)", visible=False, size="sm", elem_id="rl-dl-trace")
+                            html_dl = gr.DownloadButton("Download heatmap (HTML)", visible=False, size="sm", elem_id="rl-dl-html")
+                        gr.Markdown("PNG: use the camera icon in the heatmap's toolbar.", elem_classes=["rl-muted"])
+                    with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare"):
+                        gr.Markdown("The same prompt through the **full model** and the **routed model**, token by token, with the settings on the left (untrained routers if *full model* is selected).")
+                        c_prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt")
+                        with gr.Row():
+                            c_btn = gr.Button("Compare", variant="primary", elem_id="rl-compare")
+                            c_stop = gr.Button("Stop", variant="stop", elem_id="rl-c-stop")
+                        c_stats = gr.HTML("", elem_id="rl-c-stats")
+                        with gr.Row():
+                            with gr.Column():
+                                gr.Markdown("**Full model**")
+                                c_full = gr.HTML(plots.token_html(None), elem_id="rl-c-full")
+                            with gr.Column():
+                                gr.Markdown("**Routed**")
+                                c_routed = gr.HTML(plots.token_html(None), elem_id="rl-c-routed")
+                        c_heat = gr.Plot(plots.empty_heatmap("The routed run's heatmap appears here."), label="Routed run: layers × tokens", elem_id="rl-c-heatmap")
+                    with gr.Tab("Trade-off", id="tradeoff", elem_id="rl-tab-tradeoff"):
+                        bench = load_bench()
+                        gr.Markdown(
+                            "Speed against quality for each method and threshold. Click a row of the table to use its threshold in Explore."
+                            if bench is not None
+                            else "No benchmark results ship with this build yet (`assets/bench/`). Run a quick sweep on the Explore prompt: "
+                            "tokens/s and agreement with the full model's greedy output, per threshold."
+                        )
+                        t_plot = gr.Plot(plots.tradeoff_curve(bench), label="Speed vs quality", elem_id="rl-tradeoff")
+                        t_table = gr.Dataframe(bench, interactive=False, elem_id="rl-t-table")
+                        t_btn = gr.Button("Run a quick sweep (about a minute)", elem_id="rl-sweep")
+                    with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers"):
+                        gr.Markdown("Per-layer view of the last Explore run (follows the what-if threshold after a run).")
+                        l_bar = gr.Plot(plots.layer_skip_bar(None), label="Skip rate per layer", elem_id="rl-layer-bar")
+                        l_hist = gr.Plot(plots.score_histogram(None), label="Router scores per layer", elem_id="rl-layer-hist")
+                    with gr.Tab("About", id="about", elem_id="rl-tab-about"):
+                        gr.HTML(DIAGRAM)
+                        gr.Markdown(ABOUT_MD)
+
+        run_inputs = [prompt, threshold, router_label, kv_policy, max_new, temperature, model, session]
+        run_outputs = [text, heat, stats, status, trace_dl, html_dl, l_bar, l_hist, go_btn]
+
+        def _explore(*args):
+            yield from explore_run(res, *args)
+
+        def _show_last(s):
+            return show_last(res, s)
+
+        def _moved(t, s):
+            return threshold_moved(res, t, s)
+
+        def _compare(*args):
+            yield from compare_run(res, *args)
+
+        def _sweep(p, r, k, m, progress=gr.Progress()):
+            return tradeoff_sweep(res, p, r, k, m, progress)
+
+        limit = max(1, limits.concurrency)
+        gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        stop_btn.click(stop_run, [session], [status], api_name="stop", cancels=[gen_evt, prompt_evt, regen_evt], queue=False).then(
+            _show_last, [session], run_outputs, api_name=False
+        )
+        threshold.change(
+            _moved, [threshold, session], [heat, text, stats, status, l_bar, l_hist],
+            api_name="set_threshold", trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
+        )
+        cmp_evt = c_btn.click(_compare, [c_prompt, threshold, router_label, kv_policy, max_new, temperature, model, session], [c_full, c_routed, c_stats, c_heat, status], api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)
+        router_label.input(lambda label: router_set_chosen(res, label), [router_label], [threshold, kv_policy, status], api_name=False)
+        t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
+        t_btn.click(_sweep, [prompt, router_label, kv_policy, model], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
+    return demo

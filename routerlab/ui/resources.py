@@ -1,0 +1,218 @@
+"""What every session shares on one server: the engines, router sets, prompts and operator limits.
+
+Owns `Limits` (caps from the environment), `RouterSetInfo` and the scan of shipped router sets,
+the example prompts, the dropdown labels `UNTRAINED` / `FULL`, and `Resources` (engines loaded
+once, routers built once, prompt and config checks, the full model's measured speed).
+Knows nothing about Gradio components, sessions, tabs or plots; tensors stay behind the lazy
+imports of `routerlab.core` / `routerlab.tuning` (routers, checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.errors import RouterLabError
+from routerlab.core.paths import ASSETS
+from routerlab.ui.stream import Decoder
+
+log = logging.getLogger(__name__)
+
+ROUTERS_DIR = ASSETS / "routers"
+PROMPTS_FILE = ASSETS / "prompts.json"
+UNTRAINED = "attention-token (untrained)"
+FULL = "full model (no routing)"
+FALLBACK_PROMPTS = [
+    "Explain in three sentences why the sky is blue.",
+    "Write a short poem about a lighthouse keeper.",
+    "List three tips for learning a new language.",
+]
+
+
+def _env_int(name: str, default: int, low: int = 1) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return max(low, int(raw))
+    except ValueError:
+        log.warning("ignoring %s=%r: not a whole number", name, raw)
+        return default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Operator caps, from the environment (see README): what one visitor may ask of a shared server."""
+
+    max_new_tokens: int = 256
+    max_prompt_chars: int = 4000
+    queue_size: int = 16
+    concurrency: int = 2  # generations running at once (each Compare runs two models in turn)
+    allowed_models: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        allowed = tuple(m.strip() for m in os.environ.get("ROUTERLAB_ALLOWED_MODELS", "").split(",") if m.strip())
+        return cls(
+            max_new_tokens=_env_int("ROUTERLAB_MAX_NEW_TOKENS", 256),
+            max_prompt_chars=_env_int("ROUTERLAB_MAX_PROMPT_CHARS", 4000),
+            queue_size=_env_int("ROUTERLAB_QUEUE_SIZE", 16),
+            concurrency=_env_int("ROUTERLAB_CONCURRENCY", 2),
+            allowed_models=allowed,
+        )
+
+
+@dataclass(frozen=True)
+class RouterSetInfo:
+    """One choice in the granularity dropdown: a shipped folder, or untrained zero routers."""
+
+    label: str
+    granularity: str
+    path: Path | None = None  # None: RouterSet.zeros on the default layers
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def available_router_sets(root: Path = ROUTERS_DIR) -> list[RouterSetInfo]:
+    """Router sets shipped under `root` (each subfolder with router.json + routers.safetensors), then the untrained one.
+
+    A folder whose router.json does not validate is skipped with a warning, never offered.
+    """
+    from routerlab.tuning.checkpoint import read_config  # validates the JSON; weights are only read when chosen
+
+    found: list[RouterSetInfo] = []
+    if root.is_dir():
+        for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if not ((folder / "router.json").is_file() and (folder / "routers.safetensors").is_file()):
+                continue
+            try:
+                meta = read_config(folder)
+            except RouterLabError as err:
+                log.warning("skipping router set %s: %s", folder, err)
+                continue
+            name = "trained" if folder.name == meta["granularity"] else folder.name
+            found.append(RouterSetInfo(label=f"{meta['granularity']} ({name})", granularity=meta["granularity"], path=folder, meta=meta))
+    found.append(RouterSetInfo(label=UNTRAINED, granularity="attention-token"))
+    return found
+
+
+def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
+    try:
+        items = json.loads(path.read_text())
+        prompts = [i["prompt"] if isinstance(i, dict) else str(i) for i in items]
+        return [p for p in prompts if p.strip()] or FALLBACK_PROMPTS
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return FALLBACK_PROMPTS
+
+
+class Resources:
+    """What every session shares: the engines (one per allowed model, loaded once), router sets, limits."""
+
+    def __init__(self, engine, limits: Limits | None = None, router_sets: list[RouterSetInfo] | None = None,
+                 prompts: list[str] | None = None, model_loader: Callable[[str], Any] | None = None,
+                 status: str = ""):
+        self.engine = engine
+        self.default_model = engine.name
+        self.limits = limits or Limits()
+        self.router_sets = router_sets if router_sets is not None else available_router_sets()
+        self.prompts = prompts or load_prompts()
+        self.model_loader = model_loader  # name -> Engine, for operator-allowed models
+        self.status = status or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
+        self.full_tokens_per_second: float | None = None
+        self._engines = {engine.name: engine}
+        self._routers: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    # -- models and routers ----------------------------------------------------------------
+    @property
+    def model_choices(self) -> list[str]:
+        return [self.default_model] + [m for m in self.limits.allowed_models if m != self.default_model]
+
+    def engine_for(self, name: str | None):
+        name = name or self.default_model
+        if name in self._engines:
+            return self._engines[name]
+        if name not in self.limits.allowed_models or self.model_loader is None:
+            raise RouterLabError(f"Model {name!r} is not available on this server.", "The operator lists allowed models in ROUTERLAB_ALLOWED_MODELS.")
+        with self._lock:  # one load per model, whoever asks first
+            if name not in self._engines:
+                log.info("loading allowed model %s ...", name)
+                self._engines[name] = self.model_loader(name)
+        return self._engines[name]
+
+    def router_labels(self) -> list[str]:
+        return [FULL] + [r.label for r in self.router_sets]
+
+    def routers_for(self, engine, label: str):
+        """The RouterSet for dropdown `label` on `engine` (None for the full model); built or loaded once."""
+        if label in (None, "", FULL):
+            return None
+        info = next((r for r in self.router_sets if r.label == label), None)
+        if info is None:
+            raise RouterLabError(f"Unknown router set {label!r}.", "Pick one from the granularity list.")
+        key = (engine.name, label)
+        with self._lock:
+            if key not in self._routers:
+                self._routers[key] = self._build_routers(engine, info)
+            return self._routers[key]
+
+    @staticmethod
+    def _build_routers(engine, info: RouterSetInfo):
+        from routerlab.core.router import RouterSet  # torch lives behind this import; the UI itself never touches tensors
+
+        if info.path is None:
+            config = RoutingConfig.from_granularity(info.granularity, default_layers(engine.n_layers))
+            return RouterSet.zeros(engine.model, config)
+        from routerlab.tuning.checkpoint import load_routers
+
+        return load_routers(info.path, engine.model)[0]
+
+    def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None) -> GenerateConfig:
+        try:
+            max_new = int(max_new_tokens)
+        except (TypeError, ValueError):
+            raise RouterLabError(f"max new tokens {max_new_tokens!r} is not a whole number.") from None
+        return GenerateConfig(
+            max_new_tokens=max_new,
+            temperature=float(temperature or 0.0),
+            threshold=float(threshold),
+            kv_policy=kv_policy,
+            seed=seed,
+            max_new_tokens_cap=self.limits.max_new_tokens,
+        )
+
+    def check_prompt(self, prompt: str) -> str:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RouterLabError("The prompt is empty.", "Type a question or pick an example.")
+        if len(prompt) > self.limits.max_prompt_chars:
+            raise RouterLabError(
+                f"The prompt has {len(prompt)} characters; this server accepts up to {self.limits.max_prompt_chars}.",
+                "Shorten it (the operator sets ROUTERLAB_MAX_PROMPT_CHARS).",
+            )
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates arrive through raw JSON; the tokenizer raises a bare TypeError
+            raise RouterLabError("The prompt contains characters that are not valid text (unpaired surrogates).",
+                                 "Remove them and try again.") from None
+        return prompt
+
+    def measure_full_speed(self, max_new_tokens: int = 24) -> float:
+        """Decode tokens/s of the full default model on this machine (the 'speedup' denominator)."""
+        from routerlab.core.engine import Control
+
+        prompt = self.prompts[0] if self.engine.tokenizer is not None else None
+        control = Control(0.5)
+        config = GenerateConfig(max_new_tokens=max_new_tokens, max_new_tokens_cap=max(max_new_tokens, self.limits.max_new_tokens))
+        steps = self.engine.generate(prompt, None, config, control) if prompt else self.engine.generate_ids([1, 2, 3, 4], None, config, control)
+        # Decode in a worker thread, as every app run does: on CPU, torch in the main thread can run
+        # several times slower (measured 4 vs 15 tok/s on a busy 2-core box), which would inflate "vs full".
+        decoder = Decoder([steps])
+        decoder.done.wait()
+        decoder.raise_error()
+        self.full_tokens_per_second = control.trace.decode_tokens_per_second() or None
+        return self.full_tokens_per_second or 0.0
