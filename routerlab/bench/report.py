@@ -1,12 +1,22 @@
-"""Markdown tables of a `bench tradeoff` result: the README's tables, printed from the committed JSON.
+"""Markdown of the committed benchmark files: the trade-off tables and docs/results.md.
 
-`python -m routerlab bench report` prints them from assets/bench/tradeoff.json; every run of
-`bench tradeoff` also writes them to tradeoff.md next to the CSV. Knows nothing about models.
+`markdown(result)` renders the tables of one `bench tradeoff` result (every run of `bench tradeoff`
+writes them to tradeoff.md next to its CSV). `results_markdown(folder)` renders docs/results.md from
+every file in assets/bench/ (speed, trade-off, held-out evaluations, load/faults); `python -m routerlab
+bench report` writes it and `--check` compares it. Reads JSON only: knows nothing about models, and
+nothing here measures anything.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+
+from routerlab.core.paths import ASSETS, ROOT
+
+BENCH = ASSETS / "bench"  # the committed benchmark files
+RESULTS = ROOT / "docs" / "results.md"  # the document rendered from them
 
 
 def _num(x, digits: int = 3) -> str:
@@ -66,13 +76,285 @@ def costs_line(costs: dict) -> str:
                 "step", "attention_full", "attention_kv_only", "mlp", "head", "routing", "overhead")})
 
 
+def tradeoff_parts(result: dict, level: int = 2) -> list[str]:
+    """The tables of one result under headings of `level` (markdown lines, blank lines between)."""
+    h = "#" * level
+    return [f"{h} Every configuration", "", rows_table(result["rows"]), "",
+            f"{h} Granularity table", "", granularity_markdown(result["granularity_table"]), "",
+            f"{h} Longer prompts", "", context_markdown(result["context_scaling"]), "",
+            f"{h} Cost breakdown", "", costs_line(result["costs"]), ""]
+
+
+def tradeoff_conditions(result: dict) -> str:
+    return (f"{result['examples']} held-out examples ({result['tokens']} response tokens), {result['new_tokens']} new "
+            f"tokens per timed run, {result['rounds']} rounds, {result.get('seconds', 0) / 60:.1f} minutes.")
+
+
 def markdown(result: dict) -> str:
     """All tables of one result (as written to tradeoff.json)."""
-    parts = [f"# bench tradeoff: {result['model']}", "",
-             f"{result['examples']} held-out examples ({result['tokens']} response tokens), {result['new_tokens']} new "
-             f"tokens per timed run, {result['rounds']} rounds, {result.get('seconds', 0) / 60:.1f} minutes.", "",
-             "## Every configuration", "", rows_table(result["rows"]), "",
-             "## Granularity table", "", granularity_markdown(result["granularity_table"]), "",
-             "## Longer prompts", "", context_markdown(result["context_scaling"]), "",
-             "## Cost breakdown", "", costs_line(result["costs"]), ""]
+    parts = [f"# bench tradeoff: {result['model']}", "", tradeoff_conditions(result), "", *tradeoff_parts(result)]
     return "\n".join(parts)
+
+
+# ---- docs/results.md: every committed benchmark file, one section each ----------------------------------
+
+COMMAND = "python -m routerlab bench report"
+# file -> (section title, the command that writes the file)
+SOURCES = {
+    "speed.json": ("Decode speed", "make bench"),
+    "tradeoff.json": ("Speed vs quality: the trade-off sweep", "make tradeoff"),
+    "heldout_extra.json": ("Held-out evaluation: extra prompts, greedy answers", "make heldout-extra"),
+    "heldout_sampled.json": ("Held-out evaluation: extra prompts, sampled answers", "make heldout-sampled"),
+    "load.json": ("Load, faults and bad input", "python -m routerlab bench load"),
+}
+FIGURES = {  # figures a section links to, when they are in the folder
+    "tradeoff.json": ("tradeoff.png", "tradeoff.html", "layer_skip.png", "layer_skip.html", "tradeoff.csv", "tradeoff.md"),
+    "heldout_extra.json": ("heldout_extra.html",),
+    "heldout_sampled.json": ("heldout_sampled.html",),
+}
+READ_ERRORS = (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def _label(folder: Path) -> str:
+    """How the document names `folder`: relative to the repository when inside it (so the text is the same anywhere)."""
+    try:
+        return Path(folder).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return Path(folder).as_posix()
+
+
+def _link(folder: Path, name: str) -> str:
+    """A link from docs/results.md to a file of `folder`."""
+    label = _label(folder)
+    return f"[{name}]({'../' + label if not label.startswith('/') else label}/{name})"
+
+
+def _short_path(p) -> str:
+    """A recorded path without the machine's checkout prefix (`/work/x/assets/routers/y` -> `assets/routers/y`)."""
+    text = str(p)
+    return text[text.index("assets/"):] if "assets/" in text else text
+
+
+def _cell(x) -> str:
+    """A recorded value as a table cell: booleans as yes/no, floats rounded to 3 places, lists joined."""
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return "-" if math.isnan(x) else f"{round(x, 3):,}"
+    if x is None:
+        return "-"
+    if isinstance(x, (list, tuple)):
+        if len(x) > 12 and all(isinstance(v, (int, float)) for v in x):
+            return f"{len(x)} values, {_cell(min(x))} to {_cell(max(x))}"
+        return ", ".join(_cell(v) for v in x) if x else "none"
+    if isinstance(x, dict):
+        return ", ".join(f"{k} {_cell(v)}" for k, v in x.items()) if x else "none"
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _name(key: str) -> str:
+    return key.replace("_", " ")
+
+
+def _kv_table(d: dict, skip: tuple = ()) -> str:
+    """Every recorded value of `d` as a two-column table; nested dicts flatten to `outer: inner` rows."""
+    lines = ["| measure | value |", "|---|---|"]
+
+    def add(prefix: str, x: dict) -> None:
+        for k, v in x.items():
+            if k in skip:
+                continue
+            if isinstance(v, dict) and v:
+                add(f"{prefix}{_name(k)}: ", v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                lines.append(f"| {prefix}{_name(k)} | {len(v)} entries |")
+            else:
+                lines.append(f"| {prefix}{_name(k)} | {_cell(v)} |")
+
+    add("", d)
+    return "\n".join(lines)
+
+
+def _matrix(rows: dict[str, dict]) -> str:
+    """Dicts of the same kind side by side: one column each (the faults: stop, cancel, disconnect)."""
+    keys = list(dict.fromkeys(k for r in rows.values() for k in r))
+    lines = ["| measure | " + " | ".join(rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    lines += [f"| {_name(k)} | " + " | ".join(_cell(r.get(k)) for r in rows.values()) + " |" for k in keys]
+    return "\n".join(lines)
+
+
+def speed_markdown(r: dict) -> list[str]:
+    tps, speedup, ideal = r["tokens_per_second"], r["speedup"], r["ideal_speedup"]
+    routed, deep = r["routed_layers"], r["skipped_layers"]
+    lines = [f"{r['model']} on {r['device']} ({r['threads']} threads), prompt of {r['prompt_tokens']} tokens, "
+             f"{r['new_tokens']} new tokens, {r['rounds']} interleaved rounds. Tokens/s are medians; each speedup is "
+             "the median of per-round ratios to the engine without routers, decoding in lockstep.", "",
+             "| configuration | tokens/s | speedup | ideal speedup | of ideal |", "|---|---|---|---|---|",
+             f"| transformers `generate` (bare model) | {tps['generate']:.2f} | - | - | - |",
+             f"| engine, no routers | {tps['engine']:.2f} | 1.000 (baseline) | - | - |",
+             f"| engine, routers on layers {routed[0]}-{routed[-1]}, never skipping | {tps['engine_never_skip']:.2f} "
+             f"| {_num(r['routing'])} (the cost of routing) | 1.000 | - |"]
+    for p in ("mask", "kv", "drop"):
+        if f"deep_off_{p}" in tps:
+            lines.append(f"| engine, attention off on layers {deep[0]}-{deep[-1]}, KV policy {p} | {tps['deep_off_' + p]:.2f} "
+                         f"| {_num(speedup[p])} | {_num(ideal[p])} | {100 * speedup[p] / ideal[p]:.0f}% |")
+    lines += ["", f"The engine without routers decodes {_num(r['engine_vs_generate'])}x as fast as transformers "
+              "`generate` on the same model.", "", costs_line(r["cost_seconds"]), ""]
+    return lines
+
+
+def tradeoff_markdown(r: dict) -> list[str]:
+    return [f"{r['model']}: {tradeoff_conditions(r)}", "", *tradeoff_parts(r, level=3)]
+
+
+def _setting(row: dict, kind: str) -> str:
+    if kind == "random":
+        return f"p = {row.get('p', row['threshold']):.3f}"
+    if kind == "static":
+        dropped = row.get("dropped_layers") or row.get("routed_layers") or []
+        return f"k = {row.get('k', len(dropped))} (drops layer{'s' if len(dropped) != 1 else ''} {', '.join(map(str, dropped))})"
+    return f"threshold {_num(row['threshold'], 4)}"
+
+
+def heldout_markdown(r: dict) -> list[str]:
+    curve = r["curve"]
+    first = next(row for kind in ("tuned", "random", "static") for row in curve.get(kind, []))
+    lines = [f"{r['model']}, routers `{_short_path(r.get('routers'))}` ({r.get('granularity', first.get('granularity'))}, "
+             f"KV policy {r.get('kv_policy', first.get('kv_policy'))}), data `{_short_path(r.get('data'))}` "
+             f"({r.get('split', 'all')} split): {first['examples']} examples, {first['tokens']:,} response tokens. "
+             f"Full depth: perplexity {_num(first['perplexity_full'], 4)}.", "",
+             "Tuned rows are the routers at each threshold; random rows skip each routed cell with probability p, "
+             "matched to a tuned row's skip rate; static rows drop the k least important layers outright.", "",
+             "| method | setting | skipped (routed layers) | skipped (all layers) | skipped (prompt) | perplexity | vs full "
+             "| agreement | KL from full |", "|---|---|---|---|---|---|---|---|---|"]
+    for kind in ("tuned", "random", "static"):
+        rows = curve.get(kind, [])
+        if kind == "tuned":
+            rows = sorted(rows, key=lambda row: row["threshold"])
+        for row in rows:
+            routed = "-" if kind == "static" else _pct(row.get("skip_rate"))
+            prompt = "-" if kind == "static" else _pct(row.get("skip_rate_prompt"))
+            lines.append(f"| {kind} | {_setting(row, kind)} | {routed} | {_pct(row['skip_rate_all_layers'])} | {prompt} "
+                         f"| {_num(row['perplexity_routed'], 4)} | {_pct(row['perplexity_increase'], sign=True)} "
+                         f"| {_pct(row['agreement'])} | {_num(row.get('kl_full'), 4)} |")
+    return lines + [""]
+
+
+def load_markdown(r: dict) -> list[str]:
+    failures = r.get("failures") or []
+    lines = [("**Passed**: every check held." if r.get("passed") and not failures else
+              "**Failed**: " + ("; ".join(_cell(f) for f in failures) or "see the values below") + "."), ""]
+    if r.get("server"):
+        lines += [f"Server: {_cell(r['server'].get('mode', r['server']))}.", ""]
+    if isinstance(r.get("load"), dict):
+        lines += ["### Load", "", _kv_table(r["load"]), ""]
+    faults = r.get("faults")
+    if isinstance(faults, dict):
+        same = {k: v for k, v in faults.items() if k in ("stop", "cancel", "disconnect") and isinstance(v, dict)}
+        lines += ["### Faults", ""]
+        if same:
+            lines += [_matrix(same), ""]
+        lines += [_kv_table({k: v for k, v in faults.items() if k not in same}), ""]
+    bad = r.get("bad_input")
+    if isinstance(bad, dict):
+        lines += ["### Bad input", "", _kv_table(bad, skip=("rows",)), ""]
+        if bad.get("rows"):
+            lines += ["| case | endpoint | outcome | clear | seconds | message |", "|---|---|---|---|---|---|"]
+            lines += [f"| {_cell(x.get('case'))} | {_cell(x.get('endpoint'))} | {_cell(x.get('outcome'))} "
+                      f"| {_cell(x.get('clear'))} | {_cell(x.get('seconds'))} | {_cell(x.get('message'))} |"
+                      for x in bad["rows"]]
+            lines.append("")
+    for key in ("queue", "fuzz", "safe_loading"):
+        if isinstance(r.get(key), dict):
+            lines += [f"### {_name(key).capitalize()}", "", _kv_table(r[key]), ""]
+    done = {"command", "started", "server_env", "machine", "server", "load", "faults", "bad_input", "queue", "fuzz",
+            "safe_loading", "failures", "passed"}
+    rest = {k: v for k, v in r.items() if k not in done}
+    if rest:
+        lines += ["### Other recorded values", "", _kv_table(rest), ""]
+    return lines
+
+
+RENDERERS = {"speed.json": speed_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
+             "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
+
+
+def conditions(name: str, r: dict) -> str | None:
+    """One line: the machine and settings a file records (None when it records none)."""
+    if name == "speed.json":
+        return (f"{r['model']} on {r['device']}, {r['threads']} threads; prompt {r['prompt_tokens']} tokens, "
+                f"{r['new_tokens']} new tokens, {r['rounds']} rounds.")
+    if name == "tradeoff.json":
+        return f"{r['model']}; {tradeoff_conditions(r)}"
+    if name.startswith("heldout"):
+        return (f"{r['model']}, routers `{_short_path(r.get('routers'))}`, data `{_short_path(r.get('data'))}` "
+                f"({r.get('split', 'all')} split).")
+    if name == "load.json":
+        m = r.get("machine") or {}
+        parts = [f"started {r['started']}" if r.get("started") else None,
+                 f"{m['cpus']} CPUs" if m.get("cpus") else None,
+                 "load average " + " / ".join(f"{_cell(m[k][0])} {k.split('_')[-1]}" for k in ("loadavg_before", "loadavg_after")
+                                              if m.get(k)) if m.get("loadavg_before") else None,
+                 "server settings " + ", ".join(f"{k}={v}" for k, v in r["server_env"].items()) if r.get("server_env") else None]
+        return "; ".join(p for p in parts if p) + "." if any(parts) else None
+    return None
+
+
+def _read(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def results_markdown(folder: Path = BENCH) -> str:
+    """docs/results.md rendered from the benchmark files in `folder`. Deterministic: the same files give the same
+    text. A missing file gives a "not measured" line, an unreadable one a line naming the error; neither raises."""
+    folder = Path(folder)
+    label = _label(folder)
+    read: dict[str, dict | str] = {}
+    for name in SOURCES:
+        path = folder / name
+        if path.is_file():
+            try:
+                read[name] = _read(path)
+            except (OSError, *READ_ERRORS) as err:
+                read[name] = f"could not be read ({type(err).__name__}: {err})"
+    out = ["# RouterLab: measured results", "",
+           f"<!-- Generated by `{COMMAND}` from {label}/. Do not edit by hand. -->", "",
+           f"This file is generated by `{COMMAND}` from the committed benchmark files in `{label}/`; "
+           "**do not edit it by hand**. To update it, rerun the command a section names (it rewrites that file), "
+           f"then `{COMMAND}`, and commit both. `{COMMAND} --check` and `tests/test_report.py` fail while this file "
+           f"differs from what `{label}/` gives.", "",
+           "## Machine and conditions", "", "As each file records them (the files record nothing more about the machine):", ""]
+    for name in SOURCES:
+        data = read.get(name)
+        if isinstance(data, dict):
+            try:
+                line = conditions(name, data)
+            except READ_ERRORS as err:
+                line = f"not recorded ({type(err).__name__}: {err})"
+            out.append(f"- `{name}`: {line or 'no conditions recorded.'}")
+        else:
+            out.append(f"- `{name}`: {data or 'not measured.'}")
+    out.append("")
+    for name, (title, command) in SOURCES.items():
+        out += [f"## {title}", "", f"From `{label}/{name}`, written by `{command}`.", ""]
+        data = read.get(name)
+        if data is None:
+            out += [f"Not measured: there is no `{name}` in `{label}/`. Run `{command}` to measure it.", ""]
+            continue
+        if isinstance(data, str):
+            out += [f"`{name}` {data}. Run `{command}` again.", ""]
+            continue
+        try:
+            section = RENDERERS[name](data)
+        except READ_ERRORS as err:
+            section = [f"`{name}` is incomplete ({type(err).__name__}: {err}). Run `{command}` again.", ""]
+        out += section
+        figures = [f for f in FIGURES.get(name, ()) if (folder / f).is_file()]
+        if figures:
+            out += ["Files: " + ", ".join(_link(folder, f) for f in figures) + ".", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
