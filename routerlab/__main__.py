@@ -66,9 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=_bench_tradeoff)
 
-    rp = bench.add_parser("report", help="print the tables of a bench tradeoff run (markdown, from its tradeoff.json)")
-    rp.add_argument("--out", default=None, help="the run's output folder (default assets/bench)")
+    rp = bench.add_parser("report", help="write docs/results.md from every file in assets/bench/ and print the "
+                          "trade-off tables (with --out: only print the tables of that tradeoff run)")
+    rp.add_argument("--out", default=None, help="a bench tradeoff output folder whose tables to print (default assets/bench)")
+    rp.add_argument("--results", default=None, help="the document to write or check (default docs/results.md; with "
+                    "--out, none unless given)")
+    rp.add_argument("--check", action="store_true", help="write nothing: fail if the document differs from what "
+                    "the benchmark files give")
     rp.set_defaults(func=_bench_report)
+    ld = bench.add_parser("load", add_help=False, prefix_chars="\0",  # no options here: every argument, --help too, is passed on
+                          help="load, fault, bad-input and loader-fuzz tests of the app over HTTP (see `bench load --help`)")
+    ld.add_argument("args", nargs="*")
+    ld.set_defaults(func=_bench_load)
 
     d = sub.add_parser("data", help="the built-in self-distilled data").add_subparsers(dest="data", required=True)
     b = d.add_parser("build", help="answer assets/data/prompts.jsonl with the full-depth embedded model (resumable)")
@@ -277,12 +286,26 @@ def _bench_tradeoff(args) -> int:
 
 
 def _bench_report(args) -> int:
-    from pathlib import Path
+    from routerlab.bench.report import BENCH, RESULTS, markdown, results_markdown
 
-    from routerlab.bench.report import markdown
-    from routerlab.bench.tradeoff import OUT
-
-    path = (Path(args.out) if args.out else OUT) / "tradeoff.json"
+    folder = Path(args.out) if args.out else BENCH
+    document = Path(args.results) if args.results else (None if args.out else RESULTS)
+    if args.check:
+        if document is None:
+            raise RouterLabError("--check compares a document, and --out alone names none.", "Add --results PATH.")
+        if not document.is_file() or document.read_text(encoding="utf-8") != results_markdown(folder):
+            state = "does not exist" if not document.is_file() else f"is out of date with {folder}"
+            raise RouterLabError(f"{document} {state}.", "Run `python -m routerlab bench report` and commit it "
+                                 "(never edit it by hand).")
+        print(f"{document} is up to date with {folder}.")
+        return 0
+    if document is not None:
+        document.parent.mkdir(parents=True, exist_ok=True)
+        document.write_text(results_markdown(folder), encoding="utf-8")
+        print(f"wrote {document}", file=sys.stderr)
+        if not (folder / "tradeoff.json").exists():
+            return 0  # the document says the sweep was not measured; there are no tables to print
+    path = folder / "tradeoff.json"
     try:
         result = json.loads(path.read_text())
         print(markdown(result))
@@ -291,6 +314,12 @@ def _bench_report(args) -> int:
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise RouterLabError(f"{path} is not a complete bench tradeoff result ({err}).", "Run `bench tradeoff` again.") from None
     return 0
+
+
+def _bench_load(args) -> int:
+    from routerlab.bench.load.cli import main as load_main
+
+    return load_main(args.args)  # the harness's own argparse: same arguments as `python -m routerlab.bench.load`
 
 
 def main(argv: list[str] | None = None) -> int:

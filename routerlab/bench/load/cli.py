@@ -1,0 +1,119 @@
+"""The command line of the harness: `python -m routerlab.bench.load [run|serve] [options]`.
+
+Owns the arguments, `run_all` (the server's env caps, starting the server in a child process or in
+this process, the phases in order, the JSON report) and `main` (writes the report, prints the JSON
+or the summary, exit code 1 when anything failed). Knows nothing about what each phase measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from routerlab.bench.load.driver import forget
+from routerlab.bench.load.faults import fault_tests
+from routerlab.bench.load.fuzz import fuzz_router_loading, safe_loading_checks
+from routerlab.bench.load.inputs import bad_input_test, queue_cap_test
+from routerlab.bench.load.report import summary, verdict
+from routerlab.bench.load.server import _serve_forever, serve, spawn
+from routerlab.bench.load.traffic import _mb, load_test
+from routerlab.core.paths import ASSETS
+
+DEFAULT_OUT = ASSETS / "bench" / "load.json"
+DESCRIPTION = "Load, fault, bad-input and loader-fuzz tests of the real app, over HTTP on localhost, measured."
+
+
+def run_all(args, log=print) -> dict:
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    env = {"ROUTERLAB_MAX_NEW_TOKENS": str(args.cap), "ROUTERLAB_QUEUE_SIZE": str(args.queue_size),
+           "ROUTERLAB_CONCURRENCY": str(args.concurrency), "ROUTERLAB_MAX_PROMPT_CHARS": "4000",
+           "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="routerlab-gradio-")}
+    report: dict[str, Any] = {"command": "python -m routerlab.bench.load " + " ".join(args.argv), "started": started,
+                              "server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")},
+                              "machine": {"cpus": os.cpu_count(), "loadavg_before": list(os.getloadavg())}}
+    report["safe_loading"] = safe_loading_checks()
+    if args.fuzz_cases:
+        report["fuzz"] = fuzz_router_loading(args.fuzz_cases)
+        log(f"[fuzz] {report['fuzz']}")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        if args.inprocess:
+            from routerlab.core.engine import Engine
+            from routerlab.core.models import load_model
+
+            loaded = load_model(device="cpu")
+            server = serve(Engine(loaded.model, loaded.tokenizer, name=loaded.name))
+        else:
+            server = spawn(env=env, log_path=Path(tempfile.gettempdir()) / "routerlab-loadtest-server.log")
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    report["server"] = {"mode": "in-process" if args.inprocess else "child process (python -m routerlab.bench.load serve)", "pid": server.pid}
+    try:
+        phases = set(args.phases.split(","))
+        if "load" in phases:
+            report["load"] = load_test(server.url, args.sessions, args.generations, args.max_new, args.deadline, log=log)
+        if "faults" in phases:
+            report["faults"] = fault_tests(server.url, max_new=args.cap, log=log)
+        if "bad_input" in phases:
+            report["bad_input"] = bad_input_test(server.url, log=log)
+        if "queue" in phases:
+            report["queue"] = queue_cap_test(server.url, args.queue_size)
+            log(f"[queue] {report['queue']}")
+        cache = Path(env["GRADIO_TEMP_DIR"])
+        report["gradio_cache_mb"] = _mb(sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()))
+    finally:
+        forget(server.url)
+        server.close()
+    report["machine"]["loadavg_after"] = list(os.getloadavg())
+    report["failures"] = verdict(report)
+    report["passed"] = not report["failures"]
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m routerlab.bench.load", description=DESCRIPTION)
+    p.add_argument("mode", nargs="?", default="run", choices=["run", "serve"], help="run the tests (default) or only serve")
+    p.add_argument("--port", type=int, default=None, help="serve: port on 127.0.0.1")
+    p.add_argument("--sessions", type=int, default=8, help="concurrent gradio_client visitors")
+    p.add_argument("--generations", type=int, default=50, help="generations shared by the visitors")
+    p.add_argument("--max-new", type=int, default=16, help="new tokens per load-test generation")
+    p.add_argument("--cap", type=int, default=48, help="the server's ROUTERLAB_MAX_NEW_TOKENS (the token-cap fault test asks for exactly this)")
+    p.add_argument("--concurrency", type=int, default=2, help="the server's ROUTERLAB_CONCURRENCY")
+    p.add_argument("--queue-size", type=int, default=16, help="the server's ROUTERLAB_QUEUE_SIZE")
+    p.add_argument("--fuzz-cases", type=int, default=200)
+    p.add_argument("--deadline", type=float, default=1500.0, help="seconds the load phase may take at most")
+    p.add_argument("--inprocess", action="store_true", help="serve from this process (RSS then includes the clients)")
+    p.add_argument("--phases", default="load,faults,bad_input,queue", help="which server phases to run (comma-separated)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON results file ('-' for none)")
+    p.add_argument("--json", action="store_true", help="print the JSON report")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    if args.mode == "serve":
+        return _serve_forever(args.port or 7861)
+    if args.queue_size < 1 or args.concurrency < 1 or args.sessions < 1 or args.generations < 1:
+        print("error: sessions, generations, concurrency and queue size must be at least 1", file=sys.stderr)
+        return 2
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    report = run_all(args, log=log)
+    text = json.dumps(report, indent=1, ensure_ascii=False)
+    if args.out != "-":
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        print(summary(report))
+    return 0 if report["passed"] else 1

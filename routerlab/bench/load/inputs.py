@@ -1,0 +1,175 @@
+"""Bad input through the API, and more requests than the server accepts.
+
+Owns the bad-input cases for `/generate`, `/compare` and `/set_threshold` (through `gradio_client`,
+and raw HTTP for what it refuses to send), the rule for a clear answer, and `queue_cap_test`.
+Knows nothing about how the server is started, the other tests, or the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from routerlab.bench.load.driver import PROMPTS, _fn_index, _raw_call, client, probe, submit
+
+
+def bad_input_cases(default_model: str, cap: int, max_chars: int) -> list[tuple[str, str, list]]:
+    """(name, endpoint, arguments) for /generate, /compare and /set_threshold."""
+    from routerlab import ui
+
+    ok = [PROMPTS[0], 0.5, ui.UNTRAINED, "kv", 2, 0.0, default_model]
+
+    def gen(i, v, name, api="/generate"):
+        args = list(ok)
+        args[i] = v
+        return (name, api, args)
+
+    nan, inf = float("nan"), float("inf")
+    return [
+        gen(0, "x" * 100_000, "prompt of 100,000 characters"),
+        gen(0, "x" * (max_chars + 1), "prompt one character over the cap"),
+        gen(0, "", "empty prompt"),
+        gen(0, "   \n\t ", "whitespace prompt"),
+        gen(0, None, "prompt None"),
+        gen(0, 12345, "prompt a number"),
+        gen(0, ["a", "list"], "prompt a list"),
+        gen(0, "\x00\x01\x02\x1b[31mred\x07\x7f\u202e\ufeff\u200b", "control characters"),
+        gen(0, "🐉🔥 Write about a 🐉 in 中文 and עברית 👩‍👩‍👧‍👦", "emoji and scripts"),
+        gen(0, "\ud800 lone surrogate \udfff", "lone surrogates"),
+        gen(0, "<script>alert(1)</script><img src=x onerror=alert(2)>", "html in the prompt"),
+        gen(1, "abc", "threshold a word"),
+        gen(1, None, "threshold None"),
+        gen(1, nan, "threshold NaN"),
+        gen(1, inf, "threshold inf"),
+        gen(1, -1e308, "threshold -1e308"),
+        gen(1, 1e308, "threshold 1e308"),
+        gen(1, [0.5], "threshold a list"),
+        gen(2, "no-such-routers", "unknown granularity"),
+        gen(2, None, "granularity None"),
+        gen(2, "../../../etc/passwd", "granularity a path"),
+        gen(3, "fast", "unknown kv policy"),
+        gen(3, None, "kv policy None"),
+        gen(4, 10**9, "max new tokens 1e9"),
+        gen(4, cap + 1, "max new tokens cap+1"),
+        gen(4, 0, "max new tokens 0"),
+        gen(4, -5, "max new tokens negative"),
+        gen(4, 2.5, "max new tokens 2.5"),
+        gen(4, nan, "max new tokens NaN"),
+        gen(4, "many", "max new tokens a word"),
+        gen(4, None, "max new tokens None"),
+        gen(5, nan, "temperature NaN"),
+        gen(5, 1e300, "temperature 1e300"),
+        gen(5, -1, "temperature negative"),
+        gen(5, "hot", "temperature a word"),
+        gen(6, "gpt2", "model not allowed"),
+        gen(6, "/etc", "model a local path"),
+        gen(6, "../../secrets", "model a relative path"),
+        gen(6, 42, "model a number"),
+        gen(0, "x" * 100_000, "compare: prompt of 100,000 characters", "/compare"),
+        gen(4, 10**9, "compare: max new tokens 1e9", "/compare"),
+        gen(6, "gpt2", "compare: model not allowed", "/compare"),
+        gen(1, nan, "compare: threshold NaN", "/compare"),
+        ("set_threshold NaN", "/set_threshold", [nan]),
+        ("set_threshold a word", "/set_threshold", ["abc"]),
+        ("set_threshold 1e308", "/set_threshold", [1e308]),
+        ("set_threshold None", "/set_threshold", [None]),
+    ]
+
+
+def _message(result, api: str) -> str:
+    if api == "/generate":
+        return str(result[3])
+    if api == "/compare":
+        return str(result[4])
+    if api == "/set_threshold":
+        return str(result[3])
+    return str(result)
+
+
+UNCLEAR = ("has not enabled verbose error reporting", "Traceback", "Internal Server Error")
+
+
+def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
+    """Every bad input gets a clear message (a ⚠ status or an error naming the problem); the server keeps serving.
+
+    One raw case, a request with too few arguments, is malformed at the protocol level: Gradio refuses it
+    before any RouterLab code runs, with its generic error (it is counted as `refused`, not as clear).
+    """
+    from routerlab import ui
+
+    info = probe(url)
+    cases = bad_input_cases(info["default_model"], info["limits"]["max_new_tokens"], info["limits"]["max_prompt_chars"])
+    rows = []
+    c = client(url)
+    for name, api, args in cases:
+        t0 = time.perf_counter()
+        try:
+            result = c.predict(*args, api_name=api)
+            msg, kind = _message(result, api), "status"
+        except Exception as err:
+            msg, kind = f"{type(err).__name__}: {err}", "error"
+        generated = msg.startswith("✓")
+        clear = generated or (len(msg) > 12 and not any(u in msg for u in UNCLEAR) and (kind == "error" or msg.startswith(("⚠", "◐", "✓"))))
+        rows.append(dict(case=name, endpoint=api, outcome="generated" if generated else kind, message=msg[:220],
+                         clear=clear, seconds=round(time.perf_counter() - t0, 2)))
+        if log:
+            log(f"[bad input] {name}: {'ok ' if clear else 'UNCLEAR '}{msg[:140]!r}")
+    # What gradio_client refuses to send, a raw HTTP client can: NaN/Infinity literals, lone surrogates, wrong arity.
+    fn_index = _fn_index(url, "generate")
+    ok = [PROMPTS[0], 0.5, "FULL", "kv", 2, 0.0, info["default_model"], None]
+    ok[2] = next(l for l in info["router_labels"] if "untrained" in l)
+    raw_cases = [
+        ("raw: threshold NaN", json.dumps(ok).replace("0.5", "NaN", 1)),
+        ("raw: max new tokens Infinity", json.dumps(ok[:4] + ["__INF__"] + ok[5:]).replace('"__INF__"', "Infinity")),
+        ("raw: temperature -Infinity", json.dumps(ok[:5] + ["__INF__"] + ok[6:]).replace('"__INF__"', "-Infinity")),
+        ("raw: lone surrogate prompt", json.dumps(["\ud800 hello \udfff"] + ok[1:])),
+        ("raw: too few arguments", json.dumps(ok[:2])),
+        ("raw: data is a string", json.dumps("hello")),
+        ("raw: a 1 MB prompt", json.dumps(["y" * 1_000_000] + ok[1:])),
+    ]
+    for name, data in raw_cases:
+        t0 = time.perf_counter()
+        try:
+            msg, kind = _raw_call(url, fn_index, data, timeout), "raw"
+        except Exception as err:
+            msg, kind = f"{type(err).__name__}: {err}", "error"
+        generated = "✓ Done" in msg
+        if name == "raw: too few arguments":
+            rows.append(dict(case=name, endpoint="/generate (raw HTTP)", outcome="refused by Gradio", message=msg[:220],
+                             clear=True, seconds=round(time.perf_counter() - t0, 2)))
+            continue
+        clear = generated or (msg.startswith("⚠") or "not a number" in msg or msg.startswith("HTTP 422")) and not any(u in msg for u in UNCLEAR)
+        rows.append(dict(case=name, endpoint="/generate (raw HTTP)", outcome="generated" if generated else kind,
+                         message=msg[:220], clear=clear, seconds=round(time.perf_counter() - t0, 2)))
+        if log:
+            log(f"[bad input] {name}: {'ok ' if clear else 'UNCLEAR '}{msg[:140]!r}")
+    health = c.predict(PROMPTS[0], 0.5, ui.FULL, "kv", 2, 0.0, info["default_model"], api_name="/generate")[3]
+    c.close()
+    after = probe(url)
+    return {
+        "cases": len(rows),
+        "clear": sum(r["clear"] for r in rows),
+        "unclear": [r for r in rows if not r["clear"]],
+        "rows": rows,
+        "serving_after": health.startswith("✓"),
+        "server_after": {k: after[k] for k in ("live", "decoders")},
+    }
+
+
+def queue_cap_test(url: str, queue_size: int, timeout: float = 300.0) -> dict:
+    """More requests than slots + queue: the extra ones are refused with a message, the rest finish."""
+    info = probe(url)
+    n = info["limits"]["concurrency"] + queue_size + 1
+    clients = [client(url) for _ in range(n)]
+    jobs = [submit(c, PROMPTS[0], max_new=1) for c in clients]
+    outcomes = []
+    for j in jobs:
+        try:
+            outcomes.append(("ok", j.result(timeout=timeout)[3][:80]))
+        except Exception as err:
+            outcomes.append(("refused", f"{type(err).__name__}: {err}"[:160]))
+    for c in clients:
+        c.close()
+    refused = [m for k, m in outcomes if k == "refused"]
+    return {"submitted": n, "finished": sum(k == "ok" for k, _ in outcomes), "refused": len(refused),
+            "refusal_message": refused[0] if refused else None}
