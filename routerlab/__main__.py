@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, without the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and the per-token trace")
+    g.add_argument("--no-quality", action="store_true", help="skip the per-token quality cost (KL to the full model, "
+                   "its top token): a full-depth pass over the generated tokens, which slows decoding")
     g.set_defaults(func=_generate)
 
     bench = sub.add_parser("bench", help="measured benchmarks").add_subparsers(dest="bench", required=True)
@@ -51,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--save", default=None, help="also write the JSON result to this file (make bench: assets/bench/speed.json)")
     s.set_defaults(func=_bench_speed)
+    q = bench.add_parser("quality", help="decode tokens/s with the per-token quality cost on vs off, side by side")
+    q.add_argument("--model", default=None)
+    q.add_argument("--granularity", default="attention-token", help="shipped routers to run (default attention-token)")
+    q.add_argument("--prompt", default=None, help="default: a fixed story prompt, chat template")
+    q.add_argument("--new-tokens", type=int, default=128)
+    q.add_argument("--chunks", default="4,8,16,32", help="comma-separated quality chunk sizes to time against off")
+    q.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    q.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_bench_quality)
     o = bench.add_parser("tradeoff", help="threshold sweep: speed vs quality of tuned routers, baselines, granularities")
     o.add_argument("--model", default=None)
     o.add_argument("--routers", default=None, help="one checkpoint folder for the main curve (default: shipped attention-token)")
@@ -190,6 +202,7 @@ def _generate(args) -> int:
         kv_policy=args.kv_policy or defaults["kv_policy"],
         chat=not args.no_chat,
         seed=args.seed,
+        quality=not args.no_quality,
     )
     engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
     stream = not args.json
@@ -200,8 +213,11 @@ def _generate(args) -> int:
     trace = control.trace
     if stream:
         print()
+        mean_kl, agreement = trace.mean_kl(), trace.agreement()
+        quality = ("quality off" if mean_kl is None else
+                   f"mean KL to full {mean_kl:.4f} nats, top-1 agreement with full {agreement:.1%}")
         print(f"[{len(trace.generated_steps)} tokens, skip rate {trace.skip_rate():.1%}, "
-              f"{trace.decode_tokens_per_second():.1f} tokens/s, {trace.meta['granularity']}, "
+              f"{trace.decode_tokens_per_second():.1f} tokens/s, {quality}, {trace.meta['granularity']}, "
               f"kv policy {config.kv_policy}, threshold {config.threshold}]", file=sys.stderr)
         return 0
     out = {
@@ -215,9 +231,13 @@ def _generate(args) -> int:
         "decode_tokens_per_second": trace.decode_tokens_per_second(),
         "prefill_seconds": trace.meta["prefill_seconds"],
         "stop_reason": trace.meta["stop_reason"],
+        "quality": config.quality,
+        "mean_kl": trace.mean_kl(),  # over generated tokens, nats; null with --no-quality
+        "agreement": trace.agreement(),  # top-1 agreement with the full model; null with --no-quality
         "tokens": [
             {"position": s.position, "id": s.token_id, "text": s.text, "is_prompt": s.is_prompt,
-             "scores": s.scores, "executed": s.executed, "threshold": s.threshold, "seconds": s.seconds}
+             "scores": s.scores, "executed": s.executed, "threshold": s.threshold, "seconds": s.seconds,
+             "kl_full": s.kl_full, "full_top_token": s.full_top_token, "full_top_text": s.full_top_text}
             for s in trace.steps
         ],
     }
@@ -235,6 +255,21 @@ def _bench_speed(args) -> int:
     if args.save:
         Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1) if args.json else format_speed(result))
+    return 0
+
+
+def _bench_quality(args) -> int:
+    from routerlab.bench.quality import format_quality, quality_benchmark
+
+    try:
+        chunks = tuple(int(c) for c in args.chunks.split(",") if c.strip())
+    except ValueError:
+        raise RouterLabError(f"--chunks {args.chunks!r} is not a list of whole numbers.", "For example --chunks 8,16.") from None
+    if not chunks or min(chunks) < 1 or args.new_tokens < 2 or args.rounds < 1:
+        raise RouterLabError("--chunks must be whole numbers >= 1, --new-tokens >= 2, --rounds >= 1.")
+    result = quality_benchmark(args.model, granularity=args.granularity, prompt=args.prompt, new_tokens=args.new_tokens,
+                               chunks=chunks, rounds=args.rounds, threads=args.threads)
+    print(json.dumps(result, indent=1) if args.json else format_quality(result))
     return 0
 
 

@@ -89,6 +89,10 @@ class GenerateConfig:
     seed: int | None = None
     system_prompt: str | None = None
     ignore_eos: bool = False  # benchmarks: always produce max_new_tokens
+    # Per-token quality cost (KL to the full model, its top token): a full-depth pass over the run's
+    # own tokens, `quality_chunk` tokens per forward. Off here (no extra work); the CLI turns it on.
+    quality: bool = False
+    quality_chunk: int = 16
     max_new_tokens_cap: int = field(default=4096, repr=False)
 
     def __post_init__(self):
@@ -99,6 +103,8 @@ class GenerateConfig:
                 f"max_new_tokens={self.max_new_tokens!r} is not allowed.",
                 f"Use a whole number from 1 to {self.max_new_tokens_cap}.",
             )
+        if isinstance(self.quality_chunk, bool) or not isinstance(self.quality_chunk, int) or self.quality_chunk < 1:
+            raise RouterLabError(f"quality_chunk={self.quality_chunk!r} is not allowed.", "Use a whole number >= 1, e.g. 16.")
         t = float(self.temperature)
         if math.isnan(t) or not 0.0 <= t <= 5.0:
             raise RouterLabError(f"Temperature {self.temperature!r} is outside [0, 5].", "Use 0 for greedy decoding.")

@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.errors import RouterLabError
+from routerlab.core.quality import QualityMeter
 from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
 from routerlab.core.router import RouterSet
 from routerlab.core.trace import Step, Trace
@@ -388,6 +389,7 @@ class Engine:
             "kv_policy": config.kv_policy,
             "kv_policy_effective": effective,
             "threshold_start": config.threshold,
+            "quality": config.quality,
             "costs": self.anatomy.costs(torch.finfo(self.dtype).bits // 8),
         }
 
@@ -419,9 +421,18 @@ class Engine:
 
     def _loop(self, ids, routers, config, control, trace) -> Iterator[Step]:
         caches = self.new_caches(len(ids) + config.max_new_tokens)
+        meter = self.quality_meter(ids, routers, config)
         try:
-            yield from self._steps(ids, routers, config, control, trace, caches)
+            yield from self._steps(ids, routers, config, control, trace, caches, meter)
+            if meter is not None:
+                meter.flush()  # the last tokens (eos, stop, max_new_tokens) are scored too
+        except GeneratorExit:  # the consumer stopped iterating: still score what it was given
+            if meter is not None:
+                meter.flush()
+            raise
         finally:  # also when the consumer stops iterating
+            if meter is not None:
+                trace.meta.update(quality_seconds=meter.seconds, quality_chunks=meter.chunks)
             trace.meta["kv_bytes_held"] = sum(c.nbytes for c in caches)
             trace.meta["kv_bytes_full"] = len(trace.steps) * self.n_layers * int(trace.meta["costs"]["kv_bytes"])
 
@@ -431,7 +442,25 @@ class Engine:
         before, after = self._decode(window[:-1]), self._decode(window)
         return after[len(before):] if after.startswith(before) else self._decode([generated[-1]])
 
-    def _steps(self, ids, routers, config, control, trace, caches) -> Iterator[Step]:
+    def quality_meter(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig) -> QualityMeter | None:
+        """The per-token quality meter of one run, or None when quality is off. With no routers the
+        run is the full model: KL 0 by definition, no extra pass."""
+        if not config.quality:
+            return None
+        if routers is None:
+            return QualityMeter(ids, None, self._token_text)
+        full_caches = self.new_caches(len(ids) + config.max_new_tokens)  # the full model's own cache
+
+        @torch.inference_mode()
+        def full_forward(chunk: list[int], start: int, n: int) -> torch.Tensor:
+            t = torch.tensor([chunk], device=self.device)  # (1, T)
+            positions = torch.arange(start, start + len(chunk), device=self.device)  # (T,)
+            logits, _ = forward(self.anatomy, t, positions, full_caches, Plan(None), logits_at=slice(len(chunk) - n, None))
+            return logits[0]  # (n, V)
+
+        return QualityMeter(ids, full_forward, self._token_text, chunk=config.quality_chunk)
+
+    def _steps(self, ids, routers, config, control, trace, caches, meter=None) -> Iterator[Step]:
         plan = Plan(routers, control.threshold, config.kv_policy)
         sequence = plan.level == "sequence"  # decided once at prefill, with the threshold in force then
         generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
@@ -446,6 +475,8 @@ class Engine:
         generated: list[int] = []
         for n in range(config.max_new_tokens):
             t0 = time.perf_counter()
+            if meter is not None:
+                meter.pump()  # a full chunk is scored here, so its time counts in this token's seconds
             if control.stop_requested:
                 trace.meta["stop_reason"] = "stopped"
                 return
@@ -457,12 +488,19 @@ class Engine:
             piece = self._piece(generated)
             position = len(ids) + n
             if n == config.max_new_tokens - 1:  # the last token is never fed back: no scores for it
-                yield self._record(trace, position, token, piece, False, [math.nan] * self.n_layers, plan.threshold, 0.0)
+                step = self._record(trace, position, token, piece, False, [math.nan] * self.n_layers, plan.threshold, 0.0)
+                if meter is not None:
+                    meter.add(step, logits)  # its distribution is known: it was sampled from it
+                yield step
                 return
             if not sequence:
                 plan.threshold = control.threshold  # a live slider takes effect here, between tokens
+            sampled_from = logits  # (1, 1, V): the routed distribution this token was drawn from
             logits, scores = self._forward([token], position, caches, plan)
-            yield self._record(trace, position, token, piece, False, scores[0], plan.threshold, time.perf_counter() - t0)
+            step = self._record(trace, position, token, piece, False, scores[0], plan.threshold, time.perf_counter() - t0)
+            if meter is not None:
+                meter.add(step, sampled_from)
+            yield step
 
     @staticmethod
     def _record(trace: Trace, position, token_id, text, is_prompt, row, threshold, seconds) -> Step:

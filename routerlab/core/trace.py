@@ -14,7 +14,7 @@ from typing import Any
 
 from routerlab.core.errors import RouterLabError
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: optional per-step kl_full / full_top_token / full_top_text (version 1 files load)
 
 
 @dataclass
@@ -27,6 +27,12 @@ class Step:
     executed: list[bool | None]  # one per decoder layer; None where the layer has no router
     threshold: float
     seconds: float  # wall time of the forward pass that processed this token (prompt: share of prefill)
+    # Quality cost of a generated token (None for the prompt, when switched off, or not scored yet):
+    # KL(full || routed) of the distribution it was sampled from, in nats (see core/quality.py), and
+    # the full model's top token at the same prefix where it differs from the routed model's top token.
+    kl_full: float | None = None
+    full_top_token: int | None = None
+    full_top_text: str | None = None
 
     @property
     def routed(self) -> int:
@@ -86,6 +92,21 @@ class Trace:
             cells = [c for c, s in zip(row, self.steps) if c is not None and not (generated_only and s.is_prompt)]
             rates.append(sum(not c for c in cells) / len(cells) if cells else None)
         return rates
+
+    @property
+    def scored_steps(self) -> list[Step]:
+        """Generated steps whose quality cost has been measured (so far, while a run streams)."""
+        return [s for s in self.generated_steps if s.kl_full is not None]
+
+    def mean_kl(self) -> float | None:
+        """Mean KL(full || routed) per scored generated token, nats; None when not measured."""
+        scored = self.scored_steps
+        return sum(s.kl_full for s in scored) / len(scored) if scored else None
+
+    def agreement(self) -> float | None:
+        """Share of scored generated tokens where the routed model's top token is the full model's; None when not measured."""
+        scored = self.scored_steps
+        return sum(s.full_top_token is None for s in scored) / len(scored) if scored else None
 
     def decode_tokens_per_second(self) -> float:
         timed = [s.seconds for s in self.generated_steps if s.seconds > 0]

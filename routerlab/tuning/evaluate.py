@@ -32,11 +32,11 @@ import torch
 
 from routerlab.core.config import RoutingConfig, check_kv_policy, check_threshold, default_layers
 from routerlab.core.errors import RouterLabError
+from routerlab.core.quality import KL_TOP, kl_top_k
 from routerlab.core.router import RouterSet
 
 BASELINES = ("random", "static")
 STATIC_THRESHOLD = 0.51  # a zero router scores 0.5: under this threshold it always skips
-KL_TOP = 256  # full-depth log-probabilities kept per response token for kl_full; the rest is one bucket
 
 
 # -- baselines as router sets ------------------------------------------------------------------
@@ -156,16 +156,10 @@ class _Full:
 def kl_to_full(full: _Full, logp: torch.Tensor) -> torch.Tensor:
     """KL(full || routed) at each response position (R,), nats, from the routed log-probs `logp` (R, V).
 
-    Exact over the full model's top-k tokens; the remaining tokens count as one bucket, which can
-    only under-count (log-sum inequality) and is exact when they hold no mass, e.g. V <= k.
+    The definition generation's per-token `kl_full` uses too (core/quality.py): exact over the full
+    model's top-k tokens, the remaining tokens as one bucket.
     """
-    lq = logp.gather(1, full.top_ids.to(logp.device)).double().cpu()
-    lp = full.top_logp.double()
-    head = (lp.exp() * (lp - lq)).sum(1)
-    p_rest = (1.0 - lp.exp().sum(1)).clamp_min(0.0)  # below 1e-6 it is float32 rounding: no bucket
-    q_rest = (1.0 - lq.exp().sum(1)).clamp_min(1e-300)
-    tail = torch.where(p_rest > 1e-6, p_rest * (p_rest.clamp_min(1e-300).log() - q_rest.log()), torch.zeros_like(p_rest))
-    return (head + tail).clamp_min(0.0)
+    return kl_top_k(full.top_logp, full.top_ids, logp)
 
 
 @torch.no_grad()

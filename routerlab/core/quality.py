@@ -1,0 +1,123 @@
+"""Per-token quality cost of a routed generation: how far each next-token distribution moved from the full model's.
+
+Owns the KL definition that generation and evaluation share (`kl_top_k`: KL(full || routed), exact
+over the full model's top-k tokens, the rest as one bucket) and `QualityMeter`, which the engine
+feeds with every generated Step and the routed logits that token was sampled from. The meter runs
+the same weights at full depth, teacher-forced on the run's own tokens, in chunks, with a KV cache
+of its own, and writes `kl_full`, `full_top_token` and `full_top_text` onto the Steps it scores.
+It never generates: the full model only reads the tokens the routed model wrote.
+
+Knows nothing about the decode loop, routers, KV policies or how the full forward is computed: the
+engine hands it a function that runs the full model on token ids at given positions with its own
+cache. Knows nothing about training or the UI.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from routerlab.core.trace import Step
+
+KL_TOP = 256  # full-depth log-probabilities kept per token for the KL; the rest is one bucket
+CHUNK = 16  # tokens scored per full-depth forward (chosen by `bench quality`, see docs/method.md)
+REFRESH_SECONDS = 2.0  # while streaming, buffered tokens wait at most this long to be scored
+
+# (ids, start, n) -> the full model's logits (n, V) at the last n of the positions start .. start+len(ids)-1,
+# after appending ids to the full model's own cache.
+FullForward = Callable[[list[int], int, int], torch.Tensor]
+
+
+def kl_top_k(top_logp: torch.Tensor, top_ids: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """KL(full || routed) per row (R,), nats, float64 on the CPU.
+
+    `top_logp`, `top_ids` (R, k): the full model's k largest log-probabilities and their token ids;
+    `logp` (R, V): the routed log-probabilities. Exact over the top-k tokens; the remaining tokens
+    count as one bucket, which can only under-count (log-sum inequality) and is exact when they hold
+    no mass, e.g. V <= k.
+    """
+    lq = logp.gather(1, top_ids.to(logp.device)).float().cpu().double()  # (R, k)
+    lp = top_logp.float().cpu().double()  # (R, k)
+    head = (lp.exp() * (lp - lq)).sum(1)  # (R,)
+    p_rest = (1.0 - lp.exp().sum(1)).clamp_min(0.0)  # below 1e-6 it is float32 rounding: no bucket
+    q_rest = (1.0 - lq.exp().sum(1)).clamp_min(1e-300)
+    tail = torch.where(p_rest > 1e-6, p_rest * (p_rest.clamp_min(1e-300).log() - q_rest.log()), torch.zeros_like(p_rest))
+    return (head + tail).clamp_min(0.0)
+
+
+class QualityMeter:
+    """Scores one run's generated tokens against the full model, a chunk at a time.
+
+    The engine calls `add(step, logits)` for every generated token (the routed logits (V,) it was
+    sampled from), `pump()` between tokens and `flush()` when the run ends, however it ends. A chunk
+    is scored when `chunk` tokens wait, or when the oldest waiting token has waited `refresh_seconds`
+    (so a live view refreshes), or at the flush. Only the waiting tokens' routed logits are held:
+    memory is bounded by `chunk` x vocabulary, whatever the run's length.
+
+    With `full_forward=None` the routed model *is* the full model: every KL is 0 by definition, and
+    no extra work is done.
+    """
+
+    def __init__(self, prompt: list[int], full_forward: FullForward | None, token_text: Callable[[int], str],
+                 chunk: int = CHUNK, refresh_seconds: float = REFRESH_SECONDS, top: int = KL_TOP):
+        self.ids = list(prompt)  # every token of the run so far, in position order
+        self.fed = 0  # tokens the full model's cache holds: positions 0 .. fed-1
+        self.full_forward, self.token_text = full_forward, token_text
+        self.chunk, self.refresh_seconds, self.top = max(1, int(chunk)), refresh_seconds, top
+        self.pending: list[tuple[Step, torch.Tensor]] = []
+        self.since = 0.0  # when the oldest waiting token arrived
+        self.seconds = 0.0  # wall time spent scoring (the cost of quality on)
+        self.chunks = 0
+
+    def add(self, step: Step, logits: torch.Tensor) -> None:
+        """A generated token: `step` (its position follows the last one) and the routed logits it was sampled from."""
+        if step.position != len(self.ids):
+            raise ValueError(f"tokens must arrive in order: position {step.position}, expected {len(self.ids)}")
+        self.ids.append(step.token_id)
+        if self.full_forward is None:
+            step.kl_full = 0.0  # the full model against itself
+            return
+        if not self.pending:
+            self.since = time.perf_counter()
+        # A copy, so an engine that reuses its logits buffer cannot change what is scored later.
+        self.pending.append((step, logits.detach().reshape(-1).clone()))  # (V,)
+
+    def due(self) -> bool:
+        return len(self.pending) >= self.chunk or (
+            bool(self.pending) and time.perf_counter() - self.since >= self.refresh_seconds)
+
+    def pump(self) -> None:
+        """Score the waiting tokens if a chunk is full or they have waited long enough."""
+        if self.due():
+            self.score()
+
+    def flush(self) -> None:
+        """Score every waiting token (the end of a run, however it ended)."""
+        while self.pending:
+            self.score()
+
+    @torch.inference_mode()
+    def score(self) -> None:
+        t0 = time.perf_counter()
+        batch, self.pending = self.pending[: self.chunk], self.pending[self.chunk:]
+        if self.pending:
+            self.since = time.perf_counter()
+        steps = [s for s, _ in batch]
+        n, end = len(steps), steps[-1].position
+        # Feed the tokens the full model has not read, up to (not including) the last scored one:
+        # the logits at positions end-n .. end-1 predict the n scored tokens.
+        logits = self.full_forward(self.ids[self.fed:end], self.fed, n)  # (n, V)
+        self.fed = end
+        full = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
+        routed = torch.log_softmax(torch.stack([r for _, r in batch]).to(full.device).float(), dim=-1)  # (n, V)
+        top_logp, top_ids = full.topk(min(self.top, full.shape[-1]), dim=-1)  # (n, k)
+        kl = kl_top_k(top_logp, top_ids, routed).tolist()
+        tops = torch.stack([full.argmax(-1), routed.argmax(-1)]).cpu().tolist()  # (2, n): one host copy
+        for step, k, f, r in zip(steps, kl, *tops):
+            if f != r:
+                step.full_top_token, step.full_top_text = f, self.token_text(f)
+            step.kl_full = k  # last: a reader on another thread that sees the KL sees the top token too
+        self.seconds += time.perf_counter() - t0
+        self.chunks += 1

@@ -1,0 +1,230 @@
+"""Per-token quality cost: KL to the full model and its top token, on tiny random models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from routerlab.core.config import GenerateConfig, RoutingConfig
+from routerlab.core.engine import Control, Engine
+from routerlab.core.errors import RouterLabError
+from routerlab.core.models import tiny_model
+from routerlab.core.quality import QualityMeter, kl_top_k
+from routerlab.core.router import RouterSet
+from routerlab.core.trace import Step, Trace
+from routerlab.tuning.data import Example
+from routerlab.tuning.evaluate import evaluate_examples, full_depth, kl_to_full
+
+PROMPT = [5, 17, 42, 9, 33, 71, 2, 88]
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(tiny_model("llama"))
+
+
+def routers(model, scale=None, seed=0):
+    """Zero routers (never skip at 0.5), or random ones with weights of `scale` (some tokens skip)."""
+    rs = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", [1, 2]))
+    if scale is not None:
+        g = torch.Generator().manual_seed(seed)
+        for r in rs.routers.values():
+            r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * scale
+    return rs
+
+
+def generate(engine, rs, threshold=0.5, new=NEW, control=None, **kw):
+    config = GenerateConfig(max_new_tokens=new, threshold=threshold, ignore_eos=True, **{"quality": True, **kw})
+    control = control or Control(threshold)
+    for _ in engine.generate_ids(PROMPT, rs, config, control):
+        pass
+    return control.trace
+
+
+def test_never_skipping_routers_cost_nothing(engine):
+    trace = generate(engine, routers(engine.model))
+    gen = trace.generated_steps
+    assert len(gen) == NEW and trace.skip_rate() == 0.0
+    assert all(s.kl_full == pytest.approx(0.0, abs=1e-6) for s in gen)
+    assert all(s.full_top_token is None and s.full_top_text is None for s in gen)
+    assert trace.mean_kl() == pytest.approx(0.0, abs=1e-6) and trace.agreement() == 1.0
+
+
+def test_skipping_routers_move_the_distribution_and_every_generated_token_is_scored(engine):
+    trace = generate(engine, routers(engine.model), threshold=1.0)  # skips every routed attention
+    gen = trace.generated_steps
+    assert trace.skip_rate() == 1.0
+    assert all(s.kl_full is not None and s.kl_full > 0 for s in gen)  # the last one (never fed back) too
+    assert trace.mean_kl() > 1e-3
+    assert all(s.kl_full is None and s.full_top_token is None for s in trace.prompt_steps)
+    assert trace.meta["quality"] is True and trace.meta["quality_chunks"] >= 1
+
+
+def test_the_full_model_costs_nothing_without_an_extra_pass(engine):
+    trace = generate(engine, None)
+    assert all(s.kl_full == 0.0 and s.full_top_token is None for s in trace.generated_steps)
+    assert trace.meta["quality_chunks"] == 0 and trace.agreement() == 1.0
+
+
+@pytest.mark.parametrize("threshold,scale", [(1.0, None), (0.5, 3.0)])
+def test_kl_equals_evaluate_on_the_same_tokens(engine, threshold, scale):
+    rs = routers(engine.model, scale)
+    trace = generate(engine, rs, threshold=threshold)
+    assert 0 < trace.skip_rate() <= 1
+    ex = Example(tuple(PROMPT + [s.token_id for s in trace.generated_steps]), len(PROMPT))
+    ref = evaluate_examples(engine.anatomy, [ex], rs, threshold, "kv")
+    assert trace.mean_kl() == pytest.approx(ref["kl_full"], rel=1e-4, abs=1e-6)
+    assert trace.agreement() == pytest.approx(ref["agreement"])
+    # token by token: the routed logits evaluate scores are the ones each token was sampled from
+    from routerlab.tuning.forward import student_forward
+    from routerlab.core.engine import Plan
+
+    ids = torch.tensor([ex.ids])
+    logits, _ = student_forward(engine.anatomy, ids, ex.start, Plan(rs, threshold, "kv"))
+    per_token = kl_to_full(full_depth(engine.anatomy, [ex])[0], torch.log_softmax(logits[0].float(), -1))
+    got = torch.tensor([s.kl_full for s in trace.generated_steps], dtype=torch.float64)
+    torch.testing.assert_close(got, per_token, rtol=1e-4, atol=1e-6)
+
+
+def test_full_top_token_is_set_exactly_where_the_top_tokens_differ(engine):
+    rs = routers(engine.model)
+    trace = generate(engine, rs, threshold=1.0)
+    ex = Example(tuple(PROMPT + [s.token_id for s in trace.generated_steps]), len(PROMPT))
+    full = full_depth(engine.anatomy, [ex])[0].argmax.tolist()
+    routed = [s.token_id for s in trace.generated_steps]  # greedy: the sampled token is the routed top token
+    differ = [f != r for f, r in zip(full, routed)]
+    assert any(differ) and not all(differ)  # both cases occur on this seed
+    for step, f, d in zip(trace.generated_steps, full, differ):
+        assert step.full_top_token == (f if d else None)
+        assert (step.full_top_text is not None) == d
+        if d:
+            assert step.full_top_text == engine._token_text(f)
+    assert trace.agreement() == pytest.approx(1 - sum(differ) / len(differ))
+
+
+def test_quality_off_leaves_every_field_null(engine):
+    trace = generate(engine, routers(engine.model), threshold=1.0, quality=False)
+    assert all(s.kl_full is None and s.full_top_token is None and s.full_top_text is None for s in trace.steps)
+    assert trace.mean_kl() is None and trace.agreement() is None
+    assert trace.meta["quality"] is False and "quality_chunks" not in trace.meta
+
+
+def test_chunk_boundaries_do_not_change_the_numbers(engine):
+    rs = routers(engine.model, 3.0)
+    runs = [generate(engine, rs, quality_chunk=c) for c in (1, 5, NEW + 10)]
+    assert [r.meta["quality_chunks"] for r in runs] == [NEW, 4, 1]
+    ref = runs[0].generated_steps
+    for run in runs[1:]:
+        for a, b in zip(ref, run.generated_steps):
+            assert a.token_id == b.token_id and a.full_top_token == b.full_top_token
+            assert a.kl_full == pytest.approx(b.kl_full, rel=1e-4, abs=1e-6)
+
+
+def test_early_stop_still_scores_the_tokens_generated(engine):
+    rs = routers(engine.model)
+    control = Control(1.0)
+    config = GenerateConfig(max_new_tokens=NEW, threshold=1.0, ignore_eos=True, quality=True, quality_chunk=16)
+    seen = 0
+    for step in engine.generate_ids(PROMPT, rs, config, control):
+        seen += not step.is_prompt
+        if seen == 7:
+            control.request_stop()
+    trace = control.trace
+    assert trace.meta["stop_reason"] == "stopped" and len(trace.generated_steps) == 7
+    assert all(s.kl_full is not None and s.kl_full > 0 for s in trace.generated_steps)
+    full = generate(engine, rs, threshold=1.0)  # the same tokens, scored in a run that went on
+    for a, b in zip(trace.generated_steps, full.generated_steps):
+        assert a.kl_full == pytest.approx(b.kl_full, rel=1e-4, abs=1e-6)
+
+
+def test_a_consumer_that_stops_iterating_still_gets_its_tokens_scored(engine):
+    config = GenerateConfig(max_new_tokens=NEW, threshold=1.0, ignore_eos=True, quality=True)
+    control = Control(1.0)
+    it = engine.generate_ids(PROMPT, routers(engine.model), config, control)
+    for step in it:
+        if not step.is_prompt and step.position == len(PROMPT) + 3:
+            break
+    it.close()
+    assert [s.kl_full is not None for s in control.trace.generated_steps] == [True] * 4
+
+
+def test_buffered_tokens_wait_at_most_the_refresh_interval():
+    steps = [Step(p, 1, "x", False, [None], [None], 0.5, 0.0) for p in (3, 4)]
+    calls = []
+
+    def full_forward(ids, start, n):
+        calls.append((list(ids), start, n))
+        return torch.zeros(n, 8)  # (n, V): uniform
+
+    meter = QualityMeter([7, 8, 9], full_forward, str, chunk=16, refresh_seconds=0.0)
+    meter.add(steps[0], torch.zeros(8))
+    meter.pump()  # nothing is full, but the token has waited long enough
+    meter.add(steps[1], torch.zeros(8))
+    meter.pump()
+    assert calls == [([7, 8, 9], 0, 1), ([1], 3, 1)]  # the full model reads each token once, in order
+    assert [s.kl_full for s in steps] == [pytest.approx(0.0, abs=1e-9)] * 2
+
+
+def test_kl_top_k_is_exact_over_a_small_vocabulary():
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.randn(3, 10, generator=g).log_softmax(-1), torch.randn(3, 10, generator=g).log_softmax(-1)
+    top = p.topk(10, dim=-1)
+    exact = (p.double().exp() * (p.double() - q.double())).sum(-1)
+    torch.testing.assert_close(kl_top_k(top.values, top.indices, q), exact)
+
+
+def test_quality_chunk_must_be_a_positive_whole_number():
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(RouterLabError):
+            GenerateConfig(quality_chunk=bad)
+
+
+def test_trace_json_round_trips_the_quality_fields_and_old_files_load():
+    steps = [Step(0, 1, "a", True, [None, 0.9], [None, True], 0.5, 0.01),
+             Step(1, 2, "b", False, [None, 0.4], [None, False], 0.5, 0.02, 0.25, 7, "c"),
+             Step(2, 3, "d", False, [None, 0.6], [None, True], 0.5, 0.02, 0.01)]
+    trace = Trace(2, steps, {"quality": True})
+    back = Trace.from_json(trace.to_json())
+    assert back == trace and back.mean_kl() == pytest.approx(0.13) and back.agreement() == 0.5
+    old = json.loads(trace.to_json())
+    old["version"] = 1
+    for s in old["steps"]:
+        for key in ("kl_full", "full_top_token", "full_top_text"):
+            del s[key]
+    loaded = Trace.from_dict(old)
+    assert all(s.kl_full is None and s.full_top_token is None for s in loaded.steps)
+    assert loaded.mean_kl() is None and loaded.agreement() is None
+
+
+def test_bench_quality_times_on_and_off_in_lockstep_on_the_same_tokens(engine):
+    from routerlab.bench.quality import _lockstep
+
+    rows = _lockstep(engine, PROMPT, routers(engine.model), {"threshold": 1.0, "kv_policy": "kv"}, 12,
+                     {"off": None, "chunk 4": 4}, turn=1)
+    assert rows["off"]["mean_kl"] is None and rows["chunk 4"]["mean_kl"] > 0
+    assert rows["off"]["text"] == rows["chunk 4"]["text"] and rows["off"]["tokens"] == rows["chunk 4"]["tokens"] == 12
+    assert rows["chunk 4"]["quality_seconds"] > 0 and all(r["decode_seconds"] > 0 for r in rows.values())
+
+
+def test_generate_json_has_per_token_quality_and_no_quality_turns_it_off(embedded, capsys):
+    from routerlab.__main__ import main
+
+    args = ["generate", "--prompt", "Name a colour.", "--max-new-tokens", "5", "--threshold", "0.6", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    generated = [t for t in out["tokens"] if not t["is_prompt"]]
+    assert out["quality"] is True and generated
+    assert all(t["kl_full"] is not None and t["kl_full"] >= 0 for t in generated)
+    assert all(t["kl_full"] is None and t["full_top_token"] is None for t in out["tokens"] if t["is_prompt"])
+    for t in generated:
+        assert (t["full_top_token"] is None) == (t["full_top_text"] is None)
+    assert out["mean_kl"] == pytest.approx(sum(t["kl_full"] for t in generated) / len(generated))
+    assert out["agreement"] == pytest.approx(sum(t["full_top_token"] is None for t in generated) / len(generated))
+    assert main([*args, "--no-quality"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["quality"] is False and off["mean_kl"] is None and off["agreement"] is None
+    assert all(t["kl_full"] is None and t["full_top_token"] is None and t["full_top_text"] is None for t in off["tokens"])
+    assert off["text"] == out["text"]  # measuring never changes what is generated
