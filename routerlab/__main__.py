@@ -14,6 +14,7 @@ from pathlib import Path
 from routerlab.core.config import DECAYS, GRANULARITIES, KV_POLICIES
 from routerlab.tuning.data import SPLITS
 from routerlab.core.errors import RouterLabError
+from routerlab.core.precision import CHOICES as DTYPE_CHOICES
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -21,7 +22,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routers", default=None, help="router checkpoint folder (default: shipped routers for --granularity)")
     p.add_argument("--granularity", default="attention-token", help=f"one of {', '.join(GRANULARITIES)}")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    _add_dtype(p)
     p.add_argument("--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)")
+
+
+def _add_dtype(p: argparse.ArgumentParser, default: str = "auto", why: str = "") -> None:
+    p.add_argument("--dtype", default=default, choices=DTYPE_CHOICES,
+                   help=f"model precision (default {default}{': ' + why if why else ''}); auto = bf16 where it pays on "
+                        "this device (see docs/method.md), else float32")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measured benchmarks").add_subparsers(dest="bench", required=True)
     s = bench.add_parser("speed", help="decode tokens/s: transformers generate vs the engine, KV policies side by side")
     s.add_argument("--model", default=None)
+    _add_dtype(s)
     s.add_argument("--prompt-tokens", type=int, default=512)
     s.add_argument("--new-tokens", type=int, default=128)
     s.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
@@ -65,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=_bench_quality)
     o = bench.add_parser("tradeoff", help="threshold sweep: speed vs quality of tuned routers, baselines, granularities")
     o.add_argument("--model", default=None)
+    _add_dtype(o)
     o.add_argument("--routers", default=None, help="one checkpoint folder for the main curve (default: shipped attention-token)")
     o.add_argument("--granularities", default=None, help="comma-separated shipped granularities for the table (default: all shipped)")
     o.add_argument("--data", default=None, help="JSONL (default: the built-in held-out split)")
@@ -78,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=_bench_tradeoff)
 
+    pr = bench.add_parser("precision", help="the same routers with the base in float32 and bfloat16: perplexity, "
+                          "KL, and the share of routing decisions bf16 flips")
+    pr.add_argument("--model", default=None)
+    pr.add_argument("--data", default="assets/data/selfdistill_extra.jsonl", help="JSONL (default: the 720-prompt extra set)")
+    pr.add_argument("--split", default="heldout")
+    pr.add_argument("--limit", type=int, default=None)
+    pr.add_argument("--granularity", default="attention-token")
+    pr.add_argument("--routers", default=None, help="router folder (default: the shipped set of --granularity)")
+    pr.add_argument("--save", default=None, help="also write the JSON result here (assets/bench/precision.json)")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=_bench_precision)
     rp = bench.add_parser("report", help="write docs/results.md from every file in assets/bench/ and print the "
                           "trade-off tables (with --out: only print the tables of that tradeoff run)")
     rp.add_argument("--out", default=None, help="a bench tradeoff output folder whose tables to print (default assets/bench)")
@@ -102,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", type=float, default=0.0,
                    help="0 (default): greedy answers; 1: sampled from the full model as it is (no top-k/top-p)")
     b.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    _add_dtype(b, "float32", "the shipped data was answered in float32")
     b.set_defaults(func=_data_build)
 
     t = sub.add_parser("train", help="Router-Tuning: train routers only (accelerate; `accelerate launch` for several processes)")
@@ -128,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
     t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
     t.add_argument("--calib-examples", type=int, default=32, help="held-out examples used to calibrate the threshold")
+    _add_dtype(t, "float32", "the shipped routers were trained on a float32 base; routers always train in float32")
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=_train)
 
@@ -158,7 +181,7 @@ def _data_build(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     path = build_default(prompts=prompts, out=Path(args.out) if args.out else DEFAULT, max_new_tokens=args.max_new_tokens,
                          limit=args.limit, batch_size=args.batch_size, split=args.split, temperature=args.temperature,
-                         seed=args.seed)
+                         seed=args.seed, dtype=args.dtype)
     print(path)
     return 0
 
@@ -192,7 +215,7 @@ def _generate(args) -> int:
         RoutingConfig.from_granularity(args.granularity)
     GenerateConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            threshold=0.5 if args.threshold is None else args.threshold, kv_policy=args.kv_policy or "kv")
-    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
     routers, defaults = resolve_routers(args.routers, args.granularity, loaded.model)
     config = GenerateConfig(
         max_new_tokens=args.max_new_tokens,
@@ -251,7 +274,7 @@ def _bench_speed(args) -> int:
     if args.prompt_tokens < 1 or args.new_tokens < 2 or args.rounds < 1:
         raise RouterLabError("--prompt-tokens and --rounds must be >= 1, --new-tokens >= 2.")
     result = speed_benchmark(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                             rounds=args.rounds, threads=args.threads)
+                             rounds=args.rounds, threads=args.threads, dtype=args.dtype)
     if args.save:
         Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1) if args.json else format_speed(result))
@@ -273,6 +296,17 @@ def _bench_quality(args) -> int:
     return 0
 
 
+def _bench_precision(args) -> int:
+    from routerlab.bench.precision import format_precision, precision_report
+
+    result = precision_report(args.model, args.data, args.split, args.limit, args.granularity, args.routers,
+                              log=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.save:
+        Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1) if args.json else format_precision(result))
+    return 0
+
+
 def _bench_tradeoff(args) -> int:
     from pathlib import Path
 
@@ -288,7 +322,7 @@ def _bench_tradeoff(args) -> int:
     except ValueError:
         raise RouterLabError("--thresholds and --contexts take comma-separated numbers.", "For example --thresholds 0.4,0.5,0.6.") from None
     records = load_records(args.data, "heldout" if args.data is None else "all")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, dtype=args.dtype)
     shipped = shipped_routers()
     wanted = args.granularities.split(",") if args.granularities else list(shipped)
     missing = [g for g in wanted if g not in shipped]

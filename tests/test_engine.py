@@ -93,15 +93,22 @@ def test_sequence_level_drop_equals_mask():
         torch.testing.assert_close(run(engine, ids, Plan(rs, 0.5, "drop")), run(engine, ids, Plan(rs, 0.5, "mask")))
 
 
-def test_skipped_attention_is_not_computed_under_drop():
+@pytest.mark.parametrize("policy", ["drop", "kv"])
+def test_skipped_attention_computes_no_query(policy, monkeypatch):
+    """Skipped layers never project queries (drop: nothing at all; kv: only keys and values)."""
+    import routerlab.core.engine as eng
+
     model = tiny_model("llama")
     engine = Engine(model)
-    calls = []
-    for i in range(4):
-        model.model.layers[i].self_attn.q_proj.register_forward_hook(lambda m, a, o, i=i: calls.append(i))
-    config = GenerateConfig(max_new_tokens=5, threshold=0.51, kv_policy="drop")
+    layer_of = {id(p.attn): i for i, p in enumerate(engine.anatomy.layers)}
+    queries, kv_only = [], []
+    for name, sink in (("project_q", queries), ("project_qkv", queries), ("project_kv", kv_only)):
+        real = getattr(eng, name)
+        monkeypatch.setattr(eng, name, lambda a, *args, real=real, sink=sink: sink.append(layer_of[id(a)]) or real(a, *args))
+    config = GenerateConfig(max_new_tokens=5, threshold=0.51, kv_policy=policy)
     list(engine.generate_ids([1, 2, 3], routers(model, "attention-token"), config))
-    assert set(calls) == {0, 3}, "layers 1 and 2 were skipped and must never run their query projection"
+    assert set(queries) == {0, 3}, "layers 1 and 2 were skipped and must never run their query projection"
+    assert set(kv_only) == ({1, 2} if policy == "kv" else set())
 
 
 def test_generate_records_one_step_per_token():
@@ -244,3 +251,54 @@ def test_host_sigmoid_is_stable_at_the_extremes():
 
     assert sigmoid(0.0) == 0.5 and sigmoid(-1e4) == 0.0 and sigmoid(1e4) == 1.0
     assert abs(sigmoid(2.0) - float(torch.sigmoid(torch.tensor(2.0, dtype=torch.float64)))) < 1e-15
+
+
+# -- bf16: the same parity claims, at the tolerance bf16 rounding allows ----------------------------
+BF16 = dict(atol=6e-2, rtol=6e-2)  # logits of O(1) after 4 layers of bf16 rounding; fp32 tests use 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3", "mixtral"])
+def test_never_skip_matches_base_logits_in_bf16(family):
+    model = tiny_model(family).to(torch.bfloat16)
+    engine = Engine(model)
+    ids = torch.randint(0, 128, (1, 14), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits.float()
+    for granularity in GRANULARITIES:
+        for policy in POLICIES:
+            got = run(engine, ids, Plan(routers(model, granularity), 0.5, policy)).float()
+            torch.testing.assert_close(got, ref, **BF16, msg=f"{granularity} {policy}")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_kv_policy_gives_mask_outputs_in_bf16(family):
+    model = tiny_model(family).to(torch.bfloat16)
+    engine = Engine(model)
+    ids = torch.randint(0, 128, (1, 14), generator=torch.Generator().manual_seed(2))
+    for granularity in ["attention-token", "block-token"]:
+        rs = routers(model, granularity, seed=3)
+        masked = run(engine, ids, Plan(rs, 0.5, "mask")).float()
+        kv = run(engine, ids, Plan(rs, 0.5, "kv")).float()
+        torch.testing.assert_close(kv, masked, **BF16)
+
+
+def test_routers_stay_float32_on_a_bf16_model():
+    model = tiny_model("llama").to(torch.bfloat16)
+    rs = routers(model, "attention-token", seed=3)
+    engine = Engine(model)
+    steps = list(engine.generate_ids([1, 2, 3, 4], rs, GenerateConfig(max_new_tokens=4)))
+    assert all(p.dtype == torch.float32 for p in rs.parameters())
+    assert all(isinstance(s, float) for st in steps for s in st.scores if s is not None)
+
+
+def test_fused_weights_are_views_and_the_hf_forward_is_unchanged():
+    model = tiny_model("qwen2")  # q/k/v with biases
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        before = model(ids).logits
+    engine = Engine(model)
+    attn, parts = model.model.layers[0].self_attn, engine.anatomy.layers[0]
+    assert attn.q_proj.weight.data_ptr() == parts.attn.qkv_weight.data_ptr(), "no second copy of the weights"
+    assert attn.k_proj.bias.data_ptr() == parts.attn.qkv_bias[parts.attn.q_size:].data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, atol=0, rtol=0)

@@ -12,6 +12,7 @@ Knows nothing about the UI or training.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -21,6 +22,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.engine import Control, Engine, Plan, forward
 from routerlab.core.models import load_model
+from routerlab.core.precision import cpu_vector_unit, dtype_name
 from routerlab.core.router import RouterSet
 
 # A fixed English passage, repeated to any length: deterministic prompts without a data file.
@@ -65,7 +67,8 @@ def generate_rate(model, ids: list[int], new_tokens: int) -> float:
 
 
 # -- engine speed: real generations, every configuration in lockstep with the full model -----------
-def _start(engine: Engine, ids: list[int], routers, threshold: float, policy: str, new_tokens: int):
+def _start(engine: Engine, ids: list[int], routers, threshold: float, policy: str, new_tokens: int, other: Engine | None = None):
+    engine = other or engine  # a configuration may run on another engine (the same model in another dtype)
     config = GenerateConfig(max_new_tokens=new_tokens, threshold=threshold, kv_policy=policy, ignore_eos=True,
                             max_new_tokens_cap=max(4096, new_tokens))
     control = Control(threshold)
@@ -88,7 +91,7 @@ def _summary(engine: Engine, control: Control) -> dict:
 def _lockstep(engine: Engine, ids: list[int], configs: dict[str, tuple], new_tokens: int, turn: int) -> dict[str, dict]:
     """Generate with every configuration at once, one token each in turn (the order rotates every
     token), so a slow spell of a noisy machine falls on all of them alike."""
-    running = {name: _start(engine, ids, *cfg, new_tokens) for name, cfg in configs.items()}
+    running = {name: _start(engine, ids, *cfg[:3], new_tokens, *cfg[3:]) for name, cfg in configs.items()}
     names = list(running)
     live = set(names)
     tick = turn
@@ -102,12 +105,13 @@ def _lockstep(engine: Engine, ids: list[int], configs: dict[str, tuple], new_tok
                 if step is None:
                     live.discard(name)
         tick += 1
-    return {name: _summary(engine, control) for name, (_, control) in running.items()}
+    return {name: _summary(configs[name][3] if len(configs[name]) > 3 else engine, control)
+            for name, (_, control) in running.items()}
 
 
 def measure_speed(engine: Engine, prompts: list[list[int]], configs: dict[str, tuple], new_tokens: int,
                   rounds: int, log=print) -> dict[str, dict]:
-    """configs: name -> (routers, threshold, policy). Returns medians of per-round figures and ratios.
+    """configs: name -> (routers, threshold, policy[, engine]). Returns medians of per-round figures and ratios.
 
     In each round and prompt all configurations and the full model decode in lockstep; a speedup
     is the full model's decode time over the configuration's, for the same tokens of the same run."""
@@ -211,13 +215,70 @@ def ideal_speedup(costs: dict[str, float], skipped_layers: int, policy: str) -> 
     return costs["step"] / (costs["step"] - skipped_layers * saved_per_layer)
 
 
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes/s this machine reads, measured the way a torch user would: the best of a few sums over a
+    tensor of `gib` GiB (all threads). A decode step cannot be faster than its weights' bytes over this."""
+    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+    x.sum()  # first touch
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    del x
+    return gib * (1 << 30) / best
+
+
+def decode_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every parameter once (shared storage counted once),
+    except an input embedding table that is not also the LM head (a step reads one row of it)."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
+    seen, total = set(), 0
+    for p in model.parameters():
+        key = p.untyped_storage().data_ptr()
+        if key in seen or (p is embed and not tied):
+            continue
+        seen.add(key)
+        total += p.untyped_storage().nbytes()
+    return total
+
+
+def ttft(engine: Engine, model, ids: list[int], rounds: int) -> dict[str, float]:
+    """Seconds from prompt to first token: the engine's prefill and transformers' generate of one
+    token, alternating, medians."""
+    config = GenerateConfig(max_new_tokens=1, ignore_eos=True, max_new_tokens_cap=max(4096, len(ids) + 1))
+    x = torch.tensor([ids], device=model.device)
+    engine_s, generate_s = [], []
+    for _ in range(rounds):
+        control = Control(0.5)
+        for _step in engine.generate_ids(ids, None, config, control):
+            pass
+        engine_s.append(control.trace.meta["prefill_seconds"])
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False, pad_token_id=0)
+        generate_s.append(time.perf_counter() - t0)
+    return {"engine": statistics.median(engine_s), "generate": statistics.median(generate_s), "prompt_tokens": len(ids)}
+
+
 def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, new_tokens: int = 128, rounds: int = 5,
-                    threads: int | None = None, loaded=None) -> dict:
+                    threads: int | None = None, loaded=None, dtype: str = "auto", ttft_tokens: int = 2048,
+                    ttft_rounds: int = 2, reference=None) -> dict:
+    """The whole story in one run: the engine in the default dtype against transformers' generate in that
+    dtype and against the engine in fp32 (lockstep), the memory-bandwidth bound, time to first token, and
+    the skip configurations against their ideal speedups. `reference`: an fp32 LoadedModel to reuse."""
     if threads:
         torch.set_num_threads(threads)
-    loaded = loaded or load_model(model_spec)
+    loaded = loaded or load_model(model_spec, dtype=dtype)
     model, tok = loaded.model, loaded.tokenizer
     engine = Engine(model, tok, loaded.name)
+    if engine.dtype == torch.float32:
+        fp32 = engine
+    else:  # the same weights in fp32, for reference (the default's dtype may round them)
+        ref = reference or load_model(model_spec, dtype="float32", device=str(engine.device))
+        fp32 = Engine(ref.model, ref.tokenizer, ref.name)
     n = engine.n_layers
     ids = bench_prompt(tok, prompt_tokens)
     never = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", default_layers(n)))
@@ -227,21 +288,30 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "engine_never_skip": (never, 0.0, "kv"),
         **{f"deep_off_{p}": (forced, 1.0, p) for p in ("mask", "kv", "drop")},
     }
+    if fp32 is not engine:
+        configs["engine_fp32"] = (None, 0.5, "kv", fp32)
     measure_speed(engine, [ids[:64]], configs, 4, 1, log=lambda *_: None)  # warm-up
     generate, engine_runs = [], []
     for _ in range(rounds):  # transformers' generate cannot run in lockstep: it runs between the engine's rounds
         generate.append(generate_rate(model, ids, new_tokens))
         engine_runs.append(measure_speed(engine, [ids], configs, new_tokens, 1, log=lambda *_: None))
     costs = cost_breakdown(engine, ids, prompt_tokens + new_tokens // 2)
+    bandwidth = read_bandwidth()
+    weight_bytes = decode_weight_bytes(model)
+    first = ttft(engine, model, bench_prompt(tok, ttft_tokens), ttft_rounds) if ttft_tokens else None
 
     def med(name: str, key: str) -> float:
         return statistics.median(run[name][key] for run in engine_runs)
 
     rates = {"generate": statistics.median(generate), "engine": med("full", "tokens_per_second"),
              **{name: med(name, "tokens_per_second") for name in configs}}
+    bound = bandwidth / weight_bytes
     result = {
         "model": loaded.name,
         "device": str(engine.device),
+        "dtype": dtype_name(engine.dtype),
+        "precision": engine.precision,
+        "cpu": cpu_vector_unit(),
         "threads": torch.get_num_threads(),
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
@@ -250,6 +320,12 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "skipped_layers": list(deep),
         "tokens_per_second": rates,
         "engine_vs_generate": statistics.median(run["full"]["tokens_per_second"] / g for run, g in zip(engine_runs, generate)),
+        "engine_vs_fp32_engine": 1.0 if fp32 is engine else 1.0 / med("engine_fp32", "speedup"),
+        "read_bandwidth_bytes_per_second": bandwidth,
+        "decode_weight_bytes": weight_bytes,
+        "bandwidth_bound_tokens_per_second": bound,
+        "fraction_of_bandwidth_bound": rates["engine"] / bound,
+        "ttft_seconds": first,
         "routing": med("engine_never_skip", "speedup"),
         "speedup": {p: med(f"deep_off_{p}", "speedup") for p in ("mask", "kv", "drop")},
         "ideal_speedup": {p: ideal_speedup(costs, len(deep), p) for p in ("mask", "kv", "drop")},
@@ -263,13 +339,22 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
 def format_speed(r: dict) -> str:
     tps = r["tokens_per_second"]
     lines = [
-        f"bench speed: {r['model']} on {r['device']} ({r['threads']} threads), prompt {r['prompt_tokens']} tokens, "
-        f"{r['new_tokens']} new tokens, {r['rounds']} interleaved rounds (medians)",
-        f"  transformers generate (bare model)      {tps['generate']:7.2f} tok/s",
-        f"  engine, no routers                      {tps['engine']:7.2f} tok/s   engine_vs_generate {r['engine_vs_generate']:.3f}",
-        f"  engine, routers on layers {r['routed_layers'][0]}-{r['routed_layers'][-1]}, never skip {tps['engine_never_skip']:7.2f} tok/s   "
-        f"speedup {r['routing']:.3f} (the cost of routing)",
+        f"bench speed: {r['model']} on {r['device']} ({r['threads']} threads, {r.get('cpu', '?')}), {r['precision']}; "
+        f"prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['rounds']} interleaved rounds (medians)",
+        f"  transformers generate ({r['dtype']})          {tps['generate']:7.2f} tok/s",
+        f"  engine, no routers ({r['dtype']})             {tps['engine']:7.2f} tok/s   engine_vs_generate {r['engine_vs_generate']:.3f}",
     ]
+    if "engine_fp32" in tps:
+        lines.append(f"  engine, no routers (float32, reference) {tps['engine_fp32']:7.2f} tok/s   "
+                     f"engine_vs_fp32_engine {r['engine_vs_fp32_engine']:.3f}")
+    lines.append(f"  memory-bandwidth bound                  {r['bandwidth_bound_tokens_per_second']:7.2f} tok/s   "
+                 f"({r['decode_weight_bytes'] / 1e6:.0f} MB of weights a step at {r['read_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s "
+                 f"read); fraction reached {r['fraction_of_bandwidth_bound']:.2f}")
+    if r.get("ttft_seconds"):
+        f = r["ttft_seconds"]
+        lines.append(f"  time to first token, {f['prompt_tokens']}-token prompt: engine {f['engine']:.2f} s, generate {f['generate']:.2f} s")
+    lines.append(f"  engine, routers on layers {r['routed_layers'][0]}-{r['routed_layers'][-1]}, never skip {tps['engine_never_skip']:7.2f} tok/s   "
+                 f"speedup {r['routing']:.3f} (the cost of routing)")
     for p in ("mask", "kv", "drop"):
         lines.append(f"  engine, layers {r['skipped_layers'][0]}-{r['skipped_layers'][-1]} attention off, {p:<4}   "
                      f"{tps['deep_off_' + p]:7.2f} tok/s   speedup {r['speedup'][p]:.3f}  ideal {r['ideal_speedup'][p]:.3f}  "

@@ -27,6 +27,8 @@ from torch.nn import functional as F
 
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.errors import RouterLabError
+from routerlab.core.kernels import linear, rope, wants_upcast
+from routerlab.core.precision import describe, dtype_name
 from routerlab.core.quality import QualityMeter
 from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
 from routerlab.core.router import RouterSet
@@ -141,31 +143,32 @@ class LayerCache:
 
 
 # -- attention pieces ------------------------------------------------------------------------
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (1, 1, T, hd)
-    return x * cos + _rotate_half(x) * sin  # (1, H, T, hd)
-
-
-def _heads(proj: nn.Module, norm: nn.Module | None, x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    y = proj(x).view(1, x.shape[1], -1, head_dim)  # (1, T, H, hd)
+def _heads(y: torch.Tensor, norm: nn.Module | None, head_dim: int) -> torch.Tensor:
+    y = y.unflatten(-1, (-1, head_dim))  # (1, T, H, hd)
     if norm is not None:
         y = norm(y)  # Qwen 3 / Gemma 3 normalise each head
     return y.transpose(1, 2)  # (1, H, T, hd)
 
 
-def project_q(a: AttentionParts, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return _rope(_heads(a.q_proj, a.q_norm, x, a.head_dim), cos, sin)
+def _kv(a: AttentionParts, y: torch.Tensor, table) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys (rotated) and values from the k|v columns of a projection (1, T, 2 * kv_size)."""
+    k, v = y.split(a.kv_size, dim=-1)
+    return rope(_heads(k, a.k_norm, a.head_dim), table), _heads(v, None, a.head_dim)
 
 
-def project_kv(a: AttentionParts, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    k = _rope(_heads(a.k_proj, a.k_norm, x, a.head_dim), cos, sin)
-    v = _heads(a.v_proj, None, x, a.head_dim)
-    return k, v
+def project_q(a: AttentionParts, x: torch.Tensor, table) -> torch.Tensor:
+    return rope(_heads(linear(x, *a.q_weight(), a.upcast), a.q_norm, a.head_dim), table)
+
+
+def project_kv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, torch.Tensor]:
+    return _kv(a, linear(x, *a.kv_weight(), a.upcast), table)
+
+
+def project_qkv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, ...]:
+    """Queries, keys and values of the same tokens from one fused product."""
+    y = linear(x, a.qkv_weight, a.qkv_bias, a.upcast)  # (1, T, q_size + 2 * kv_size)
+    q = rope(_heads(y[..., : a.q_size], a.q_norm, a.head_dim), table)
+    return (q, *_kv(a, y[..., a.q_size :], table))
 
 
 def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -180,9 +183,13 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
         mask = mask.repeat(g, 1)  # rows ordered (group, query) to match the folded heads below
     # Fold the query heads of each KV group into the query axis: no repeat_kv copy of the cache.
     qg = q.reshape(1, a.n_kv_heads, g * tq, hd)  # (1, Hkv, G*Tq, hd)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
+    dtype = q.dtype
+    if wants_upcast(tq, a.upcast):  # long inputs: fp32 attention (see kernels)
+        qg, k, v = qg.float(), k.float(), v.float()
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling).to(dtype)
     out = out.view(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
-    return a.o_proj(out.reshape(1, tq, hq * hd))  # (1, Tq, D)
+    o = a.o_proj
+    return linear(out.reshape(1, tq, hq * hd), o.weight, o.bias, a.upcast)  # (1, Tq, D)
 
 
 # -- one layer -------------------------------------------------------------------------------
@@ -239,36 +246,43 @@ def _gated_add(h: torch.Tensor, update: torch.Tensor, gate: Gate) -> torch.Tenso
 
 
 def attention_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate, positions: torch.Tensor,
-                   rope: tuple[torch.Tensor, torch.Tensor], cache: LayerCache | None, plan: Plan) -> torch.Tensor:
+                   table: tuple[torch.Tensor, torch.Tensor], cache: LayerCache | None, plan: Plan) -> torch.Tensor:
     a = parts.attn
-    cos, sin = rope
     keeps_kv = plan.policy == "kv" and plan.level != "sequence"  # sequence level: nobody ever queries a skipped layer
     if gate.kind == "none":
         if keeps_kv and cache is not None:
-            cache.append(*project_kv(a, x, cos, sin), positions)
+            cache.append(*project_kv(a, x, table), positions)
         return h
-    if gate.kind == "some":
+    if gate.kind == "some":  # only the running tokens pay for queries (and, under drop, keys/values)
         idx = gate.index
-        qx, q_pos, q_cos, q_sin = x[:, idx], positions[idx], cos[:, idx], sin[:, idx]
+        q_pos, q_rope = positions[idx], (table[0][:, :, idx], table[1][:, :, idx])
         if keeps_kv:
-            k, v, k_pos = *project_kv(a, x, cos, sin), positions
+            q, (k, v), k_pos = project_q(a, x[:, idx], q_rope), project_kv(a, x, table), positions
         else:
-            k, v, k_pos = *project_kv(a, qx, q_cos, q_sin), q_pos
+            (q, k, v), k_pos = project_qkv(a, x[:, idx], q_rope), q_pos
     else:
-        qx, q_pos, q_cos, q_sin = x, positions, cos, sin
-        k, v, k_pos = *project_kv(a, x, cos, sin), positions
+        (q, k, v), q_pos, k_pos = project_qkv(a, x, table), positions, positions
     if cache is not None:
         k, v, k_pos = cache.append(k, v, k_pos)
-    out = attend(a, project_q(a, qx, q_cos, q_sin), q_pos, k, v, k_pos)
+    out = attend(a, q, q_pos, k, v, k_pos)
     if parts.attn_post_norm is not None:
         out = parts.attn_post_norm(out)
     return _gated_add(h, out, gate)
 
 
+def run_mlp(parts: LayerParts, x: torch.Tensor) -> torch.Tensor:
+    """The MLP on x (1, T, D): gated MLPs as one fused gate|up product, others (MoE) by their own forward."""
+    if parts.gate_up is None:
+        return parts.mlp(x)
+    gate, up = linear(x, parts.gate_up, None, parts.upcast).chunk(2, dim=-1)  # (1, T, I) each
+    down = parts.mlp.down_proj
+    return linear(parts.mlp.act_fn(gate) * up, down.weight, down.bias, parts.upcast)  # (1, T, D)
+
+
 def mlp_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate) -> torch.Tensor:
     if gate.kind == "none":
         return h
-    out = parts.mlp(x[:, gate.index] if gate.kind == "some" else x)
+    out = run_mlp(parts, x[:, gate.index] if gate.kind == "some" else x)
     if parts.mlp_post_norm is not None:
         out = parts.mlp_post_norm(out)
     return _gated_add(h, out, gate)
@@ -334,6 +348,7 @@ class Engine:
         self.n_layers = self.anatomy.n_layers
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.precision = describe(self.dtype, str(self.device))  # e.g. "bfloat16 weights, long inputs computed in float32 ..."
         self.max_context = int(getattr(self.anatomy.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids()
 
@@ -388,6 +403,8 @@ class Engine:
             "routed_layers": list(routers.config.layers) if routers is not None else [],
             "kv_policy": config.kv_policy,
             "kv_policy_effective": effective,
+            "dtype": dtype_name(self.dtype),
+            "precision": self.precision,
             "threshold_start": config.threshold,
             "quality": config.quality,
             "costs": self.anatomy.costs(torch.finfo(self.dtype).bits // 8),

@@ -27,6 +27,7 @@ import torch
 import transformers
 
 from routerlab.core.errors import RouterLabError
+from routerlab.core.precision import resolve_dtype
 
 # -- tiny random-init models, one per supported architecture (tests, no downloads) --------------
 TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2_moe", "mixtral")
@@ -192,8 +193,12 @@ def load_model(
     device: str | None = None,
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
+    dtype: str | torch.dtype | None = "auto",
 ) -> LoadedModel:
     """Load a frozen causal LM + tokenizer: None/"embedded" -> the embedded default, a folder, or a hub id.
+
+    `dtype` is "auto" (bf16 where the device computes it natively, else fp32; see precision.py),
+    "float32" or "bfloat16".
 
     `cache_dir` is the root of RouterLab's cache (default `$ROUTERLAB_CACHE`, else
     `~/.cache/routerlab`); the embedded model's converted copy lives in `embedded-<key>` under it.
@@ -201,24 +206,18 @@ def load_model(
     offline or not a model folder.
     """
     device = device or default_device()
+    dtype = resolve_dtype(dtype, device)
     start = time.perf_counter()
     if spec is None or spec.strip() in ("", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID):
-        model, tokenizer, name, source = _load_embedded(device, cache_dir)
+        model, tokenizer, name, source = _load_embedded(device, dtype, cache_dir)
     elif Path(spec).expanduser().exists() or spec.startswith(("/", ".", "~")):
-        model, tokenizer, name, source = _load_local(Path(spec).expanduser(), device, trust_remote_code)
+        model, tokenizer, name, source = _load_local(Path(spec).expanduser(), device, dtype, trust_remote_code)
     else:
-        model, tokenizer, name, source = _load_hub(spec, device, trust_remote_code)
+        model, tokenizer, name, source = _load_hub(spec, device, dtype, trust_remote_code)
     _freeze(model)
     loaded = LoadedModel(model, tokenizer, name, source, time.perf_counter() - start)
     log.info("loaded %s from %s in %.1f s", loaded.name, loaded.source, loaded.seconds)
     return loaded
-
-
-def _dtype_for(device: str) -> torch.dtype:
-    # fp32 on CPU: bf16 matmuls are slow there and fp16 is unsupported for some ops.
-    if not device.startswith("cuda"):
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
 def _freeze(model: transformers.PreTrainedModel) -> None:
@@ -226,9 +225,9 @@ def _freeze(model: transformers.PreTrainedModel) -> None:
     model.requires_grad_(False)
 
 
-def _from_pretrained(source, device: str, **kwargs) -> transformers.PreTrainedModel:
+def _from_pretrained(source, device: str, dtype: torch.dtype, **kwargs) -> transformers.PreTrainedModel:
     """from_pretrained with sdpa attention when the architecture supports it."""
-    kwargs.setdefault("dtype", _dtype_for(device))
+    kwargs["dtype"] = dtype
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
     except ValueError as err:
@@ -239,7 +238,7 @@ def _from_pretrained(source, device: str, **kwargs) -> transformers.PreTrainedMo
 
 
 # -- embedded: dequantise the GGUF once, then load the safetensors copy ---------------------------
-def _load_embedded(device: str, cache_dir: Path | None):
+def _load_embedded(device: str, dtype: torch.dtype, cache_dir: Path | None):
     gguf = embedded_gguf_path(cache_dir)
     folder = _embedded_cache_dir(gguf, cache_dir)
     source = "embedded-cache"
@@ -248,8 +247,8 @@ def _load_embedded(device: str, cache_dir: Path | None):
         written = _convert_gguf(gguf, folder)
         if written is None:  # cache not writable: serve the in-memory conversion this time
             model, tokenizer = _dequantise(gguf)
-            return model.to(device, _dtype_for(device)), tokenizer, EMBEDDED_NAME, source
-    model = _from_pretrained(folder, device)
+            return model.to(device, dtype), tokenizer, EMBEDDED_NAME, source
+    model = _from_pretrained(folder, device, dtype)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     # Name by hub id, not by cache path, so model_identity() is the same on every machine.
     model.config._name_or_path = EMBEDDED_HUB_ID
@@ -326,9 +325,9 @@ def _remove_stale_tmp(folder: Path) -> None:
 
 
 # -- a local folder or a hub id -----------------------------------------------------------------
-def _load_local(folder: Path, device: str, trust_remote_code: bool):
+def _load_local(folder: Path, device: str, dtype: torch.dtype, trust_remote_code: bool):
     if folder.is_file() and folder.suffix == ".gguf":
-        model = _from_pretrained(folder.parent, device, gguf_file=folder.name, trust_remote_code=trust_remote_code)
+        model = _from_pretrained(folder.parent, device, dtype, gguf_file=folder.name, trust_remote_code=trust_remote_code)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder.parent, gguf_file=folder.name)
         return model, tokenizer, str(folder), "local"
     if not (folder / "config.json").is_file():
@@ -337,17 +336,17 @@ def _load_local(folder: Path, device: str, trust_remote_code: bool):
             "Give a folder written by save_pretrained, a hub id, or omit --model for the embedded default.",
         )
     kwargs = dict(trust_remote_code=trust_remote_code)
-    model = _from_pretrained(folder, device, **kwargs)
+    model = _from_pretrained(folder, device, dtype, **kwargs)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
     return model, tokenizer, str(folder), "local"
 
 
-def _load_hub(repo_id: str, device: str, trust_remote_code: bool):
+def _load_hub(repo_id: str, device: str, dtype: torch.dtype, trust_remote_code: bool):
     # Without a network the hub client retries for ~50 s; ask only the local HF cache instead.
     kwargs = dict(trust_remote_code=trust_remote_code, local_files_only=not _hub_reachable())
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(repo_id, **kwargs)
-        model = _from_pretrained(repo_id, device, **kwargs)
+        model = _from_pretrained(repo_id, device, dtype, **kwargs)
     except OSError:
         raise RouterLabError(
             f"Could not load model '{repo_id}' (offline or not found).",

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from routerlab.core.errors import RouterLabError
+from routerlab.core.kernels import fuse_linears, linear, rope_tables
+from routerlab.core.precision import needs_upcast
 from routerlab.core.router import Router, RouterSet
 
 # Families whose decoder layer is pre-norm: h += attn(ln1(h)); h += mlp(ln2(h)).
@@ -35,12 +37,17 @@ def base_of(module: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class AttentionParts:
-    """One attention sub-layer, as the engine computes it (no HF forward involved)."""
+    """One attention sub-layer, as the engine computes it (no HF forward involved).
 
-    q_proj: nn.Module
-    k_proj: nn.Module
-    v_proj: nn.Module
-    o_proj: nn.Module
+    `qkv_weight` stacks the query, key and value projections (rows: q, then k, then v), so a token
+    that runs attention costs one product; the original modules' weights are views of it.
+    """
+
+    qkv_weight: torch.Tensor  # (q_size + 2 * kv_size, D)
+    qkv_bias: torch.Tensor | None
+    q_size: int  # n_heads * head_dim
+    kv_size: int  # n_kv_heads * head_dim
+    o_proj: nn.Linear
     q_norm: nn.Module | None
     k_norm: nn.Module | None
     n_heads: int
@@ -49,6 +56,15 @@ class AttentionParts:
     scaling: float
     sliding_window: int | None
     rope_key: str  # which rotary table this layer uses ("default", or Gemma 3's layer type)
+    upcast: bool  # compute long inputs in fp32 (kernels.linear): bf16 weights on a CPU without bf16 units
+
+    def q_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b = self.qkv_bias
+        return self.qkv_weight[: self.q_size], None if b is None else b[: self.q_size]
+
+    def kv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b = self.qkv_bias
+        return self.qkv_weight[self.q_size :], None if b is None else b[self.q_size :]
 
 
 @dataclass(frozen=True)
@@ -56,9 +72,11 @@ class LayerParts:
     attn: AttentionParts
     attn_norm: nn.Module  # the norm in front of attention (router input for attention and block)
     attn_post_norm: nn.Module | None  # Gemma 3: norm applied to the attention output
-    mlp: nn.Module
+    mlp: nn.Module  # the original MLP; called as is when it is not a plain gated MLP (MoE)
     mlp_norm: nn.Module  # the norm in front of the MLP (router input for mlp)
     mlp_post_norm: nn.Module | None
+    gate_up: torch.Tensor | None  # (2 * I, D) gate rows then up rows, for gated MLPs: down(act(gate x) * up x)
+    upcast: bool
 
 
 class Anatomy:
@@ -84,6 +102,9 @@ class Anatomy:
         self.final_softcap = getattr(text, "final_logit_softcapping", None)
         self.layer_types = list(getattr(text, "layer_types", None) or ["default"] * text.num_hidden_layers)
         self.per_type_rope = self.family in SANDWICH
+        param = next(model.parameters())
+        self.dtype = param.dtype
+        self.upcast = needs_upcast(param.dtype, str(param.device))
         self.layers = [self._parts(base_of(layer), i) for i, layer in enumerate(inner.layers)]
         self.n_layers = len(self.layers)
         self.hidden_size = text.hidden_size
@@ -93,10 +114,12 @@ class Anatomy:
         cfg = self.config
         head_dim = attn.head_dim
         window = getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window") else getattr(cfg, "sliding_window", None)
+        qkv_weight, qkv_bias = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
         parts = AttentionParts(
-            q_proj=attn.q_proj,
-            k_proj=attn.k_proj,
-            v_proj=attn.v_proj,
+            qkv_weight=qkv_weight,
+            qkv_bias=qkv_bias,
+            q_size=attn.q_proj.out_features,
+            kv_size=attn.k_proj.out_features,
             o_proj=attn.o_proj,
             q_norm=getattr(attn, "q_norm", None),
             k_norm=getattr(attn, "k_norm", None),
@@ -106,26 +129,31 @@ class Anatomy:
             scaling=float(attn.scaling),
             sliding_window=window,
             rope_key=self.layer_types[index] if self.per_type_rope else "default",
+            upcast=self.upcast,
         )
         sandwich = self.family in SANDWICH
+        mlp = base_of(layer.mlp)
+        gated = all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
         return LayerParts(
             attn=parts,
             attn_norm=layer.input_layernorm,
             attn_post_norm=layer.post_attention_layernorm if sandwich else None,
-            mlp=base_of(layer.mlp),
+            mlp=mlp,
             mlp_norm=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
             mlp_post_norm=layer.post_feedforward_layernorm if sandwich else None,
+            gate_up=fuse_linears([mlp.gate_proj, mlp.up_proj])[0] if gated else None,
+            upcast=self.upcast,
         )
 
     def rope(self, h: torch.Tensor, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """cos/sin tables for `positions` (T,), one per rotary kind used by the layers."""
+        """Rotary tables for `positions` (T,) in `kernels.rope_tables` form, one per rotary kind used."""
         pos = positions.view(1, -1)
         if not self.per_type_rope:
-            return {"default": self.rotary(h, pos)}
-        return {kind: self.rotary(h, pos, kind) for kind in set(self.layer_types)}
+            return {"default": rope_tables(*self.rotary(h, pos))}
+        return {kind: rope_tables(*self.rotary(h, pos, kind)) for kind in set(self.layer_types)}
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.final_norm(h))
+        logits = linear(self.final_norm(h), self.lm_head.weight, self.lm_head.bias, self.upcast)
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
@@ -136,7 +164,7 @@ class Anatomy:
         a = self.layers[0].attn
         d = self.hidden_size
         mlp = self.layers[0].mlp
-        params = sum(p.numel() for p in mlp.parameters())
+        params = sum(p.numel() for p in mlp.parameters())  # views of the fused weights count once, as before
         experts = getattr(self.config, "num_experts", None) or getattr(self.config, "num_local_experts", None)
         if experts:  # a MoE block runs top-k experts per token, not all of them
             top_k = self.config.num_experts_per_tok

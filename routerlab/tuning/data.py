@@ -227,7 +227,7 @@ def _describe(decoding: dict) -> str:
 
 def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, max_new_tokens: int = 100,
                   limit: int | None = None, batch_size: int = 16, split: str = "all", temperature: float = 0.0,
-                  seed: int = 0) -> Path:
+                  seed: int = 0, dtype: str = "float32") -> Path:
     """Answer every prompt (of `split`) with the full-depth model (no routers); resumable.
 
     Prompts are answered in batches of `batch_size` (left-padded `generate` of the base model: the
@@ -246,7 +246,7 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
 
     from routerlab.core.models import load_model
 
-    loaded = loaded or load_model(device="cpu")
+    loaded = loaded or load_model(device="cpu", dtype=dtype)
     model, tok = loaded.model, loaded.tokenizer
     rows = [r for r in read_prompts(prompts) if split == "all" or split_of(r["prompt"]) == split][:limit]
     sampling = {"do_sample": False}

@@ -323,7 +323,7 @@ def run_eval(args) -> dict:
         check_kv_policy(args.kv_policy)
     split = args.split or ("heldout" if args.data is None else "all")
     records = load_records(args.data, split)  # fail on bad data before loading the model
-    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code)
+    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
     routers, defaults = resolve_routers(args.routers, args.granularity, loaded.model)
     examples = encode_all(records, loaded.tokenizer)[: args.limit]
     anatomy = Anatomy(loaded.model)

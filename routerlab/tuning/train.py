@@ -379,7 +379,7 @@ def run_training(args) -> dict | None:
     cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)
     threshold = None if str(args.threshold) == "auto" else check_threshold(args.threshold)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    loaded = load_model(args.model, device=str(accelerator.device))
+    loaded = load_model(args.model, device=str(accelerator.device), dtype=getattr(args, "dtype", "float32"))
     if args.data is None and not DEFAULT.is_file():
         if accelerator.is_main_process:
             build_default(loaded)

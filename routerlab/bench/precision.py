@@ -1,0 +1,93 @@
+"""`bench precision`: the same routers on the same held-out answers with the base in float32 and in bfloat16.
+
+Reports, for each precision, the full and routed model's perplexity, KL from that precision's own
+full model and the skip rate at the routers' default threshold, and how many routing decisions
+bfloat16 flips: (a) scored at full depth (only the router inputs differ), (b) as the routed model
+runs (a flip early in a sequence also changes what later layers see). The bf16 model is the fp32
+one rounded, so the comparison isolates precision. Writes assets/bench/precision.json with --save.
+
+Knows nothing about the UI.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from routerlab.core.engine import Plan
+from routerlab.core.models import load_model
+from routerlab.core.precision import describe, dtype_name
+from routerlab.core.routed import Anatomy
+from routerlab.tuning.checkpoint import resolve_routers
+from routerlab.tuning.data import encode_all, load_records
+from routerlab.tuning.evaluate import evaluate_examples
+from routerlab.tuning.forward import student_forward
+
+DEFAULT_DATA = "assets/data/selfdistill_extra.jsonl"
+
+
+@torch.no_grad()
+def decisions(anatomy, routers, examples, threshold: float, policy: str, routed: bool) -> torch.Tensor:
+    """1 where a routed response cell runs, 0 where it skips (flat over examples, unrouted cells dropped)."""
+    out = []
+    device = anatomy.embed.weight.device
+    for ex in examples:
+        ids = torch.tensor([ex.ids], device=device)
+        plan = Plan(routers, threshold if routed else 0.0, policy)  # threshold 0: nothing skips, scores at full depth
+        _, scores = student_forward(anatomy, ids, ex.start, plan, logits=False)
+        s = scores[ex.start:].flatten().float().cpu()
+        out.append(s[~torch.isnan(s)] >= threshold)
+    return torch.cat(out)
+
+
+def precision_report(model_spec: str | None = None, data: str = DEFAULT_DATA, split: str = "heldout", limit: int | None = None,
+                     granularity: str = "attention-token", routers_path: str | None = None, log=print) -> dict:
+    fp32 = load_model(model_spec, device="cpu", dtype="float32")
+    models = {"float32": fp32.model, "bfloat16": copy.deepcopy(fp32.model).to(torch.bfloat16)}
+    examples = encode_all(load_records(data, split), fp32.tokenizer)[:limit]
+    out = {"model": fp32.name, "data": data, "split": split, "examples": len(examples), "granularity": granularity}
+    found = {}
+    for name, model in models.items():
+        routers, defaults = resolve_routers(routers_path, granularity, model)
+        anatomy = Anatomy(model)
+        threshold, policy = defaults["threshold"], defaults["kv_policy"]
+        t0 = time.perf_counter()
+        result = evaluate_examples(anatomy, examples, routers, threshold, policy)
+        found[name] = {
+            "full": decisions(anatomy, routers, examples, threshold, policy, routed=False),
+            "routed": decisions(anatomy, routers, examples, threshold, policy, routed=True),
+        }
+        out[name] = {
+            "precision": describe(next(model.parameters()).dtype, "cpu"),
+            "seconds": time.perf_counter() - t0,
+            **{k: result[k] for k in ("perplexity_full", "perplexity_routed", "perplexity_increase", "kl_full",
+                                      "agreement", "skip_rate", "skip_rate_all_layers", "tokens", "threshold")},
+        }
+        log(f"{name}: full ppl {result['perplexity_full']:.4f}, routed {result['perplexity_routed']:.4f} "
+            f"({result['perplexity_increase']:+.2%}), skip {result['skip_rate_all_layers']:.2%} of all layers, "
+            f"{out[name]['seconds']:.0f} s")
+    a, b = out["float32"], out["bfloat16"]
+    out["perplexity_full_bf16_vs_fp32"] = b["perplexity_full"] / a["perplexity_full"] - 1.0
+    out["perplexity_routed_bf16_vs_fp32"] = b["perplexity_routed"] / a["perplexity_routed"] - 1.0
+    for kind in ("full", "routed"):
+        x, y = found["float32"][kind], found["bfloat16"][kind]
+        n = min(len(x), len(y))  # equal: same tokens, same routed layers
+        out[f"decisions_flipped_{kind}"] = float((x[:n] != y[:n]).float().mean())
+        out["routed_cells"] = n
+    out["dtype_names"] = [dtype_name(torch.float32), dtype_name(torch.bfloat16)]
+    return out
+
+
+def format_precision(r: dict) -> str:
+    a, b = r["float32"], r["bfloat16"]
+    lines = [f"bench precision: {r['model']}, {r['granularity']} routers at threshold {a['threshold']}, "
+             f"{r['examples']} {r['split']} examples of {r['data']} ({a['tokens']} response tokens)"]
+    for name, x in (("float32", a), ("bfloat16", b)):
+        lines.append(f"  {name:<9} full ppl {x['perplexity_full']:.4f}  routed ppl {x['perplexity_routed']:.4f} "
+                     f"({x['perplexity_increase']:+.2%})  KL {x['kl_full']:.4f}  skip {x['skip_rate_all_layers']:.2%} of all layers")
+    lines.append(f"  bf16 vs fp32: full ppl {r['perplexity_full_bf16_vs_fp32']:+.2%}, routed ppl {r['perplexity_routed_bf16_vs_fp32']:+.2%}; "
+                 f"decisions flipped {r['decisions_flipped_full']:.2%} (scored at full depth), "
+                 f"{r['decisions_flipped_routed']:.2%} (as routed) of {r['routed_cells']} routed cells")
+    return "\n".join(lines)
