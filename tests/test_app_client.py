@@ -1,7 +1,9 @@
 """The real app, served on localhost with the embedded model, driven through gradio_client.
 
 Each test talks to the app the way a visitor's browser or a script would: named API endpoints,
-one Client per visitor (a Client is one session, so its gr.State is its own).
+one Client per visitor (a Client is one session, so its gr.State is its own). The app runs in this
+process on an engine whose runs a test can hold (tests/holding.py): a test that acts on a running
+generation holds it first, so nothing depends on how fast the server's threads run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from holding import Holding
 
 from routerlab import ui
 from routerlab.core.trace import Trace
@@ -32,7 +35,7 @@ def free_port() -> int:
 def app(embedded):
     from routerlab.core.engine import Engine
 
-    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    engine = Holding(Engine(embedded.model, embedded.tokenizer, name=embedded.name))
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256, concurrency=2, queue_size=8))
     demo = ui.build_demo(res)
     demo.queue(max_size=8)
@@ -60,10 +63,18 @@ def generated_so_far(job) -> int:
 
 
 def wait_for_tokens(job, n: int, timeout: float = 120.0) -> None:
+    """Wait until the client was shown `n` generated tokens (a guard of `timeout` s against a hang)."""
     end = time.time() + timeout
     while generated_so_far(job) < n:
         assert not job.done(), "the run ended before the test could act on it"
-        assert time.time() < end, "no tokens streamed in time"
+        assert time.time() < end, f"{n} tokens were not streamed within {timeout:.0f} s"
+        time.sleep(0.05)
+
+
+def wait_done(job, timeout: float = 120.0) -> None:
+    end = time.time() + timeout
+    while not job.done():
+        assert time.time() < end, f"the job did not end within {timeout:.0f} s"
         time.sleep(0.05)
 
 
@@ -81,7 +92,10 @@ def consistent(trace: Trace) -> bool:
 
 def test_generate_streams_text_trace_and_figure(app):
     url, res = app
-    job = submit(client(url), res, prompt="Explain in three sentences why the sky is blue.", max_new=16)
+    with res.engine.hold(after=1, max_new_tokens=16) as held:
+        job = submit(client(url), res, prompt="Explain in three sentences why the sky is blue.", max_new=16)
+        held.wait()
+        wait_for_tokens(job, 1)  # a streamed frame the client got while the run could not have ended
     result = job.result(timeout=300)
     assert len(job.outputs()) >= 3, "the run streams intermediate updates"
     text, plot, stats, status = result[:4]
@@ -97,11 +111,14 @@ def test_generate_streams_text_trace_and_figure(app):
 def test_threshold_change_mid_stream_changes_later_decisions(app):
     url, res = app
     c = client(url)
-    job = submit(c, res, threshold=0.5, max_new=48)
-    wait_for_tokens(job, 3)
-    status = c.predict(0.6, api_name="/set_threshold")[3]
+    with res.engine.hold(after=3, max_new_tokens=48) as held:
+        job = submit(c, res, threshold=0.5, max_new=48)
+        held.wait()
+        status = c.predict(0.6, api_name="/set_threshold")[3]
     assert "from the next token" in status
     trace = trace_from(job.result(timeout=300))
+    thresholds = [s.threshold for s in trace.generated_steps]
+    assert thresholds[:3] == [0.5] * 3 and set(thresholds[3:]) == {0.6}, "the move applies from the next token on"
     routed = trace.meta["routed_layers"]
     decided = [s for s in trace.generated_steps if s.scores[routed[0]] is not None]
     before = [s for s in decided if s.threshold == 0.5]
@@ -118,31 +135,33 @@ def test_threshold_change_mid_stream_changes_later_decisions(app):
 def test_stop_ends_the_run(app):
     url, res = app
     c = client(url)
-    job = submit(c, res, max_new=200)
-    wait_for_tokens(job, 3)
-    assert "Stopping" in c.predict(api_name="/stop")
-    end = time.time() + 30
-    while not job.done():
-        assert time.time() < end, "the run did not end after Stop"
-        time.sleep(0.05)
-    assert generated_so_far(job) < 200
+    with res.engine.hold(after=3, max_new_tokens=200) as held:
+        job = submit(c, res, max_new=200)
+        held.wait()
+        assert "Stopping" in c.predict(api_name="/stop")
+        held.wait_ended()  # a held run lets go when asked to stop, and the engine ends before another token
+    assert held.let_go_by == "stop"
+    assert held.trace.meta["stop_reason"] == "stopped" and len(held.trace.generated_steps) == 3
+    wait_done(job)  # Stop also cancels the stream
+    assert generated_so_far(job) <= 3
     try:
         trace = trace_from(job.result(timeout=5))
     except Exception:  # a cancelled stream has no final result; ending is what matters
         return
-    assert trace.meta["stop_reason"] == "stopped" and len(trace.generated_steps) < 200
+    assert trace.meta["stop_reason"] == "stopped" and len(trace.generated_steps) == 3
 
 
 def test_two_clients_at_once_get_separate_consistent_traces(app):
     url, res = app
     a, b = client(url), client(url)
-    job_a = submit(a, res, threshold=0.5, max_new=32)
-    job_b = submit(b, res, threshold=0.6, max_new=32)
-    wait_for_tokens(job_b, 2)
-    b.predict(0.45, api_name="/set_threshold")  # moves only b's run
+    with res.engine.hold(after=2, threshold=0.5) as held_a, res.engine.hold(after=2, threshold=0.6) as held_b:
+        job_a = submit(a, res, threshold=0.5, max_new=32)
+        job_b = submit(b, res, threshold=0.6, max_new=32)
+        held_a.wait(), held_b.wait()  # both runs are going at once
+        b.predict(0.45, api_name="/set_threshold")  # moves only b's run
     trace_a, trace_b = trace_from(job_a.result(timeout=300)), trace_from(job_b.result(timeout=300))
     assert {s.threshold for s in trace_a.steps} == {0.5}
-    assert {s.threshold for s in trace_b.steps} <= {0.6, 0.45} and trace_b.steps[0].threshold == 0.6
+    assert {s.threshold for s in trace_b.steps} == {0.6, 0.45} and trace_b.steps[0].threshold == 0.6
     assert consistent(trace_a) and consistent(trace_b)
     assert trace_a.skip_rate() == 0.0  # untrained routers at 0.5: nothing skipped, whatever b did
     assert trace_b.skip_rate() > 0.0

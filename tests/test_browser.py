@@ -3,18 +3,20 @@
 It generates, steers the threshold during the run, looks at the what-if view, switches tabs and
 saves screenshots to assets/screenshots/ (the README shows them). Skips, with the reason, where
 Chromium or the playwright package is missing; never downloads a browser (`playwright install`).
+The app runs in this process; the steered run is held (tests/holding.py) while the browser moves the
+slider, so the move always lands mid-run however slow the browser or the server is.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import socket
 import tempfile
 from pathlib import Path
 
 import pytest
+from holding import Holding
 
 from routerlab import ui
 
@@ -41,10 +43,14 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def app_url(embedded):
+def engine(embedded):
     from routerlab.core.engine import Engine
 
-    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    return Holding(Engine(embedded.model, embedded.tokenizer, name=embedded.name))
+
+
+@pytest.fixture(scope="module")
+def app_url(engine):
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256), status=f"Model **{engine.name}** loaded ({engine.n_layers} layers). Pick a prompt and press **Generate**.")
     demo = ui.build_demo(res)
     demo.queue(max_size=8)
@@ -59,10 +65,10 @@ def _set_slider(page, value: float) -> None:
     box.press("Enter")
 
 
-def test_generate_steer_what_if_tabs_and_screenshots(browser, app_url):
+def test_generate_steer_what_if_tabs_and_screenshots(browser, app_url, engine):
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
-        _explore_tour(page, app_url)
+        _explore_tour(page, app_url, engine)
     except Exception:
         page.screenshot(path=str(Path(tempfile.gettempdir()) / "routerlab-browser-failure.png"), full_page=True)
         raise
@@ -70,7 +76,11 @@ def test_generate_steer_what_if_tabs_and_screenshots(browser, app_url):
         page.close()
 
 
-def _explore_tour(page, app_url):
+def _tokens_shown(n: int) -> str:
+    return f"document.querySelectorAll('#rl-text .rl-text .rl-tok').length >= {n}"
+
+
+def _explore_tour(page, app_url, engine):
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.set_default_timeout(180_000)
     page.goto(app_url)
@@ -78,21 +88,27 @@ def _explore_tour(page, app_url):
 
     assert page.evaluate("typeof window.routerlabWhatIfPreview") == "function", "the what-if preview script did not load"
 
-    # 1. a streamed run with the shipped token-level routers (untrained ones where none ship), steered while it runs.
-    # A busy browser may deliver the slider after the run ended; then the same move is a what-if (checked in 2.).
+    # 1. a streamed run with the shipped token-level routers (untrained ones where none ship), steered while it runs:
+    # held after 12 tokens until the slider's move reached the server, then held at 40 for the streaming screenshot.
     page.locator("#rl-prompt textarea").fill("Write a short story about a lighthouse keeper who finds a message in a bottle.")
     page.locator("#rl-max-new input[type=number]").fill("200")
     page.locator("#rl-max-new input[type=number]").press("Enter")
-    page.get_by_role("button", name="Generate", exact=True).click()
-    page.wait_for_function("document.querySelectorAll('#rl-text .rl-text .rl-tok').length >= 12")
-    page.locator("#rl-heatmap .js-plotly-plot").wait_for()
-    _set_slider(page, 0.55)
-    page.wait_for_function("document.querySelectorAll('#rl-text .rl-text .rl-tok').length >= 40 || document.querySelector('#rl-stats').textContent.includes('stopped:')")
-    page.screenshot(path=str(SHOTS / "explore-streaming.png"), full_page=True)
+    with engine.hold(after=12, max_new_tokens=200) as held:
+        page.get_by_role("button", name="Generate", exact=True).click()
+        held.wait()
+        page.wait_for_function(_tokens_shown(12))
+        page.locator("#rl-heatmap .js-plotly-plot").wait_for()
+        _set_slider(page, 0.55)
+        page.locator("#rl-status", has_text="0.55").wait_for()  # the server's answer: the move applies from token 13
+        assert held.control.threshold == 0.55
+        held.release(until=40)
+        held.wait()
+        page.wait_for_function(_tokens_shown(40))
+        page.screenshot(path=str(SHOTS / "explore-streaming.png"), full_page=True)
     page.locator("#rl-stats", has_text="stopped:").wait_for()  # the run's final view
     assert page.locator("#rl-heatmap .js-plotly-plot").count() == 1
-    page.locator("#rl-heatmap .gtitle", has_text=re.compile("Recorded run|WHAT-IF")).wait_for()
-    steered = "t→0.55" in page.locator("#rl-heatmap").text_content()  # the dashed line where the threshold moved
+    page.locator("#rl-heatmap .gtitle", has_text="Recorded run").wait_for()
+    assert "t→0.55" in page.locator("#rl-heatmap").text_content(), "the dashed line where the threshold moved"
     page.screenshot(path=str(SHOTS / "explore-done.png"), full_page=True)
 
     # 2. after the run: the slider shows a labelled what-if view from the recorded scores
@@ -100,8 +116,6 @@ def _explore_tour(page, app_url):
     page.locator("#rl-status strong", has_text="What-if view").wait_for()
     page.wait_for_function("document.querySelector('#rl-heatmap .gtitle') && document.querySelector('#rl-heatmap .gtitle').textContent.includes('WHAT-IF')")
     page.locator("#rl-heatmap").screenshot(path=str(SHOTS / "heatmap-what-if.png"))
-    if not steered:
-        print("note: the slider reached the server after the run ended, so no live change was recorded this time")
     assert page.get_by_role("button", name="Regenerate at this threshold").is_visible()
     assert page.locator("#rl-dl-trace").is_visible() and page.locator("#rl-dl-html").is_visible()
 

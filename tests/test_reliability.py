@@ -2,15 +2,23 @@
 
 The server is the real app (`ui.build_demo`) on the embedded model, on 127.0.0.1, with the
 loadtest's watched engine; every check goes through the HTTP API the way a visitor or a script does.
-Small on purpose: 4 sessions x 1 generation, caps of a few tokens, so the file stays near a minute.
+Small on purpose: 3 sessions x 1 generation, caps of a few tokens, so the file stays near a minute.
+
+Checks that need a generation to be in some state when something happens (still running when it is
+interrupted, holding the only slot while others queue) hold that run first (tests/holding.py), so
+no outcome depends on how fast the server's threads run.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
+import httpx
 import pytest
+from holding import WAIT_S, Holding
 
 from routerlab.bench import load as lt
 from routerlab import ui
@@ -21,27 +29,82 @@ CAP = 12  # the test server's ROUTERLAB_MAX_NEW_TOKENS
 
 
 @pytest.fixture(scope="module")
-def server(embedded):
+def engine(embedded):
     from routerlab.core.engine import Engine
 
-    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    return Holding(Engine(embedded.model, embedded.tokenizer, name=embedded.name))
+
+
+@pytest.fixture(scope="module")
+def server(engine):
     srv = lt.serve(engine, ui.Limits(max_new_tokens=CAP, max_prompt_chars=4000, queue_size=3, concurrency=1))
     yield srv
     lt.forget(srv.url)
     srv.close()
 
 
-def test_concurrent_sessions_keep_their_own_threshold_and_memory_settles(server):
-    report = lt.load_test(server.url, sessions=4, generations=4, max_new=4, deadline_s=240, log=None)
+def waiting_in_queue(url: str) -> int:
+    """Requests the server has accepted that wait for a worker slot (Gradio's queue status)."""
+    return httpx.get(url.rstrip("/") + "/gradio_api/queue/status", timeout=30).json()["queue_size"]
+
+
+def test_concurrent_sessions_keep_their_own_threshold_and_memory_settles(server, engine):
+    # 3 visitors fit in the server's 1 slot + 3 queue places however their requests interleave. The first run holds
+    # the slot until the other two wait in line: with 3 generations for 3 visitors, each visitor then runs exactly
+    # one, with its own threshold (no visitor can finish and take another's).
+    with ThreadPoolExecutor(1) as pool, engine.hold(after=0, max_new_tokens=4) as first:
+        running = pool.submit(lt.load_test, server.url, sessions=3, generations=3, max_new=4, deadline_s=240, log=None)
+        first.wait()
+        assert lt.wait_until(lambda: waiting_in_queue(server.url) == 2, WAIT_S), "the other visitors did not queue"
+        first.release()
+    report = running.result()
     assert report["errors"] == 0, report["error_messages"]
-    assert report["traces_checked"] == 4 and report["decision_errors"] == 0
-    assert len(report["thresholds"]) == 4 and len(report["router_sets"]) >= 3  # random routers: thresholds really differ
+    assert report["traces_checked"] == 3 and report["decision_errors"] == 0
+    assert len(report["thresholds"]) == 3 and len(report["router_sets"]) == 3  # random routers: thresholds really differ
     assert report["server_after"]["live"] == 0 and report["server_after"]["decoders"] == 0
 
 
+@pytest.fixture
+def one_more_token_after_an_interrupt(monkeypatch):
+    """Gradio acts on a cancel or a closed tab when the stream yields its next frame, and a held run yields
+    none. So once the server has registered such an interrupt (Gradio's `cancel_tasks`, `Queue.clean_events`),
+    the holds added to the list this returns let their run make exactly one more token: the frame after which
+    Gradio closes the stream (and the run, asked to stop, lets go of its hold). A Stop needs none of this:
+    it asks the run itself to stop."""
+    import gradio.queueing
+    import gradio.routes
+
+    holds = []
+
+    def step():
+        while holds:  # once per hold: a later interrupt of the same run (its client hanging up) changes nothing
+            held = holds.pop()
+            held.release(until=held.after + 1)
+
+    cancel_tasks, clean_events = gradio.routes.cancel_tasks, gradio.queueing.Queue.clean_events
+
+    async def cancel_then_step(task_ids):
+        step()  # the tasks are cancelled below, before this coroutine yields: the stepped frame comes after
+        return await cancel_tasks(task_ids)
+
+    async def clean_then_step(self, **kwargs):
+        await clean_events(self, **kwargs)  # marks the session's running events dead
+        step()
+
+    monkeypatch.setattr(gradio.routes, "cancel_tasks", cancel_then_step)
+    monkeypatch.setattr(gradio.queueing.Queue, "clean_events", clean_then_step)
+    return holds
+
+
 @pytest.mark.parametrize("kind", ["stop", "cancel", "disconnect"])
-def test_interrupted_run_frees_the_worker_within_a_step(server, kind):
-    row = lt.interrupt_test(server.url, kind, max_new=CAP, timeout=120)
+def test_interrupted_run_frees_the_worker_within_a_step(server, engine, one_more_token_after_an_interrupt, kind):
+    # The long run is held after 3 tokens, so the interrupt always reaches it while it is running.
+    with engine.hold(after=3, max_new_tokens=CAP) as long_run:
+        if kind != "stop":
+            one_more_token_after_an_interrupt.append(long_run)
+        row = lt.interrupt_test(server.url, kind, max_new=CAP, timeout=120)
+    assert long_run.was_held and long_run.let_go_by == "stop", "the run was asked to stop while it was held"
+    assert long_run.trace.meta["stop_reason"] == "stopped" and long_run.tokens == (3 if kind == "stop" else 4)
     assert row["generator_closed"] and row["no_generator_left"], row
     assert row["next_request_ok"], row  # the request queued behind it started and finished
     assert lt.within_a_step(row), row
@@ -70,8 +133,26 @@ def test_bad_input_through_the_api_gets_clear_messages(server):
     assert "not a number" in by_case["raw: threshold NaN"]
 
 
-def test_requests_beyond_the_queue_are_refused_with_a_message(server):
-    report = lt.queue_cap_test(server.url, queue_size=3, timeout=120)
+def test_requests_beyond_the_queue_are_refused_with_a_message(server, engine, monkeypatch):
+    # The first run holds the only slot until the server refused a request: until then nothing leaves the queue.
+    import gradio.queueing
+
+    refused = threading.Event()
+    push = gradio.queueing.Queue.push
+
+    async def push_noting_refusals(self, *args, **kwargs):
+        answer = await push(self, *args, **kwargs)
+        if answer[2] == "queue_full":
+            refused.set()
+        return answer
+
+    monkeypatch.setattr(gradio.queueing.Queue, "push", push_noting_refusals)
+    with ThreadPoolExecutor(1) as pool, engine.hold(after=0, max_new_tokens=1) as first:
+        running = pool.submit(lt.queue_cap_test, server.url, queue_size=3, timeout=120)
+        first.wait()
+        assert refused.wait(WAIT_S), "no request was refused while every slot and queue place was taken"
+        first.release()
+    report = running.result()
     assert report["refused"] >= 1 and report["finished"] >= 1, report
     assert "Queue is full" in report["refusal_message"]
 

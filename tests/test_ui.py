@@ -1,19 +1,21 @@
 """ui.py handlers on a tiny random model with a character tokenizer: no downloads, no server.
 
 The handlers are called directly (as Gradio would call them); the gradio_client tests in
-test_app_client.py drive the real app with the embedded model.
+test_app_client.py drive the real app with the embedded model. A test that acts on a running
+generation holds it first (tests/holding.py): the UI decodes in a worker thread, and nothing here
+may depend on how fast that thread runs.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import gradio as gr
 import plotly.graph_objects as go
 import pytest
 import torch
+from holding import Holding
 
 from routerlab import ui
 from routerlab.core.config import RoutingConfig
@@ -52,7 +54,7 @@ def res():
     from routerlab.core.models import tiny_model
 
     model = tiny_model("llama")
-    engine = Paced(Engine(model, char_tokenizer(), name="tiny-llama"))
+    engine = Holding(Engine(model, char_tokenizer(), name="tiny-llama"))
     sets = [ui.RouterSetInfo(label=RANDOM, granularity="attention-token"), *ui.available_router_sets(Path("/nonexistent"))]
     resources = ui.Resources(engine, ui.Limits(max_new_tokens=64, max_prompt_chars=200), router_sets=sets, prompts=["Hello there"])
     resources._routers[(engine.name, RANDOM)] = random_routers(model)  # stands in for a shipped, trained set
@@ -72,33 +74,26 @@ def file_path(update) -> Path:
     return Path(value["path"] if isinstance(value, dict) else value)
 
 
-class Paced:
-    """An Engine that waits `delay` s after each generated token: the tiny model is faster than the UI's
-    frame rate, and tests need to act while a run is still going."""
+def advance(gen, session, held):
+    """Pull the stream until its run is held (after `held.after` generated tokens).
 
-    def __init__(self, engine, delay: float = 0.01):
-        self._engine, self._delay = engine, delay
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def generate(self, *args, **kwargs):
-        steps = self._engine.generate(*args, **kwargs)  # bad input raises here, before any step
-
-        def paced():
-            for step in steps:
-                if not step.is_prompt:
-                    time.sleep(self._delay)
-                yield step
-
-        return paced()
-
-
-def advance(gen, session, n_generated):
-    """Pull the stream until the session's run has `n_generated` generated tokens."""
+    The stream's second frame starts the decoder thread, which runs ahead of the frames; the hold stops
+    it there. A frame follows every change of the trace, so the loop ends once the run is held.
+    """
     for _ in gen:
-        if session.trace is not None and len(session.trace.generated_steps) >= n_generated:
-            return
+        if len(session.trace.generated_steps) >= held.after:
+            break
+    held.wait()
+
+
+def pull_until(gen, wanted) -> list:
+    """Pull frames until one is `wanted`; returns the frames pulled (all of them if none was)."""
+    outs = []
+    for out in gen:
+        outs.append(out)
+        if wanted(out):
+            break
+    return outs
 
 
 def figure(value) -> dict:
@@ -113,15 +108,25 @@ def is_skip(value) -> bool:
     return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
 
 
+def heatmap_kind(out) -> str | None:
+    """The routerlab kind of a frame's heatmap ("live" while streaming), None when the frame has no figure."""
+    value = out[1]
+    if not (isinstance(value, go.Figure) or hasattr(value, "plot")):
+        return None
+    return figure(value)["layout"]["meta"].get("routerlab")
+
+
 def test_explore_streams_text_then_final_figures_and_exports(res):
     session = ui.Session()
-    outs = run_all(explore(res, session, max_new=40))
+    with res.engine.hold(after=5):  # the run cannot end before a live heatmap was streamed
+        gen = explore(res, session, max_new=40)
+        streamed = pull_until(gen, lambda out: heatmap_kind(out) == "live")
+    outs = streamed + run_all(gen)
     assert len(outs) >= 3 and all(len(o) == 9 for o in outs)
     text, heat, stats, status, trace_dl, html_dl, bar, hist, _ = outs[-1]
     assert "rl-tok" in text and figure(heat)["data"] and figure(bar)["data"] and figure(hist)["data"]
     assert status.startswith("✓ Done")
-    streamed = [figure(o[1])["layout"]["meta"].get("routerlab") for o in outs[1:-1]]
-    assert "live" in streamed, "the heatmap streams before the end"
+    assert "live" in [heatmap_kind(o) for o in outs[1:-1]], "the heatmap streams before the end"
     assert not any(is_skip(v) for o in outs[1:-1] for v in o), "no gr.skip() while streaming (Gradio rebuilds a component per skip)"
     trace = Trace.from_json(file_path(trace_dl).read_text())
     assert trace.generated_steps and trace.meta["granularity"] == "attention-token"
@@ -148,12 +153,15 @@ def test_unknown_or_disallowed_model_is_refused(res):
 
 def test_threshold_change_mid_run_changes_later_decisions(res):
     session = ui.Session()
-    gen = explore(res, session, threshold=0.0, max_new=40)
-    advance(gen, session, 5)
-    out = ui.threshold_moved(res, 1.0, session)
+    with res.engine.hold(after=5) as held:
+        gen = explore(res, session, threshold=0.0, max_new=40)
+        advance(gen, session, held)
+        out = ui.threshold_moved(res, 1.0, session)
     assert "from the next token" in out[3]
     run_all(gen)
     trace = session.trace
+    thresholds = [s.threshold for s in trace.generated_steps]
+    assert thresholds[:5] == [0.0] * 5 and set(thresholds[5:]) == {1.0}, "the move applies from the next token on"
     gen_steps = [s for s in trace.generated_steps if any(e is not None for e in s.executed)]
     before = [s for s in gen_steps if s.threshold == 0.0]
     after = [s for s in gen_steps if s.threshold == 1.0]
@@ -181,31 +189,36 @@ def test_threshold_before_any_run_only_sets_the_next_start(res):
 
 def test_stop_ends_the_run_early(res):
     session = ui.Session()
-    gen = explore(res, session, max_new=60)
-    advance(gen, session, 3)
-    assert "Stopping" in ui.stop_run(session)
+    with res.engine.hold(after=3) as held:
+        gen = explore(res, session, max_new=60)
+        advance(gen, session, held)
+        assert "Stopping" in ui.stop_run(session)
     outs = run_all(gen)
     assert session.trace.meta["stop_reason"] == "stopped"
-    assert len(session.trace.generated_steps) < 60
+    assert len(session.trace.generated_steps) == 3, "no token after the stop request"
     assert "stopped" in outs[-1][3].lower()
     assert "Nothing" in ui.stop_run(ui.Session())
 
 
 def test_show_last_after_cancel_renders_the_partial_run(res):
     session = ui.Session()
-    gen = explore(res, session, max_new=40)
-    advance(gen, session, 3)
-    gen.close()  # what a Gradio cancel does to the stream
+    with res.engine.hold(after=3) as held:
+        gen = explore(res, session, max_new=40)
+        advance(gen, session, held)
+        gen.close()  # what a Gradio cancel does to the stream
+        held.wait_ended()  # closing the stream asks the run to stop: it lets go of the hold and ends
     view = ui.show_last(res, session)
-    assert len(view) == 9 and "Stopped after" in view[3] and not session.running
+    assert len(view) == 9 and "Stopped after 3 tokens" in view[3] and not session.running
+    assert session.trace.meta["stop_reason"] == "stopped"
 
 
 def test_sessions_do_not_share_controls(res):
     a, b = ui.Session(), ui.Session()
-    gen_a = explore(res, a, threshold=0.2, max_new=30)
-    gen_b = explore(res, b, threshold=0.8, max_new=30)
-    advance(gen_a, a, 3), advance(gen_b, b, 3)
-    ui.threshold_moved(res, 0.6, a)
+    with res.engine.hold(after=3, threshold=0.2) as held_a, res.engine.hold(after=3, threshold=0.8) as held_b:
+        gen_a = explore(res, a, threshold=0.2, max_new=30)
+        gen_b = explore(res, b, threshold=0.8, max_new=30)
+        advance(gen_a, a, held_a), advance(gen_b, b, held_b)  # both runs are going, both held
+        ui.threshold_moved(res, 0.6, a)
     run_all(gen_a), run_all(gen_b)
     assert {s.threshold for s in b.trace.steps} == {0.8}
     assert {s.threshold for s in a.trace.steps} == {0.2, 0.6}
