@@ -1,4 +1,4 @@
-"""Command line: `python -m routerlab generate | train | eval | bench speed | bench tradeoff`.
+"""Command line: `python -m routerlab generate | train | eval | calibrate | bench speed | bench tradeoff`.
 
 Parses arguments, calls the library, prints text or one JSON object. Bad input ends with a
 one-line `error: ...` (exit code 2), never a traceback.
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate with routers and print the text (or a JSON trace)")
     _add_model_args(g)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--threshold", type=float, default=None, help="skip threshold in [0, 1] (default: the routers' own)")
+    g.add_argument("--threshold", type=float, default=None, help="skip threshold in [0, 1] (default: the routers' own; 0.5 for a calibrated set)")
     g.add_argument("--kv-policy", default=None, help=f"one of {', '.join(KV_POLICIES)} (default: what the routers were trained for)")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
@@ -168,6 +168,27 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plot", default=None, help="with --sweep: write the curve as plotly HTML here")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=_eval)
+
+    c = sub.add_parser("calibrate", help="fit a router set's threshold scale (0.5 = its default, 0.7 = where text starts "
+                       "to break) and write it into its router.json")
+    c.add_argument("--routers", required=True, help="router checkpoint folder, e.g. assets/routers/attention-token")
+    c.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M-Instruct)")
+    c.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    _add_dtype(c)
+    c.add_argument("--data", default=None, help="fit prompts, JSONL (default assets/data/selfdistill.jsonl, the prompts "
+                   "`train` chose the default threshold on)")
+    c.add_argument("--split", choices=SPLITS, default="heldout", help="split of --data to fit on (default heldout)")
+    c.add_argument("--limit", type=int, default=32, help="fit examples (default 32)")
+    c.add_argument("--check-data", default=None, help="held-out prompts to check on, never fitted "
+                   "(default assets/data/selfdistill_extra.jsonl)")
+    c.add_argument("--check-split", choices=SPLITS, default="heldout", help="split of --check-data (default heldout)")
+    c.add_argument("--check-limit", type=int, default=32, help="held-out examples (default 32)")
+    c.add_argument("--multiple", type=float, default=4.0, help="0.7 skips this many times the default's share (default 4)")
+    c.add_argument("--floor", type=float, default=0.01, help="a default that skips less than this share of the cells "
+                   "(threshold 0: never) puts 0.5 where this share is skipped instead (default 0.01)")
+    c.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
+    c.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    c.set_defaults(func=_calibrate)
     return parser
 
 
@@ -200,6 +221,20 @@ def _eval(args) -> int:
 
     result = run_eval(args)
     print(json.dumps(result) if args.json else result.pop("_text", json.dumps(result, indent=1)))
+    return 0
+
+
+def _calibrate(args) -> int:
+    from routerlab.tuning.calibrate import run_calibrate
+
+    if args.limit < 1 or args.check_limit < 1:
+        raise RouterLabError("--limit and --check-limit must be >= 1.")
+    if args.json:
+        args.log = lambda m: print(m, file=sys.stderr, flush=True)
+    result = run_calibrate(args)  # logs the fit and the table as it goes
+    result.pop("_text")
+    if args.json:
+        print(json.dumps(result))
     return 0
 
 

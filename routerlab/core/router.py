@@ -1,16 +1,67 @@
-"""The Router (one linear score per token) and RouterSet (the routers of one granularity).
+"""The Router (one linear score per token), RouterSet (the routers of one granularity) and
+Calibration (one monotone map of a set's scores, so that a 0-1 threshold spans its useful range).
 
-Knows nothing about transformers: a RouterSet only needs the layer count and hidden size.
+Knows nothing about transformers (a RouterSet only needs the layer count and hidden size), nor
+about how a calibration is fitted (`routerlab/tuning/calibrate.py`) or stored (`checkpoint.py`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from routerlab.core.config import RoutingConfig
+from routerlab.core.errors import RouterLabError
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """calibrated score = sigmoid(scale * logit + shift), scale > 0; the same for every layer of a set.
+
+    Monotone, so it changes no ordering and no decision, only where a threshold falls: a token
+    runs at calibrated threshold t exactly when the raw score clears `raw_threshold(t)`. It is
+    applied after training and never trained (training keeps the paper's bias-free router).
+    """
+
+    scale: float = 1.0
+    shift: float = 0.0
+
+    def __post_init__(self):
+        for name in ("scale", "shift"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise RouterLabError(f"The router calibration's {name} must be a finite number, not {value!r}.",
+                                     "Fit it again with `python -m routerlab calibrate`, or remove the calibration.")
+        if self.scale <= 0:
+            raise RouterLabError(f"The router calibration's scale must be > 0 (a monotone map), not {self.scale!r}.",
+                                 "Fit it again with `python -m routerlab calibrate`, or remove the calibration.")
+        object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "shift", float(self.shift))
+
+    @property
+    def identity(self) -> bool:
+        return self.scale == 1.0 and self.shift == 0.0
+
+    def score(self, raw: float) -> float:
+        """The calibrated score of a raw (uncalibrated) score in [0, 1]."""
+        if raw <= 0.0 or raw >= 1.0:
+            return float(raw >= 1.0)
+        return sigmoid(self.scale * logit(raw) + self.shift)
+
+    def raw_threshold(self, threshold: float) -> float:
+        """The uncalibrated threshold that decides exactly as `threshold` does on calibrated scores."""
+        if threshold <= 0.0 or threshold >= 1.0:
+            return float(threshold >= 1.0)
+        return sigmoid((logit(threshold) - self.shift) / self.scale)
+
+    def to_dict(self) -> dict:
+        return {"scale": self.scale, "shift": self.shift}
+
+
+IDENTITY = Calibration()
 
 
 class Router(nn.Module):
@@ -24,11 +75,18 @@ class Router(nn.Module):
         super().__init__()
         self.proj = nn.Linear(hidden_size, 1, bias=False)
         nn.init.zeros_(self.proj.weight)
+        self.calibration = IDENTITY  # set by its RouterSet; a plain attribute, never a parameter
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
+    def raw_logits(self, x: torch.Tensor) -> torch.Tensor:
         # Routers stay fp32 whatever the base dtype: they are tiny and their scores are compared
         # against a threshold, where bf16 rounding would flip decisions.
         return nn.functional.linear(x.float(), self.proj.weight.float()).squeeze(-1)  # (B, T)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The calibrated logits (B, T): `scale * (w . x) + shift`, just `w . x` uncalibrated."""
+        z = self.raw_logits(x)
+        c = self.calibration
+        return z if c.identity else z * c.scale + c.shift
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logits(x))  # (B, T) in (0, 1)
@@ -38,9 +96,10 @@ class Router(nn.Module):
 
         One dot product and one host read, instead of a handful of tiny tensor ops per routed
         layer and token (each costs microseconds of dispatch; together they outweighed the
-        attention that skipping saves on short contexts).
+        attention that skipping saves on short contexts). The calibration is two float operations.
         """
-        return sigmoid(torch.dot(x.reshape(-1).float(), self.proj.weight.reshape(-1).float()).item())
+        c = self.calibration
+        return sigmoid(c.scale * torch.dot(x.reshape(-1).float(), self.proj.weight.reshape(-1).float()).item() + c.shift)
 
 
 def sigmoid(z: float) -> float:
@@ -51,6 +110,11 @@ def sigmoid(z: float) -> float:
     return e / (1.0 + e)
 
 
+def logit(p: float) -> float:
+    """The inverse of `sigmoid` on (0, 1)."""
+    return math.log(p) - math.log1p(-p)
+
+
 class RouterSet(nn.Module):
     """One router per routed layer, plus the RoutingConfig that says where they sit."""
 
@@ -58,13 +122,25 @@ class RouterSet(nn.Module):
         super().__init__()
         bad = [i for i in config.layers if not 0 <= i < n_layers]
         if bad:
-            from routerlab.core.errors import RouterLabError
-
             raise RouterLabError(f"Routed layers {bad} do not exist in a {n_layers}-layer model.")
         self.config = config
         self.n_layers = n_layers
         self.hidden_size = hidden_size
         self.routers = nn.ModuleDict({str(i): Router(hidden_size) for i in config.layers})
+        self.calibration = IDENTITY
+
+    @property
+    def calibration(self) -> Calibration:
+        """The set's one score map; setting it hands it to every router (scores, decisions, traces follow)."""
+        return self._calibration
+
+    @calibration.setter
+    def calibration(self, calibration: Calibration) -> None:
+        if not isinstance(calibration, Calibration):
+            raise TypeError(f"expected a Calibration, got {type(calibration).__name__}")
+        self._calibration = calibration
+        for router in self.routers.values():
+            router.calibration = calibration
 
     @classmethod
     def zeros(cls, model: nn.Module, config: RoutingConfig) -> "RouterSet":

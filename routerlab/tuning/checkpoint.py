@@ -1,8 +1,10 @@
 """Router checkpoints: routers only, as `routers.safetensors` + `router.json`, never pickle.
 
 A checkpoint folder holds the router weights and a JSON config: granularity, routed layers, the
-default threshold and KV policy, a training summary, and the identity of the base model it was
-made for. Loading validates all of it and refuses a mismatched base with a clear message.
+default threshold and KV policy, a training summary, the identity of the base model it was
+made for, and optionally a `calibration` (the set's score map, `scale` and `shift` plus how it
+was fitted; without one the scores are the raw `sigmoid(w . x)`, as before calibration existed).
+Loading validates all of it and refuses a mismatched base with a clear message.
 Writes are atomic (a temporary folder renamed into place), so a crash leaves nothing half-written.
 
 Knows nothing about training or decoding.
@@ -24,7 +26,7 @@ from routerlab.core.paths import ASSETS
 from routerlab.core.config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
 from routerlab.core.errors import RouterLabError
 from routerlab.core.models import model_identity
-from routerlab.core.router import RouterSet
+from routerlab.core.router import IDENTITY, Calibration, RouterSet
 
 FORMAT = "routerlab-routers"
 FORMAT_VERSION = 1
@@ -33,8 +35,12 @@ SHIPPED = ASSETS / "routers"
 
 
 def save_routers(routers: RouterSet, folder: str | Path, model: torch.nn.Module, *, threshold: float = 0.5,
-                 kv_policy: str = "kv", summary: dict | None = None) -> Path:
-    """Write `folder` atomically: router weights (safetensors) + router.json."""
+                 kv_policy: str = "kv", summary: dict | None = None, calibration_info: dict | None = None) -> Path:
+    """Write `folder` atomically: router weights (safetensors) + router.json.
+
+    The set's calibration is stored when it is not the identity, with `calibration_info` (how it
+    was fitted) next to its scale and shift.
+    """
     folder = Path(folder)
     config = {
         "format": FORMAT,
@@ -46,6 +52,9 @@ def save_routers(routers: RouterSet, folder: str | Path, model: torch.nn.Module,
         "base_model": model_identity(model),
         "training": summary or {},
     }
+    calibration = getattr(routers, "calibration", IDENTITY)
+    if not calibration.identity:
+        config["calibration"] = {**(calibration_info or {}), **calibration.to_dict()}
     tensors = {f"layer.{i}": routers.get(i).proj.weight.detach().float().cpu().contiguous() for i in routers.config.layers}
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
@@ -79,6 +88,35 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError) as err:
         raise RouterLabError(f"{path} is corrupted or not a RouterLab router config ({err}).",
                              "Re-save the routers, or train them again.") from None
+    try:
+        calibration_of(config)
+    except RouterLabError as err:
+        raise RouterLabError(f"{path}: {err.problem}", err.fix) from None
+    return config
+
+
+def calibration_of(config: dict[str, Any]) -> Calibration:
+    """The score map a router.json stores; the identity when it stores none (checkpoints before calibration)."""
+    block = config.get("calibration")
+    if block is None:
+        return IDENTITY
+    if not isinstance(block, dict) or "scale" not in block or "shift" not in block:
+        raise RouterLabError("Its calibration is not an object with a scale and a shift.",
+                             "Fit it again with `python -m routerlab calibrate`, or remove the calibration.")
+    return Calibration(block["scale"], block["shift"])
+
+
+def write_calibration(folder: str | Path, block: dict[str, Any], threshold: float) -> dict[str, Any]:
+    """Store a calibration (its scale, shift and how it was fitted) and the calibrated default threshold
+    in a checkpoint's router.json, atomically; the weights are not touched. Returns the new config."""
+    folder = Path(folder)
+    config = read_config(folder)
+    config["calibration"] = block
+    config["threshold"] = check_threshold(threshold)
+    calibration_of(config)  # refuse to write what would not load
+    tmp = folder / f".{CONFIG}.tmp"
+    tmp.write_text(json.dumps(config, indent=1) + "\n")
+    os.replace(tmp, folder / CONFIG)
     return config
 
 
@@ -111,6 +149,7 @@ def load_routers(folder: str | Path, model: torch.nn.Module) -> tuple[RouterSet,
             raise RouterLabError(f"Router weights for layer {i} are malformed (shape {tuple(w.shape)} or non-finite).",
                                  "Train the routers again.")
         routers.get(i).proj.weight.data.copy_(w)
+    routers.calibration = calibration_of(config)
     return routers.to(next(model.parameters()).device), config
 
 
