@@ -102,6 +102,7 @@ COMMAND = "python -m routerlab bench report"
 # file -> (section title, the command that writes the file)
 SOURCES = {
     "speed.json": ("Decode speed", "make bench"),
+    "precision.json": ("Precision: float32 against bfloat16", "make precision"),
     "tradeoff.json": ("Speed vs quality: the trade-off sweep", "make tradeoff"),
     "heldout_extra.json": ("Held-out evaluation: extra prompts, greedy answers", "make heldout-extra"),
     "heldout_sampled.json": ("Held-out evaluation: extra prompts, sampled answers", "make heldout-sampled"),
@@ -192,8 +193,9 @@ def speed_markdown(r: dict) -> list[str]:
              f"{r['new_tokens']} new tokens, {r['rounds']} interleaved rounds. Tokens/s are medians; each speedup is "
              "the median of per-round ratios to the engine without routers, decoding in lockstep.", "",
              "| configuration | tokens/s | speedup | ideal speedup | of ideal |", "|---|---|---|---|---|",
-             f"| transformers `generate` (bare model) | {tps['generate']:.2f} | - | - | - |",
-             f"| engine, no routers | {tps['engine']:.2f} | 1.000 (baseline) | - | - |",
+             f"| transformers `generate` (bare model{', ' + r['dtype'] if 'dtype' in r else ''}) | {tps['generate']:.2f} | - | - | - |",
+             f"| engine, no routers{' (' + r['dtype'] + ')' if 'dtype' in r else ''} | {tps['engine']:.2f} | 1.000 (baseline) | - | - |",
+             *([f"| engine, no routers (float32, reference) | {tps['engine_fp32']:.2f} | - | - | - |"] if "engine_fp32" in tps else []),
              f"| engine, routers on layers {routed[0]}-{routed[-1]}, never skipping | {tps['engine_never_skip']:.2f} "
              f"| {_num(r['routing'])} (the cost of routing) | 1.000 | - |"]
     for p in ("mask", "kv", "drop"):
@@ -201,7 +203,37 @@ def speed_markdown(r: dict) -> list[str]:
             lines.append(f"| engine, attention off on layers {deep[0]}-{deep[-1]}, KV policy {p} | {tps['deep_off_' + p]:.2f} "
                          f"| {_num(speedup[p])} | {_num(ideal[p])} | {100 * speedup[p] / ideal[p]:.0f}% |")
     lines += ["", f"The engine without routers decodes {_num(r['engine_vs_generate'])}x as fast as transformers "
-              "`generate` on the same model.", "", costs_line(r["cost_seconds"]), ""]
+              "`generate` on the same model" + (" in the same precision" if "dtype" in r else "") + "."]
+    if "dtype" in r:
+        lines += ["", f"- Precision: {r['precision']} (`--dtype auto` on this machine; CPU vector unit {r.get('cpu', '?')}).",
+                  f"- Against the float32 engine, decoding in lockstep: {_num(r['engine_vs_fp32_engine'])}x.",
+                  f"- Memory-bandwidth bound: {r['decode_weight_bytes'] / 1e6:.0f} MB of weights per decode step at "
+                  f"{r['read_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s read (best of 5 sums over 1 GiB, all threads, same run) "
+                  f"= {r['bandwidth_bound_tokens_per_second']:.1f} tokens/s; the engine reaches "
+                  f"{r['fraction_of_bandwidth_bound']:.2f} of it."]
+        if r.get("ttft_seconds"):
+            f = r["ttft_seconds"]
+            lines.append(f"- Time to first token at a {f['prompt_tokens']}-token prompt: engine {f['engine']:.2f} s, "
+                         f"transformers `generate` {f['generate']:.2f} s.")
+    lines += ["", costs_line(r["cost_seconds"]), ""]
+    return lines
+
+
+def precision_markdown(r: dict) -> list[str]:
+    a, b = r["float32"], r["bfloat16"]
+    lines = [f"The shipped {r['granularity']} routers at their default threshold on {r['examples']} {r['split']} examples of "
+             f"`{_short_path(r['data'])}` ({a['tokens']} response tokens), with the base in float32 and in bfloat16 "
+             "(the same weights, rounded). Each precision is compared with its own full model.", "",
+             "| base | full perplexity | routed perplexity | rise | KL | agreement | skipped (all layers) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, x in (("float32", a), ("bfloat16: " + b["precision"], b)):
+        lines.append(f"| {name} | {x['perplexity_full']:.4f} | {x['perplexity_routed']:.4f} | "
+                     f"{_pct(x['perplexity_increase'], sign=True)} | {x['kl_full']:.4f} | {_pct(x['agreement'])} | "
+                     f"{_pct(x['skip_rate_all_layers'])} |")
+    lines += ["", f"bf16 against fp32: full-model perplexity {_pct(r['perplexity_full_bf16_vs_fp32'], sign=True)}, routed "
+              f"{_pct(r['perplexity_routed_bf16_vs_fp32'], sign=True)}. Routing decisions bf16 flips: "
+              f"{_pct(r['decisions_flipped_full'])} of {r['routed_cells']} routed cells scored at full depth, "
+              f"{_pct(r['decisions_flipped_routed'])} as the routed model runs.", ""]
     return lines
 
 
@@ -277,7 +309,7 @@ def load_markdown(r: dict) -> list[str]:
     return lines
 
 
-RENDERERS = {"speed.json": speed_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
+RENDERERS = {"speed.json": speed_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
 
 
@@ -286,6 +318,8 @@ def conditions(name: str, r: dict) -> str | None:
     if name == "speed.json":
         return (f"{r['model']} on {r['device']}, {r['threads']} threads; prompt {r['prompt_tokens']} tokens, "
                 f"{r['new_tokens']} new tokens, {r['rounds']} rounds.")
+    if name == "precision.json":
+        return f"{r['model']}, {r['granularity']} routers, {r['examples']} {r['split']} examples of `{_short_path(r['data'])}`."
     if name == "tradeoff.json":
         return f"{r['model']}; {tradeoff_conditions(r)}"
     if name.startswith("heldout"):
