@@ -5,7 +5,8 @@ configurations generate in lockstep with the engine's full model (one token each
 `measure_speed`, also used by `bench tradeoff`), transformers' generate runs between those
 rounds, and the report gives medians of per-round figures and ratios. The ideal speedup of a
 skipping run comes from the measured cost of exactly the work it skips (`cost_breakdown`:
-measured inside whole decode steps, in the same process, at the same context).
+measured inside whole decode steps, in the same process, at the same context; it lives in
+core/costs.py, which the app also uses, and is re-exported here).
 
 Knows nothing about the UI or training.
 """
@@ -20,7 +21,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
-from routerlab.core.engine import Control, Engine, Plan, forward
+from routerlab.core.costs import cost_breakdown, ideal_speedup  # noqa: F401 (re-exported: the cost model lives in core)
+from routerlab.core.engine import Control, Engine
 from routerlab.core.models import load_model
 from routerlab.core.precision import cpu_vector_unit, dtype_name
 from routerlab.core.router import RouterSet
@@ -140,79 +142,6 @@ def measure_speed(engine: Engine, prompts: list[list[int]], configs: dict[str, t
             "ttft_seconds": statistics.median(x["ttft"] for x in rs),
         }
     return out
-
-
-def _timeit(fn, repeat: int) -> float:
-    fn()  # warm up
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - t0) / repeat
-
-
-@torch.inference_mode()
-def cost_breakdown(engine: Engine, ids: list[int], context: int, repeat: int = 30) -> dict[str, float]:
-    """Seconds per decode token of each piece, measured inside whole decode steps at `context` cached tokens.
-
-    Each piece is the difference between whole steps that run it and steps that do not, all timed
-    in turn (so a noisy machine slows them alike), with routers on every layer in both, so router
-    cost cancels: attention_full, one layer's attention sub-layer (steps with every router
-    running vs every attention dropped); attention_kv_only, what `kv` still pays when it skips
-    (keys/values and the cache write); mlp, one layer's MLP. Timing a piece on its own would
-    under-count it: called over and over, its weights stay in the CPU caches, which a real step,
-    streaming through every layer's weights, never sees. head: final norm + LM head (timed alone;
-    it is larger than any CPU cache). step: the full model's step, no routers; routing: what
-    routers cost when they skip nothing; overhead: the step minus all the pieces.
-    """
-    an = engine.anatomy
-    n = an.n_layers
-    ctx_ids = (ids * (context // max(1, len(ids)) + 1))[:context]
-    every = tuple(range(n))
-    attn = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("attention-token", every))
-    mlp = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("mlp-token", every))
-    plans = {  # zero routers score 0.5: threshold 0 never skips, threshold 1 always skips
-        "step": lambda: Plan(None, 0.5, "kv"),
-        "routed": lambda: Plan(attn, 0.0, "kv"),
-        "no_attention": lambda: Plan(attn, 1.0, "drop"),
-        "kv_only": lambda: Plan(attn, 1.0, "kv"),
-        "routed_mlp": lambda: Plan(mlp, 0.0, "kv"),
-        "no_mlp": lambda: Plan(mlp, 1.0, "kv"),
-    }
-    caches = {}
-    for name, plan in plans.items():
-        caches[name] = engine.new_caches(context + 1)
-        forward(an, torch.tensor([ctx_ids]), torch.arange(context), caches[name], plan())
-    token, pos = torch.tensor([[ctx_ids[-1]]]), torch.tensor([context])
-    times: dict[str, list[float]] = {k: [] for k in plans}
-    for r in range(repeat + 1):
-        order = list(plans)[r % len(plans):] + list(plans)[: r % len(plans)]
-        for name in order:
-            t0 = time.perf_counter()
-            forward(an, token, pos, caches[name], plans[name]())
-            if r:  # the first round warms up
-                times[name].append(time.perf_counter() - t0)
-            for c in caches[name]:
-                c.n = min(c.n, context)  # forget the appended token: every step sees the same context
-
-    t = {k: statistics.median(v) for k, v in times.items()}
-    h = torch.randn(1, 1, an.hidden_size, dtype=engine.dtype) * 0.5
-    costs = {
-        "attention_full": max(0.0, (t["routed"] - t["no_attention"]) / n),
-        "attention_kv_only": max(0.0, (t["kv_only"] - t["no_attention"]) / n),
-        "mlp": max(0.0, (t["routed_mlp"] - t["no_mlp"]) / n),
-        "head": _timeit(lambda: an.logits(h), repeat),
-        "step": t["step"],
-        "routing": t["routed"] - t["step"],  # small: within a few ms of noise
-    }
-    costs["overhead"] = costs["step"] - n * (costs["attention_full"] + costs["mlp"]) - costs["head"]
-    return costs
-
-
-def ideal_speedup(costs: dict[str, float], skipped_layers: int, policy: str) -> float:
-    """Speedup if skipping removed exactly the skipped work and nothing else."""
-    saved_per_layer = {"mask": 0.0, "kv": costs["attention_full"] - costs["attention_kv_only"],
-                       "drop": costs["attention_full"]}[policy]
-    return costs["step"] / (costs["step"] - skipped_layers * saved_per_layer)
 
 
 def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:

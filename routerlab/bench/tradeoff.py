@@ -26,6 +26,7 @@ import pandas as pd
 
 from routerlab.core.paths import ASSETS
 from routerlab.bench.speed import cost_breakdown, measure_speed
+from routerlab.core.costs import ideal_speedup
 from routerlab.core.engine import Engine
 from routerlab.tuning.evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,
                        static_order, static_routers, thresholds_for_skips)
@@ -42,12 +43,7 @@ OUT = ASSETS / "bench"
 
 def ideal(costs: dict, skip_all: float, n_layers: int, policy: str, target: str) -> float:
     """Speedup if the skipped cells cost exactly their measured sub-layer time and nothing more."""
-    per_cell = {"mask": 0.0, "kv": costs["attention_full"] - costs["attention_kv_only"], "drop": costs["attention_full"]}[policy]
-    if target == "mlp":
-        per_cell = 0.0 if policy == "mask" else costs["mlp"]
-    elif target == "block":
-        per_cell = 0.0 if policy == "mask" else per_cell + costs["mlp"]
-    return costs["step"] / max(1e-9, costs["step"] - skip_all * n_layers * per_cell)
+    return ideal_speedup(costs, skip_all * n_layers, policy, target)
 
 
 # -- the sweep ---------------------------------------------------------------------------------

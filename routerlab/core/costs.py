@@ -1,0 +1,138 @@
+"""The cost model of skipping: what each piece of a decode step costs on this machine, and what a run's skips save.
+
+Owns `cost_breakdown` (seconds per decode token of one layer's attention, what `kv` still pays when
+it skips, one layer's MLP, the LM head, the whole step, measured inside whole decode steps of this
+engine) and the arithmetic that turns skipped cells into an *estimated* speedup: `saved_per_cell`,
+`ideal_speedup` (a number of skipped cells per token) and `estimate_speedup` (a recorded Trace).
+An estimate removes exactly the measured cost of the skipped work and nothing else (routing's own
+small cost is not counted); it is never a measurement of the run, and says so wherever it is shown.
+
+Knows nothing about training, benchmarks or the UI: `bench speed` / `bench tradeoff` and the app's
+`Resources` both call in here.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from routerlab.core.trace import Trace
+
+PIECES = ("attention_full", "attention_kv_only", "mlp", "head", "step", "routing", "overhead")
+
+
+def _timeit(fn, repeat: int) -> float:
+    fn()  # warm up
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - t0) / repeat
+
+
+def cost_breakdown(engine, ids: list[int], context: int, repeat: int = 30) -> dict[str, float]:
+    """Seconds per decode token of each piece, measured inside whole decode steps at `context` cached tokens.
+
+    Each piece is the difference between whole steps that run it and steps that do not, all timed
+    in turn (so a noisy machine slows them alike), with routers on every layer in both, so router
+    cost cancels: attention_full, one layer's attention sub-layer (steps with every router
+    running vs every attention dropped); attention_kv_only, what `kv` still pays when it skips
+    (keys/values and the cache write); mlp, one layer's MLP. Timing a piece on its own would
+    under-count it: called over and over, its weights stay in the CPU caches, which a real step,
+    streaming through every layer's weights, never sees. head: final norm + LM head (timed alone;
+    it is larger than any CPU cache). step: the full model's step, no routers; routing: what
+    routers cost when they skip nothing; overhead: the step minus all the pieces.
+    """
+    import torch
+
+    from routerlab.core.config import RoutingConfig
+    from routerlab.core.engine import Plan, forward
+    from routerlab.core.router import RouterSet
+
+    an = engine.anatomy
+    n = an.n_layers
+    ctx_ids = (ids * (context // max(1, len(ids)) + 1))[:context]
+    every = tuple(range(n))
+    attn = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("attention-token", every))
+    mlp = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("mlp-token", every))
+    plans = {  # zero routers score 0.5: threshold 0 never skips, threshold 1 always skips
+        "step": lambda: Plan(None, 0.5, "kv"),
+        "routed": lambda: Plan(attn, 0.0, "kv"),
+        "no_attention": lambda: Plan(attn, 1.0, "drop"),
+        "kv_only": lambda: Plan(attn, 1.0, "kv"),
+        "routed_mlp": lambda: Plan(mlp, 0.0, "kv"),
+        "no_mlp": lambda: Plan(mlp, 1.0, "kv"),
+    }
+    with torch.inference_mode():
+        device = engine.device
+        caches = {}
+        for name, plan in plans.items():
+            caches[name] = engine.new_caches(context + 1)
+            forward(an, torch.tensor([ctx_ids], device=device), torch.arange(context, device=device), caches[name], plan())
+        token, pos = torch.tensor([[ctx_ids[-1]]], device=device), torch.tensor([context], device=device)
+        times: dict[str, list[float]] = {k: [] for k in plans}
+        for r in range(repeat + 1):
+            order = list(plans)[r % len(plans):] + list(plans)[: r % len(plans)]
+            for name in order:
+                t0 = time.perf_counter()
+                forward(an, token, pos, caches[name], plans[name]())
+                if r:  # the first round warms up
+                    times[name].append(time.perf_counter() - t0)
+                for c in caches[name]:
+                    c.n = min(c.n, context)  # forget the appended token: every step sees the same context
+
+        t = {k: statistics.median(v) for k, v in times.items()}
+        h = torch.randn(1, 1, an.hidden_size, dtype=engine.dtype, device=device) * 0.5
+        head = _timeit(lambda: an.logits(h), repeat)
+    costs = {
+        "attention_full": max(0.0, (t["routed"] - t["no_attention"]) / n),
+        "attention_kv_only": max(0.0, (t["kv_only"] - t["no_attention"]) / n),
+        "mlp": max(0.0, (t["routed_mlp"] - t["no_mlp"]) / n),
+        "head": head,
+        "step": t["step"],
+        "routing": t["routed"] - t["step"],  # small: within a few ms of noise
+    }
+    costs["overhead"] = costs["step"] - n * (costs["attention_full"] + costs["mlp"]) - costs["head"]
+    return costs
+
+
+def saved_per_cell(costs: dict[str, float], policy: str, target: str = "attention") -> float:
+    """Seconds one skipped cell (one routed sub-layer, one token) saves: never below 0 (noise in the
+    measured pieces cannot turn a skip into a cost), 0 under `mask` (it computes everything)."""
+    if policy == "mask":
+        return 0.0
+    attention = costs["attention_full"] - (costs["attention_kv_only"] if policy == "kv" else 0.0)
+    if target == "attention":
+        return max(0.0, attention)
+    mlp = costs["mlp"]
+    return max(0.0, mlp if target == "mlp" else max(0.0, attention) + mlp)
+
+
+def ideal_speedup(costs: dict[str, float], skipped_cells: float, policy: str, target: str = "attention") -> float:
+    """Speedup if skipping `skipped_cells` cells per decode token removed exactly their measured cost and nothing else."""
+    saved = skipped_cells * saved_per_cell(costs, policy, target)
+    return costs["step"] / max(1e-9, costs["step"] - saved)
+
+
+def estimate_speedup(trace: Trace, costs: dict[str, float] | None, threshold: float | None = None) -> float | None:
+    """A run's estimated decode speedup over the full model, from `cost_breakdown` figures: every
+    decoded token costs the full model's measured step, minus the measured cost of the cells it
+    skipped (recorded decisions, or what-if at `threshold`) under the run's target and KV policy.
+
+    At least 1 by construction. None when there are no costs or no decoded token yet. The tokens
+    counted are those `Trace.decode_tokens_per_second` counts (a forward pass was timed).
+    """
+    if not costs or not costs.get("step"):
+        return None
+    decoded = [j for j, s in enumerate(trace.steps) if not s.is_prompt and s.seconds > 0]
+    if not decoded:
+        return None
+    target = trace.meta.get("target") or "attention"  # as trace.savings reads it; the full model skips no cell
+    policy = trace.meta.get("kv_policy_effective", trace.meta.get("kv_policy", "kv"))
+    if threshold is None:  # the recorded decisions: no matrix to build (this runs once a second while streaming)
+        skipped = sum(trace.steps[j].skipped for j in decoded)
+    else:
+        matrix = trace.executed_matrix(threshold)
+        skipped = sum(row[j] is False for row in matrix for j in decoded)
+    per_cell = saved_per_cell(costs, policy, target)
+    total = len(decoded) * costs["step"]
+    return total / max(1e-9, total - skipped * per_cell)
