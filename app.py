@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     parser.add_argument("--model", default=os.environ.get("ROUTERLAB_MODEL") or None, help="hub id or folder (default: the embedded model)")
     parser.add_argument("--dtype", default=None, help="auto, float32 or bfloat16 (default: $ROUTERLAB_DTYPE, else auto)")
-    parser.add_argument("--no-warmup", action="store_true", help="skip measuring the full model's speed at start-up")
+    parser.add_argument("--no-warmup", action="store_true", help="skip measuring the per-layer costs at start-up (Explore then shows no estimated speedup)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up requests are noise
@@ -60,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         status=f"Model **{engine.name}** loaded ({engine.n_layers} layers, {loaded.source}). Pick a prompt and press **Generate**.",
     )
     if not args.no_warmup:
-        print("RouterLab: measuring the full model's speed on this machine …", flush=True)
-        print(f"RouterLab: full model decodes {res.measure_full_speed():.1f} tokens/s", flush=True)
+        print("RouterLab: measuring per-layer costs on this machine (Explore's estimated speedup) …", flush=True)
+        c = res.measure_costs()
+        print(f"RouterLab: a decode step takes {c['step'] * 1e3:.1f} ms; one layer's attention {c['attention_full'] * 1e3:.2f} ms "
+              f"(kv still pays {c['attention_kv_only'] * 1e3:.2f} ms), MLP {c['mlp'] * 1e3:.2f} ms", flush=True)
 
     demo = ui.build_demo(res)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)

@@ -50,8 +50,11 @@ def client(url):
     return Client(url, verbose=False, download_files=False)
 
 
-def submit(c, res, prompt=LONG_PROMPT, threshold=0.5, max_new=24, router=ui.UNTRAINED):
-    return c.submit(prompt, threshold, router, "kv", max_new, 0.0, res.default_model, api_name="/generate")
+def submit(c, res, prompt=LONG_PROMPT, threshold=0.5, max_new=24, router=ui.UNTRAINED, quality=None):
+    """/generate with positional arguments; `quality` (the Measure-quality switch, the endpoint's last
+    parameter) is sent only when given, as a caller written before the switch existed would."""
+    args = (prompt, threshold, router, "kv", max_new, 0.0, res.default_model) + (() if quality is None else (quality,))
+    return c.submit(*args, api_name="/generate")
 
 
 def generated_so_far(job) -> int:
@@ -106,6 +109,9 @@ def test_generate_streams_text_trace_and_figure(app):
     trace = trace_from(result)
     assert 1 <= len(trace.generated_steps) <= 16 and trace.meta["model"] == res.default_model
     assert trace.meta["granularity"] == "attention-token" and consistent(trace)
+    # the quality switch was left out: on by default, so every generated token has its KL and the strip shows it
+    assert trace.meta["quality"] and all(s.kl_full is not None for s in trace.generated_steps)
+    assert "quality cost" in [t["name"] for t in figure["data"]] and "mean KL" in stats
 
 
 def test_threshold_change_mid_stream_changes_later_decisions(app):
@@ -181,7 +187,7 @@ def test_report_streaming_rate_and_overhead(app, capsys):
     url, res = app
     engine = res.engine
     routers = res.routers_for(engine, ui.UNTRAINED)
-    config = res.generate_config(64, 0.0, 0.5, "kv")
+    config = res.generate_config(64, 0.0, 0.5, "kv", quality=False)
     c = client(url)
     direct, through_app, rates = [], [], []
     for _ in range(2):
@@ -191,7 +197,7 @@ def test_report_streaming_rate_and_overhead(app, capsys):
         worker.start()
         worker.join()
         direct.append(runs[0].decode_tokens_per_second())
-        job = submit(c, res, max_new=64)
+        job = submit(c, res, max_new=64, quality=False)
         stamps, seen, last_plot = [], 0, None
         while not job.done():
             outs = job.outputs()

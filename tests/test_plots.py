@@ -126,14 +126,16 @@ def test_layer_views_have_one_entry_per_layer():
 
 def test_live_stats_numbers_are_finite_and_sane():
     trace = synthetic_trace(n_gen=30)
-    stats = plots.live_stats(trace, full_tokens_per_second=40.0)
+    costs = {"attention_full": 0.002, "attention_kv_only": 0.0005, "mlp": 0.003, "step": 0.05, "context": 64.0}
+    stats = plots.live_stats(trace, costs)
     assert stats["tokens_per_second"] == pytest.approx(50.0)
-    assert stats["speedup"] == pytest.approx(50.0 / 40.0)
+    skipped = sum(s.skipped for s in trace.generated_steps)
+    assert stats["speedup_estimate"] == pytest.approx(30 * 0.05 / (30 * 0.05 - skipped * 0.0015))  # kv: what a skip saves
     assert 0.0 < stats["skip_rate"] < 1.0 and 0.0 < stats["attention_flops_saved"] < 1.0
     assert all(math.isfinite(v) for v in stats.values() if isinstance(v, float))
     html = plots.stats_html(stats)
-    assert "1.25×" in html and "kv policy" in html
-    assert plots.live_stats(trace, None)["speedup"] is None
+    assert f"{stats['speedup_estimate']:.2f}×" in html and "est. speedup" in html and "kv policy" in html
+    assert plots.live_stats(trace, None)["speedup_estimate"] is None
 
 
 def test_first_divergence():
@@ -215,3 +217,38 @@ def test_heatmap_skip_rates_match_trace():
     trace = synthetic_trace(n_gen=40)
     assert f"skip rate {trace.skip_rate():.0%}" in plots.heatmap(trace).layout.title.text
     assert f"skip rate {trace.skip_rate(0.7):.0%}" in plots.heatmap(trace, threshold=0.7, what_if=True).layout.title.text
+
+
+def _decoded(fig: dict):
+    """A figure dict with every base64 typed array decoded to a list (NaN as None), for comparisons."""
+    import base64
+
+    if isinstance(fig, dict):
+        if "bdata" in fig:
+            flat = np.frombuffer(base64.b64decode(fig["bdata"]), dtype=fig["dtype"]).astype(float)
+            return [str(fig["shape"]).replace(" ", ""), [None if math.isnan(v) else v for v in flat]]
+        return {k: _decoded(v) for k, v in fig.items()}
+    if isinstance(fig, list):
+        return [_decoded(v) for v in fig]
+    return fig
+
+
+def test_streamed_heatmap_json_is_the_figures_json():
+    import json
+
+    trace = synthetic_trace(n_layers=6, n_gen=20, thresholds=lambda p: 0.5 if p < 12 else 0.3, texts=[" a", "<b>&", "\n"])
+    trace.meta["quality"] = True
+    for j, s in enumerate(trace.generated_steps[:-3]):
+        s.kl_full, s.full_top_token, s.full_top_text = 0.05 * j, (7 if j % 4 == 0 else None), (" z" if j % 4 == 0 else None)
+    for kwargs in ({}, {"live": True}, {"threshold": 0.8, "what_if": True}):
+        assert _decoded(json.loads(plots.heatmap_json(trace, **kwargs))) == _decoded(json.loads(plots.heatmap(trace, **kwargs).to_json()))
+    assert json.loads(plots.heatmap_json(None))["layout"]["annotations"]
+
+
+def test_token_html_cache_gives_the_same_text_as_it_grows_and_scores():
+    trace = synthetic_trace(n_gen=12)
+    trace.meta["quality"] = True
+    cache: dict = {}
+    assert plots.token_html(trace, cache=cache) == plots.token_html(trace)
+    trace.generated_steps[3].kl_full = 0.4  # a token's quality cost arrives: its span is rebuilt
+    assert plots.token_html(trace, cache=cache) == plots.token_html(trace) and "0.400 nats" in plots.token_html(trace, cache=cache)

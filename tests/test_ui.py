@@ -65,8 +65,8 @@ def run_all(gen):
     return list(gen)
 
 
-def explore(res, session, prompt="Hello there", threshold=0.5, label=RANDOM, policy="kv", max_new=24, temperature=0.0):
-    return ui.explore_run(res, prompt, threshold, label, policy, max_new, temperature, res.default_model, session)
+def explore(res, session, prompt="Hello there", threshold=0.5, label=RANDOM, policy="kv", max_new=24, temperature=0.0, quality=True):
+    return ui.explore_run(res, prompt, threshold, label, policy, max_new, temperature, res.default_model, session, quality)
 
 
 def file_path(update) -> Path:
@@ -336,10 +336,10 @@ def test_tradeoff_pick_ignores_rows_without_threshold():
     assert "no threshold" in ui.tradeoff_pick(df, evt)[2]
 
 
-def test_full_speed_is_measured(res):
-    assert res.measure_full_speed(8) > 0 and res.full_tokens_per_second > 0
-    stats = ui.plots.live_stats(Trace(4, [], {}), res.full_tokens_per_second)
-    assert stats["full_tokens_per_second"] == res.full_tokens_per_second
+def test_per_layer_costs_are_measured_and_estimate_a_speedup(res):
+    costs = res.measure_costs(context=16, repeat=2)
+    assert res.costs_for(None) is costs and costs["step"] > 0 and costs["context"] == 16
+    assert ui.plots.live_stats(Trace(4, [], {}), costs)["speedup_estimate"] is None  # no decoded token yet
 
 
 def test_build_demo_wires_named_endpoints(res):

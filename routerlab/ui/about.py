@@ -19,8 +19,9 @@ model stays frozen. Fresh routers output 0.5 everywhere, so at threshold 0.5 not
 
 ### What is measured, and how
 * **Heatmap**: one column per token (prompt, then generated), one row per layer. Warm colours: the layer ran, coloured by router score; greys: skipped; blank rows: layers without a router (they always run). Dashed blue lines: where you moved the threshold during the run.
-* **tokens/s**: wall time of each decode step on this machine, measured in the engine (the UI's drawing is not included).
-* **vs full model**: tokens/s divided by the full model's tokens/s measured on this machine at start-up (Compare measures both side by side).
+* **Quality strip** (under the heatmap's generated columns) and the text's underline: each token's KL divergence from the full model's next-token distribution to the routed model's, in nats, measured by a full-depth pass over the run's own tokens (grey: not measured yet; hover for the KL and both models' top tokens). The stats give the mean KL and how often both models' top token agree. Switch it off with *Measure quality*.
+* **tokens/s (measured)**: wall time of each decode step on this machine, measured in the engine (the UI's drawing is not included; the quality pass is).
+* **est. speedup**: an *estimate*, not a measurement: the full model's decode step and the cost of each skipped sub-layer are timed on this machine at start-up, and the skipped work is taken away (routing's own small cost is not counted). Compare measures speeds side by side.
 * **attention FLOPs saved**: share of the attention work (projections + scores) not computed for routed layers, from the model's shapes and the recorded decisions.
 * **KV cache saved**: keys/values never stored (only the *drop* policy saves memory).
 * **What-if**: after a run, moving the slider re-decides every cell from the recorded scores (cells whose decision changes are tinted blue). Nothing is re-run: tokens after the first changed decision could have been different. Use *Regenerate at this threshold* for the true run.

@@ -1,7 +1,7 @@
 """The Explore tab's handlers: stream one generation, stop it, steer it, and the what-if view.
 
-Owns `explore_run` (text, throttled heatmap, stats and status while decoding; figures and
-exports at the end), `stop_run` / `show_last` (Stop for both tabs, then the stopped run's view)
+Owns `explore_run` (text, throttled heatmap with its quality strip, stats and status while
+decoding; figures and exports at the end), `stop_run` / `show_last` (Stop for both tabs, then the stopped run's view)
 and `threshold_moved` (the slider steers a running Explore or Compare run, or re-decides the last
 run from its recorded scores). Knows nothing about the layout or tensors: it calls the engine
 through `Resources`, draws with `plots`, and decodes through `stream.Decoder`.
@@ -14,10 +14,12 @@ import time
 from typing import Iterator
 
 import gradio as gr
+from gradio.components.plot import PlotData
 
 from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Trace
 from routerlab.ui import plots
+from routerlab.ui import quality_plots as qp
 from routerlab.ui.resources import Resources
 from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data
 from routerlab.ui.stream import Decoder
@@ -31,16 +33,25 @@ def _done_status(trace: Trace, res: Resources, wall: float) -> str:
     m = trace.meta
     n = len(trace.generated_steps)
     reason = {"eos": "end of text", "max_new_tokens": "max new tokens reached", "stopped": "stopped by you"}.get(m.get("stop_reason"), m.get("stop_reason"))
+    stats = plots.live_stats(trace, res.costs_for(m.get("model")))
+    quality = ""
+    if stats["mean_kl"] is not None:
+        quality = f"; quality cost: mean KL {stats['mean_kl']:.3f} nats, top-1 agreement {stats['agreement']:.0%} with the full model"
     return _status(
         "stop" if m.get("stop_reason") == "stopped" else "ok",
-        f"Done: {n} tokens in {wall:.1f} s ({reason}); decode {trace.decode_tokens_per_second():.1f} tok/s, "
+        f"Done: {n} tokens in {wall:.1f} s ({reason}); {qp.speed_phrase(stats)}{quality}; "
         f"skip rate {trace.skip_rate():.0%}, granularity {m.get('granularity')}, kv policy {m.get('kv_policy_effective')}. "
         "Move the threshold slider to see a what-if view from the recorded scores.",
     )
 
 
-def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session) -> Iterator[tuple]:
+def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session,
+                quality=True) -> Iterator[tuple]:
     """Stream one generation: text, heatmap (throttled), stats, status; then figures and exports.
+
+    `quality` (the "Measure quality" switch, last so that API callers without it keep working): score
+    each generated token against the full model (core/quality.py), shown as the heatmap's strip, the
+    text's underline and the stats' mean KL and agreement.
 
     Yields 9 values: text, heatmap, stats, status, trace file, heatmap html file, layer bar, score histogram, generate button.
     """
@@ -52,7 +63,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         res.check_prompt(prompt)
         engine = res.engine_for(model_name)
         routers = res.routers_for(engine, router_label)
-        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy)
+        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy, quality=True if quality is None else bool(quality))
         control = Control(config.threshold)
         steps = engine.generate(prompt, routers, config, control)
     except RouterLabError as err:
@@ -75,6 +86,8 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     hist = _shown(session, "hist", lambda: plot_data(plots.score_histogram(None)))
     status = _status("run", f"Prefilling the prompt on {engine.name}{note}…")
     columns: dict = {}  # this run's heatmap columns, converted once each (plots._columns)
+    spans: dict = {}  # this run's token spans, built once each (plots.token_html)
+    costs = res.costs_for(engine.name)
     try:
         for snap, draw_plot in decoder.frames([trace]):
             snap = snap[0]
@@ -83,12 +96,12 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
             if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):
                 continue  # still prefilling
             if draw_plot:
-                heat = session.views["heat"] = plot_data(plots.heatmap(snap, live=True, cache=columns))
+                heat = session.views["heat"] = PlotData(type="plotly", plot=plots.heatmap_json(snap, live=True, cache=columns))
                 status = _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}")
                 if time.perf_counter() >= next_stats:
                     next_stats = time.perf_counter() + STATS_INTERVAL
-                    stats = session.views["stats"] = plots.stats_html(plots.live_stats(snap, res.full_tokens_per_second), running=True)
-            yield plots.token_html(snap), heat, stats, status, None, None, bar, hist, "Generate"
+                    stats = session.views["stats"] = plots.stats_html(plots.live_stats(snap, costs), running=True)
+            yield plots.token_html(snap, cache=spans), heat, stats, status, None, None, bar, hist, "Generate"
         decoder.raise_error()
     except RouterLabError as err:
         yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
@@ -108,7 +121,7 @@ def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> 
     trace_file, html_file = _export(session, trace)
     views = session.views
     views["heat"] = plot_data(plots.heatmap(trace))
-    views["stats"] = plots.stats_html(plots.live_stats(trace, res.full_tokens_per_second))
+    views["stats"] = plots.stats_html(plots.live_stats(trace, res.costs_for(trace.meta.get("model"))))
     views["bar"] = plot_data(plots.layer_skip_bar(trace))
     views["hist"] = plot_data(plots.score_histogram(trace))
     return (
@@ -173,8 +186,7 @@ def threshold_moved(res: Resources, threshold, session: Session):
     trace = session.trace
     if trace is None or not trace.steps:
         return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip
-    stats = plots.live_stats(trace, res.full_tokens_per_second, threshold=value)
-    stats["tokens_per_second"] = trace.decode_tokens_per_second()
+    stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")), threshold=value)
     recorded = trace.skip_rate()
     return (
         plots.heatmap(trace, threshold=value, what_if=True),

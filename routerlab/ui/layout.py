@@ -87,9 +87,10 @@ WHAT_IF_PREVIEW_JS = """
         }
         ran.push(rr); skipped.push(sr);
       }
-      // one redraw: new z for ran/skipped, the changed-cell tint (if any) hidden, the title
-      const traces = gd.data.length > 2 ? [0, 1, 2] : [0, 1];
-      const z = traces.length > 2 ? [ran, skipped, gd.data[2].z] : [ran, skipped];
+      // one redraw: new z for ran/skipped, the changed-cell tint (if any) hidden, the title; the quality strip stays
+      const tint = gd.data.findIndex((t) => t.name === 'differs from recorded');
+      const traces = tint >= 0 ? [0, 1, tint] : [0, 1];
+      const z = tint >= 0 ? [ran, skipped, gd.data[tint].z] : [ran, skipped];
       Plotly.update(gd, {z: z, visible: traces.map((i) => i < 2)},
         {'title.text': '<b>WHAT-IF</b> at threshold ' + Number(threshold).toFixed(2) + ', re-decided in your browser from the recorded scores (not a new run) …'}, traces);
     } catch (err) { console.warn('RouterLab what-if preview:', err); }
@@ -148,6 +149,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                 kv_policy = gr.Radio(list(KV_POLICIES), value=start_policy, label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
                 max_new = NumberSlider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
                 temperature = NumberSlider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
+                measure = gr.Checkbox(value=True, label="Measure quality (full-model pass)", info="each token's KL to the full model and its top token, scored in chunks (slows decoding a little)", elem_id="rl-quality")
                 model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
             with gr.Column(scale=4):
                 with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
@@ -199,7 +201,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         gr.HTML(DIAGRAM)
                         gr.Markdown(ABOUT_MD)
 
-        run_inputs = [prompt, threshold, router_label, kv_policy, max_new, temperature, model, session]
+        run_inputs = [prompt, threshold, router_label, kv_policy, max_new, temperature, model, session, measure]  # the switch last: API callers may leave it out
         run_outputs = [text, heat, stats, status, trace_dl, html_dl, l_bar, l_hist, go_btn]
 
         def _explore(*args):

@@ -4,7 +4,9 @@ Knows nothing about torch, models, the engine or Gradio. Every function takes pl
 returns a new figure or string, so the UI can call them from any thread, and tests can call them
 on synthetic traces. Figures are built with `plotly.graph_objects` from numpy arrays (plotly then
 ships them as compact typed arrays), never with plotly express: a 300-token x 30-layer heatmap
-must redraw in a few tens of milliseconds while a generation streams.
+must redraw in a few tens of milliseconds while a generation streams (a streamed frame skips the
+Figure altogether: `heatmap_json`). The text view lives in text_view.py (re-exported here), the
+quality strip's traces and the quality / speed cards' wording in quality_plots.py.
 
 Colour conventions, shared by every figure:
   - a cell that RAN is coloured by its router score on a warm scale (yellow-orange-red);
@@ -14,14 +16,19 @@ Colour conventions, shared by every figure:
 
 from __future__ import annotations
 
+import base64
 import html
+import json
 import math
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 
+from routerlab.core.costs import estimate_speedup
 from routerlab.core.trace import Step, Trace, savings
+from routerlab.ui import quality_plots as qp
+from routerlab.ui.text_view import first_divergence, token_html, token_label  # noqa: F401 (callers use plots.token_html)
 
 RAN_SCALE = [[0.0, "#fff3b0"], [0.5, "#f4a259"], [1.0, "#b23a48"]]
 SKIP_SCALE = [[0.0, "#f4f4f4"], [1.0, "#6b7280"]]
@@ -32,18 +39,6 @@ MAX_TICKS = 40
 
 
 # -- small text helpers ----------------------------------------------------------------------------
-def token_label(text: str, width: int = 10) -> str:
-    """A short, visible label for a token: whitespace made visible, HTML escaped, truncated."""
-    shown = text.replace("\n", "⏎").replace("\t", "⇥")
-    if shown.strip() == "":
-        shown = "␣" * max(1, min(len(shown), 3))
-    elif shown.startswith(" "):
-        shown = "·" + shown[1:]
-    if len(shown) > width:
-        shown = shown[: width - 1] + "…"
-    return html.escape(shown, quote=False)
-
-
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -140,7 +135,9 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
 
     `what_if=True` re-decides every cell from the recorded scores at `threshold` (nothing is re-run)
     and says so in the title; cells whose decision differs from the recorded run get a blue tint.
-    Vertical lines mark the prompt/generated boundary and every live threshold change.
+    Vertical lines mark the prompt/generated boundary and every live threshold change. A run that
+    measures its quality cost gets a strip under its generated columns (quality_plots.strip_traces:
+    each token's KL to the full model, grey where not measured yet), on the same x axis.
 
     Columns are categories named "position: token", so the hover shows the token without a
     per-cell text array (that array was most of the figure's bytes); scores travel as float32
@@ -151,8 +148,23 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
     leaves alone a what-if figure already drawn for that threshold (`meta.what_if`).
     `cache`: see `_columns` (for redraws of one growing run).
     """
+    parts = _heatmap_parts(trace, threshold, what_if, title, live, cache)
+    return empty_heatmap() if parts is None else _fast_figure(*parts)
+
+
+def heatmap_json(trace: Trace | None, threshold: float | None = None, what_if: bool = False, title: str | None = None,
+                 live: bool = False, cache: dict | None = None) -> str:
+    """`heatmap(...).to_json()` without building a plotly Figure: a streamed frame's heatmap. Building the
+    Figure (even unvalidated, it deep-copies and walks every list) cost most of a frame's time, time the
+    decoder thread waits for the GIL; this serializes the same dicts directly (tests check they agree)."""
+    parts = _heatmap_parts(trace, threshold, what_if, title, live, cache)
+    return empty_heatmap().to_json() if parts is None else figure_json(*parts)
+
+
+def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[dict], dict] | None:
+    """The heatmap's traces and layout as plain dicts (numpy arrays for z); None without steps."""
     if trace is None or not trace.steps:
-        return empty_heatmap()
+        return None
     steps = trace.steps
     n_layers, n_tok = trace.n_layers, len(steps)
     positions = [s.position for s in steps]
@@ -209,6 +221,10 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
                 )
             )
 
+    strip = qp.measured(trace)
+    if strip:
+        data += qp.strip_traces(steps, columns, token_label)
+
     shapes, annotations = [], []
     first_gen = next((j for j, s in enumerate(steps) if not s.is_prompt), None)
     if first_gen:
@@ -231,9 +247,10 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
         else:
             title = f"{'Live run' if live else 'Recorded run'} · skip rate {_skip_rate(recorded, generated):.0%} (generated tokens) · {where}"
     tickvals, ticktext = _ticks(columns, labels)
+    height = max(300, min(720, 110 + 16 * n_layers)) + (qp.STRIP_PX + qp.GAP_PX if strip else 0)
     layout = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
-        height=max(300, min(720, 110 + 16 * n_layers)),
+        height=height,
         margin=dict(l=50, r=90, t=60, b=70),
         font=FONT,
         plot_bgcolor=BACKGROUND,
@@ -247,7 +264,25 @@ def heatmap(trace: Trace | None, threshold: float | None = None, what_if: bool =
         meta=dict(routerlab="live" if live else "final", **({"what_if": threshold} if what_if and threshold is not None else {})),
         hoverlabel=dict(font=dict(family="ui-monospace, monospace")),
     )
-    return _fast_figure(data, layout)
+    if strip:  # the layers above, the strip below; the x axis (token ticks) under the strip
+        layout["yaxis"]["domain"], layout["yaxis2"] = qp.strip_axes(height - 60 - 70)
+        layout["xaxis"]["anchor"] = "y2"
+    return data, layout
+
+
+def figure_json(data: list[dict], layout: dict) -> str:
+    """Plotly figure JSON of plain trace / layout dicts, as plotly writes it: numpy arrays as base64 typed arrays."""
+
+    def encode(obj):
+        if isinstance(obj, np.ndarray):
+            arr = np.ascontiguousarray(obj)
+            return {"dtype": arr.dtype.str[1:], "bdata": base64.b64encode(arr.tobytes()).decode("ascii"),
+                    "shape": ", ".join(str(n) for n in arr.shape)}
+        if isinstance(obj, np.generic):
+            return obj.item()
+        raise TypeError(f"not JSON: {type(obj).__name__}")
+
+    return json.dumps({"data": data, "layout": layout}, default=encode, separators=(",", ":"))
 
 
 def _fast_figure(data: list[dict], layout: dict) -> go.Figure:
@@ -343,19 +378,29 @@ def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None
 
 
 # -- live numbers ----------------------------------------------------------------------------------
-def live_stats(trace: Trace | None, full_tokens_per_second: float | None = None, threshold: float | None = None) -> dict[str, Any]:
-    """The numbers the Explore tab shows: skip rate, speed, speedup vs the full model, work and memory saved."""
+def live_stats(trace: Trace | None, costs: dict[str, float] | None = None, threshold: float | None = None) -> dict[str, Any]:
+    """The numbers the Explore tab shows: skip rate, measured decode speed, the speedup estimated from the
+    per-layer `costs` measured at start-up (core.costs), work and memory saved, and the quality cost so far.
+
+    With `threshold` (a what-if view) the skip rate, savings and estimated speedup all follow the
+    decisions re-made at that threshold; tokens/s and the quality cost stay the recorded run's.
+    """
     if trace is None:
         return {}
-    tps = trace.decode_tokens_per_second()
     saved = savings(trace, threshold)
+    scored = trace.scored_steps
     return {
         "generated_tokens": len(trace.generated_steps),
         "prompt_tokens": len(trace.prompt_steps),
         "skip_rate": trace.skip_rate(threshold),
-        "tokens_per_second": tps,
-        "full_tokens_per_second": full_tokens_per_second,
-        "speedup": (tps / full_tokens_per_second) if (full_tokens_per_second and tps) else None,
+        "tokens_per_second": trace.decode_tokens_per_second(),
+        "speedup_estimate": estimate_speedup(trace, costs, threshold),
+        "costs_measured": bool(costs),
+        "costs_context": (costs or {}).get("context"),
+        "quality": qp.measured(trace),
+        "mean_kl": trace.mean_kl(),
+        "agreement": trace.agreement(),
+        "kl_scored": len(scored),
         "attention_flops_saved": saved["attention_flops_saved"],
         "routed_flops_saved": saved["routed_flops_saved"],
         "kv_bytes_saved": saved["kv_bytes_saved"],
@@ -376,84 +421,23 @@ def stats_html(stats: dict[str, Any], running: bool = False) -> str:
     def card(label: str, value: str, hint: str = "") -> str:
         return f"<div class='rl-card' title='{html.escape(hint)}'><div class='rl-card-v'>{html.escape(value)}</div><div class='rl-card-l'>{html.escape(label)}</div></div>"
 
-    speedup = stats.get("speedup")
-    full = stats.get("full_tokens_per_second")
     kv_full = stats.get("kv_bytes_full") or 0.0
     kv_saved = stats.get("kv_bytes_saved") or 0.0
+    what_if = " (what-if)" if stats.get("what_if") else ""
+    speed_label, speed_value, speed_hint = qp.speed_card(stats)
     cards = [
-        card("skip rate" + (" (what-if)" if stats.get("what_if") else ""), f"{stats['skip_rate']:.0%}", "skipped / routed sub-layer runs over generated tokens"),
-        card("tokens/s", f"{stats['tokens_per_second']:.1f}", "decode tokens per second, measured wall time per token"),
-        card("vs full model", f"{speedup:.2f}×" if speedup else "–", f"full model measured at {full:.1f} tokens/s on this machine" if full else "full-model speed not measured yet"),
-        card("attention FLOPs saved", f"{stats['attention_flops_saved']:.0%}", "share of attention FLOPs (projections + scores) not computed"),
+        card("skip rate" + what_if, f"{stats['skip_rate']:.0%}", "skipped / routed sub-layer runs over generated tokens"),
+        card("tokens/s (measured)", f"{stats['tokens_per_second']:.1f}", "this run's decode tokens per second: measured wall time per token"
+             + (", including the quality pass" if stats.get("quality") else "")),
+        card(speed_label + what_if, speed_value, speed_hint),
+        *(card(label, value, hint) for label, value, hint in qp.quality_cards(stats)),
+        card("attention FLOPs saved" + what_if, f"{stats['attention_flops_saved']:.0%}", "share of attention FLOPs (projections + scores) not computed"),
         card("KV cache saved", _fmt_bytes(kv_saved) + (f" ({kv_saved / kv_full:.0%})" if kv_full else ""), "bytes of keys/values never stored (drop policy only)"),
         card("tokens", f"{stats['generated_tokens']} + {stats['prompt_tokens']} prompt", "generated + prompt tokens"),
     ]
     state = "running…" if running else (f"stopped: {stats['stop_reason']}" if stats.get("stop_reason") else "")
     foot = f"<div class='rl-foot'>{html.escape(str(stats.get('granularity') or ''))} · kv policy <b>{html.escape(str(stats.get('kv_policy') or '?'))}</b> · {html.escape(state)}</div>"
     return f"<div class='rl-stats'>{''.join(cards)}</div>{foot}"
-
-
-# -- token text ------------------------------------------------------------------------------------
-def _tint(fraction_used: float) -> str:
-    """Background for a token that used `fraction_used` of the layers: white (all) -> teal (few)."""
-    f = max(0.0, min(1.0, 1.0 - fraction_used))
-    # interpolate white (255,255,255) -> teal (45,160,160)
-    r, g, b = (round(255 + (t - 255) * min(1.0, f * 2.5)) for t in (45, 160, 160))
-    return f"rgb({r},{g},{b})"
-
-
-def token_html(
-    trace: Trace | None,
-    threshold: float | None = None,
-    diverge_at: int | None = None,
-    include_prompt: bool = False,
-    steps: Iterable[Step] | None = None,
-) -> str:
-    """Generated text with each token tinted by how many layers it used (deeper tint = more skipped).
-
-    Everything the model wrote is HTML-escaped. `diverge_at` (index among generated tokens) gets a
-    red outline: the first token where this run and the other one in Compare disagree.
-    """
-    if trace is None:
-        return "<div class='rl-text rl-muted'>The generated text appears here.</div>"
-    n = max(1, trace.n_layers)
-    chosen = list(steps) if steps is not None else [s for s in trace.steps if include_prompt or not s.is_prompt]
-    index = {id(s): j for j, s in enumerate(trace.steps)}
-    matrix = trace.executed_matrix(threshold) if threshold is not None else None
-    parts, gen_i = [], 0
-    for s in chosen:
-        if matrix is not None:
-            j = index[id(s)]
-            used = sum(matrix[i][j] is not False for i in range(trace.n_layers))
-        else:
-            used = s.layers_used
-        text = html.escape(s.text).replace("\n", "⏎<br>")
-        title = f"pos {s.position} · {used}/{n} layers used"
-        cls = "rl-tok rl-prompt" if s.is_prompt else "rl-tok"
-        if not s.is_prompt and diverge_at is not None and gen_i == diverge_at:
-            cls += " rl-diverge"
-            title += " · first token that differs"
-        parts.append(f"<span class='{cls}' style='background:{_tint(used / n)}' title='{html.escape(title)}'>{text}</span>")
-        if not s.is_prompt:
-            gen_i += 1
-    body = "".join(parts) or "<span class='rl-muted'>(no tokens yet)</span>"
-    legend = (
-        "<div class='rl-legend'>tint: <span class='rl-tok' style='background:" + _tint(1.0) + "'>all layers</span> "
-        "<span class='rl-tok' style='background:" + _tint(0.8) + "'>80%</span> "
-        "<span class='rl-tok' style='background:" + _tint(0.6) + "'>≤60% of layers used</span></div>"
-    )
-    return f"<div class='rl-text'>{body}</div>{legend}"
-
-
-def first_divergence(a: Trace | None, b: Trace | None) -> int | None:
-    """Index of the first generated token where two runs differ (None when one is a prefix of the other)."""
-    if a is None or b is None:
-        return None
-    ga, gb = a.generated_steps, b.generated_steps
-    for j, (x, y) in enumerate(zip(ga, gb)):
-        if x.token_id != y.token_id:
-            return j
-    return None
 
 
 # -- trade-off -------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Owns `Limits` (caps from the environment), `RouterSetInfo` and the scan of shipped router sets,
 the example prompts, the dropdown labels `UNTRAINED` / `FULL`, and `Resources` (engines loaded
-once, routers built once, prompt and config checks, the full model's measured speed).
+once, routers built once, prompt and config checks, the per-layer costs measured at start-up).
 Knows nothing about Gradio components, sessions, tabs or plots; tensors stay behind the lazy
 imports of `routerlab.core` / `routerlab.tuning` (routers, checkpoints).
 """
@@ -20,7 +20,6 @@ from typing import Any, Callable
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
-from routerlab.ui.stream import Decoder
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class Resources:
         self.prompts = prompts or load_prompts()
         self.model_loader = model_loader  # name -> Engine, for operator-allowed models
         self.status = status or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
-        self.full_tokens_per_second: float | None = None
+        self.costs: dict[str, dict[str, float]] = {}  # engine name -> core.costs.cost_breakdown, measured at start-up
         self._engines = {engine.name: engine}
         self._routers: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
@@ -172,7 +171,7 @@ class Resources:
 
         return load_routers(info.path, engine.model)[0]
 
-    def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None) -> GenerateConfig:
+    def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None, quality: bool = False) -> GenerateConfig:
         try:
             max_new = int(max_new_tokens)
         except (TypeError, ValueError):
@@ -183,6 +182,7 @@ class Resources:
             threshold=float(threshold),
             kv_policy=kv_policy,
             seed=seed,
+            quality=bool(quality),
             max_new_tokens_cap=self.limits.max_new_tokens,
         )
 
@@ -201,18 +201,35 @@ class Resources:
                                  "Remove them and try again.") from None
         return prompt
 
-    def measure_full_speed(self, max_new_tokens: int = 24) -> float:
-        """Decode tokens/s of the full default model on this machine (the 'speedup' denominator)."""
-        from routerlab.core.engine import Control
+    def costs_for(self, engine_name: str | None) -> dict[str, float] | None:
+        """The measured per-layer costs of an engine (None until `measure_costs` ran for it)."""
+        return self.costs.get(engine_name or self.default_model)
 
-        prompt = self.prompts[0] if self.engine.tokenizer is not None else None
-        control = Control(0.5)
-        config = GenerateConfig(max_new_tokens=max_new_tokens, max_new_tokens_cap=max(max_new_tokens, self.limits.max_new_tokens))
-        steps = self.engine.generate(prompt, None, config, control) if prompt else self.engine.generate_ids([1, 2, 3, 4], None, config, control)
-        # Decode in a worker thread, as every app run does: on CPU, torch in the main thread can run
-        # several times slower (measured 4 vs 15 tok/s on a busy 2-core box), which would inflate "vs full".
-        decoder = Decoder([steps])
-        decoder.done.wait()
-        decoder.raise_error()
-        self.full_tokens_per_second = control.trace.decode_tokens_per_second() or None
-        return self.full_tokens_per_second or 0.0
+    def measure_costs(self, context: int = 128, repeat: int = 10) -> dict[str, float]:
+        """Seconds per decode token of each piece of the default model's step on this machine
+        (core.costs.cost_breakdown), at `context` cached tokens: what Explore's estimated speedup
+        is made of. A few seconds at start-up (app.py; --no-warmup skips it and shows no estimate)."""
+        from routerlab.core.costs import cost_breakdown
+
+        engine = self.engine
+        if engine.tokenizer is not None:
+            ids = engine.encode(self.prompts[0], GenerateConfig())
+        else:
+            ids = [1, 2, 3, 4]
+        context = max(2, min(context, engine.max_context - 2))
+        out: dict[str, Any] = {}
+
+        def measure():  # in a worker thread, as every app run decodes: on CPU torch in the main thread can run slower
+            try:
+                out["costs"] = cost_breakdown(engine, ids, context, repeat=repeat)
+            except BaseException as err:  # reported below, in the caller's thread
+                out["error"] = err
+
+        worker = threading.Thread(target=measure, name="routerlab-costs", daemon=True)
+        worker.start()
+        worker.join()
+        if "error" in out:
+            raise out["error"]
+        costs = dict(out["costs"], context=float(context))
+        self.costs[engine.name] = costs
+        return costs

@@ -53,10 +53,14 @@ def forget(url: str) -> None:
         c.close()
 
 
-def submit(c, prompt, threshold=0.5, router=None, policy="kv", max_new=8, temperature=0.0, model=None, api="/generate"):
+def submit(c, prompt, threshold=0.5, router=None, policy="kv", max_new=8, temperature=0.0, model=None, api="/generate",
+           quality=None):
+    """A streaming call; `quality` (/generate's Measure-quality switch, its last parameter) is sent only when
+    given: left out, the app's default (on) applies, as for any caller written before the switch existed."""
     from routerlab import ui
 
-    return c.submit(prompt, threshold, router or ui.UNTRAINED, policy, max_new, temperature, model, api_name=api)
+    args = (prompt, threshold, router or ui.UNTRAINED, policy, max_new, temperature, model) + (() if quality is None else (quality,))
+    return c.submit(*args, api_name=api)
 
 
 def tokens_shown(job) -> int:

@@ -59,7 +59,7 @@ def interrupt_test(url: str, kind: str, max_new: int = 48, timeout: float = 300.
         for j in jobs:
             wait_tokens(j, 3, timeout)
         if kind == "disconnect":
-            data = [LONG_PROMPT, 0.5, ui.UNTRAINED, "kv", long_new, 0.0, info["default_model"], None]
+            data = [LONG_PROMPT, 0.5, ui.UNTRAINED, "kv", long_new, 0.0, info["default_model"], None, True]  # state, quality
             t_int = _drop_stream(url, _fn_index(url, "generate"), data, 3, timeout)
         waiting = client(url)
         queued = submit(waiting, LONG_PROMPT, max_new=2)  # waits behind the occupied slots

@@ -116,7 +116,7 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
             log(f"[bad input] {name}: {'ok ' if clear else 'UNCLEAR '}{msg[:140]!r}")
     # What gradio_client refuses to send, a raw HTTP client can: NaN/Infinity literals, lone surrogates, wrong arity.
     fn_index = _fn_index(url, "generate")
-    ok = [PROMPTS[0], 0.5, "FULL", "kv", 2, 0.0, info["default_model"], None]
+    ok = [PROMPTS[0], 0.5, "FULL", "kv", 2, 0.0, info["default_model"], None, True]  # None: the session state; True: measure quality
     ok[2] = next(l for l in info["router_labels"] if "untrained" in l)
     raw_cases = [
         ("raw: threshold NaN", json.dumps(ok).replace("0.5", "NaN", 1)),
