@@ -175,9 +175,10 @@ def test_two_clients_at_once_get_separate_consistent_traces(app):
 
 def test_compare_endpoint_runs_both_models(app):
     url, res = app
-    out = client(url).predict("What is the capital of France?", 0.6, ui.UNTRAINED, "kv", 12, 0.0, res.default_model, api_name="/compare")
-    full_html, routed_html, cmp_html, heat, status = out
+    out = client(url).predict("What is the capital of France?", 0.6, None, None, ui.UNTRAINED, "kv", 12, 0.0, res.default_model, api_name="/compare")
+    full_html, routed_html, none_1, none_2, cmp_html, heat, status = out
     assert "rl-tok" in full_html and "rl-tok" in routed_html and "tok/s" in cmp_html and status.startswith("✓")
+    assert "Threshold 0.60" in routed_html and "(no threshold)" in none_1 + none_2
 
 
 def test_report_streaming_rate_and_overhead(app, capsys):

@@ -130,7 +130,7 @@ def _explore_tour(page, app_url, engine):
     page.locator("#rl-max-new input[type=number]").fill("40")
     page.locator("#rl-max-new input[type=number]").press("Enter")
     page.get_by_role("button", name="Compare", exact=True).click()
-    page.get_by_text("The red outline marks").wait_for()
+    page.locator("#rl-status", has_text="red outline marks").wait_for()
     page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
     assert "tok/s" in page.locator("#rl-c-stats").inner_text()
 
@@ -141,6 +141,51 @@ def _explore_tour(page, app_url, engine):
     page.get_by_role("tab", name="About").click()
     page.get_by_text("Three ways to skip attention").wait_for()
     page.screenshot(path=str(SHOTS / "about.png"), full_page=True)
+
+
+def test_threshold_ladder_and_tradeoff_tab_screenshots(browser, app_url):
+    """The Compare tab's threshold ladder (the full model and the default set at 0.3 / 0.5 / 0.7, one
+    token each in turn) and the Trade-off tab's three figures; a click on a tuned row sets the threshold."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        _ladder_and_tradeoff(page, app_url)
+    except Exception:
+        page.screenshot(path=str(Path(tempfile.gettempdir()) / "routerlab-browser-failure.png"), full_page=True)
+        raise
+    finally:
+        page.close()
+
+
+def _ladder_and_tradeoff(page, app_url):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.set_default_timeout(300_000)
+    page.goto(app_url)
+    page.get_by_role("tab", name="Compare").click()
+    page.locator("#rl-c-prompt textarea").fill("Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    page.locator("#rl-max-new input[type=number]").fill("64")
+    page.locator("#rl-max-new input[type=number]").press("Enter")
+    assert [float(page.locator(f"#rl-c-t{k} input").input_value()) for k in (1, 2, 3)] == [0.3, 0.5, 0.7]
+    page.get_by_role("button", name="Compare", exact=True).click()
+    page.locator("#rl-status", has_text="red outline marks").wait_for()
+    table = page.locator("#rl-c-stats table.rl-ladder").inner_text()
+    for label in ("full model", "threshold 0.30", "threshold 0.50", "threshold 0.70", "mean KL", "speedup vs full", "first difference"):
+        assert label in table, label
+    for k in range(4):
+        assert page.locator(f"#rl-c-col{k} .rl-text .rl-tok").count() >= 20, f"column {k} has its text"
+    page.screenshot(path=str(SHOTS / "compare-ladder.png"), full_page=True)
+
+    page.get_by_role("tab", name="Trade-off").click()
+    for plot in ("#rl-tradeoff", "#rl-t-speed", "#rl-t-time"):
+        page.locator(f"{plot} .js-plotly-plot").wait_for()
+    headers = page.locator("#rl-t-table thead").inner_text()
+    assert "skipped (all layers)" in headers and "speedup (measured)" in headers and "perplexity rise" in headers
+    page.screenshot(path=str(SHOTS / "tradeoff-tab.png"), full_page=True)
+    page.locator("#rl-t-time").screenshot(path=str(SHOTS / "time-split.png"))
+    cell = page.locator('#rl-t-table [data-testid="cell-0-3"]')  # the first row's threshold: a tuned row
+    value = float(cell.inner_text())
+    cell.click()
+    page.locator("#rl-status", has_text="from the trade-off table").wait_for()
+    assert abs(float(page.locator("#rl-threshold input[type=number]").input_value()) - value) <= 0.005
 
 
 @pytest.fixture(scope="module")

@@ -225,15 +225,16 @@ def test_sessions_do_not_share_controls(res):
 
 
 def test_compare_streams_both_and_marks_divergence(res):
+    """One threshold: the ladder is the full-vs-routed view (more in test_ui_ladder.py)."""
     session = ui.Session()
     outs = run_all(ui.compare_run(res, "Hello there", 0.9, RANDOM, "kv", 20, 0.0, res.default_model, session))
-    full_html, routed_html, cmp_html, heat, status = outs[-1]
+    full_html, routed_html, _, _, cmp_html, heat, status = outs[-1]
     full, routed = session.compare
     assert full.meta["granularity"] == "full" and routed.meta["granularity"] == "attention-token"
     assert "tok/s" in cmp_html and status.startswith("✓")
     div = ui.plots.first_divergence(full, routed)
     if div is not None:
-        assert "rl-diverge" in routed_html and "first difference" in cmp_html
+        assert "rl-diverge" in routed_html and f"token {div + 1}:" in cmp_html
     assert not session.compare_running
 
 

@@ -494,6 +494,7 @@ class Engine:
             t0 = time.perf_counter()
             if meter is not None:
                 meter.pump()  # a full chunk is scored here, so its time counts in this token's seconds
+                trace.meta["quality_seconds_in_steps"] = meter.seconds  # that share of the steps' seconds (the final flush is in none)
             if control.stop_requested:
                 trace.meta["stop_reason"] = "stopped"
                 return

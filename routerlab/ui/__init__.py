@@ -5,8 +5,9 @@ plots (pure plotly, no torch).
     stream.py        Decoder: decodes in a worker thread, the UI reads snapshots at its own pace
     session.py       Session (one visitor's state) and the helpers the tabs share
     explore.py       Explore tab: run, stop, steer, what-if
-    compare.py       Compare tab: full vs routed, side by side
-    tradeoff_tab.py  Trade-off tab: benchmark table, quick sweep, row picking
+    compare.py       Compare tab: the threshold ladder (full model + up to three thresholds, in lockstep)
+    tradeoff_tab.py  Trade-off tab: benchmark figures and table, quick sweep, row picking
+    tradeoff_plots.py  the Trade-off tab's figures (quality vs skipped, measured vs ideal speedup, where the time goes)
     about.py         About tab: text and diagram
     layout.py        build_demo (components and event wiring), theme, launch options
     plots.py         every figure and HTML fragment
@@ -25,7 +26,7 @@ module that defines it, e.g. `routerlab.ui.stream.HEATMAP_INTERVAL`.
 
 from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
-from routerlab.ui.compare import compare_html, compare_run
+from routerlab.ui.compare import LADDER, column_html, compare_run, decode_speed, ladder_html, ladder_rows, ladder_thresholds
 from routerlab.ui.explore import STATS_INTERVAL, explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.layout import CSS_FILE, EXPORT_TTL, WHAT_IF_PREVIEW_JS, NumberSlider, build_demo, launch_options, router_set_chosen, theme
 from routerlab.ui.resources import (
@@ -42,7 +43,7 @@ from routerlab.ui.resources import (
 )
 from routerlab.ui.session import Session, plot_data
 from routerlab.ui.stream import HEATMAP_INTERVAL, TEXT_INTERVAL, Decoder, snapshot
-from routerlab.ui.tradeoff_tab import BENCH_COLUMNS, BENCH_DIR, load_bench, tradeoff_pick, tradeoff_sweep
+from routerlab.ui.tradeoff_tab import BENCH_COLUMNS, BENCH_DIR, bench_summary, bench_table, load_bench, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 __all__ = [
     "ABOUT_MD",
@@ -54,6 +55,7 @@ __all__ = [
     "FALLBACK_PROMPTS",
     "FULL",
     "HEATMAP_INTERVAL",
+    "LADDER",
     "PROMPTS_FILE",
     "ROUTERS_DIR",
     "STATS_INTERVAL",
@@ -67,13 +69,20 @@ __all__ = [
     "RouterSetInfo",
     "Session",
     "available_router_sets",
+    "bench_summary",
+    "bench_table",
     "build_demo",
-    "compare_html",
+    "column_html",
     "compare_run",
+    "decode_speed",
     "explore_run",
+    "ladder_html",
+    "ladder_rows",
+    "ladder_thresholds",
     "launch_options",
     "load_bench",
     "load_prompts",
+    "load_results",
     "plot_data",
     "plots",
     "router_set_chosen",
@@ -82,6 +91,7 @@ __all__ = [
     "stop_run",
     "theme",
     "threshold_moved",
+    "tradeoff_figures",
     "tradeoff_pick",
     "tradeoff_sweep",
 ]

@@ -1,13 +1,18 @@
-"""The Compare tab's handlers: one prompt through the full and the routed model, side by side.
+"""The Compare tab's handlers: a threshold ladder, the full model and up to three thresholds side by side.
 
-Owns `compare_run` (both runs advanced one token each in turn by one Decoder, so they are timed
-under the same load), `_StopBoth` (the Control the session holds: threshold to the routed run,
-Stop to both) and `compare_html` (the speed cards). Knows nothing about the layout, the Explore
-tab or tensors.
+Owns `compare_run` (the full model and one run per threshold of the chosen router set, advanced one
+token each in turn by one Decoder, so their speeds are measured under the same load; the per-token
+quality pass on, so each column has its mean KL from the full model), `ladder_thresholds` (what the
+threshold inputs mean), `decode_speed` (a column's decode tok/s, the quality pass's time taken out),
+`_Ladder` (the Control the session holds: Stop ends every column) and the HTML of the ladder
+(`ladder_html`, `column_html`). Full model + one threshold is the old full-vs-routed view.
+Knows nothing about the layout, the Explore tab or tensors.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import logging
 
 import gradio as gr
@@ -21,105 +26,198 @@ from routerlab.ui.stream import Decoder
 
 log = logging.getLogger(__name__)
 
+LADDER = (0.3, 0.5, 0.7)  # the thresholds a ladder starts with (calibrated sets: 0.5 = the set's default)
+RUNGS = len(LADDER)  # at most this many thresholds next to the full model
+HEAT_EMPTY = "The heatmap of the highest threshold's run appears here."
 
-def compare_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session):
-    """The same prompt through the full model and the routed model, interleaved step by step.
 
-    Yields full text, routed text, comparison HTML, routed heatmap, status.
+def ladder_thresholds(values) -> list[float]:
+    """The thresholds a ladder runs, ascending, each once; blanks (None, "") are dropped.
+
+    `values` is one threshold, a list of them (the tab's inputs, blanks included) or a string
+    such as "0.3, 0.5, 0.7" (API callers). Raises a RouterLabError for a bad value, for none and
+    for more than RUNGS.
+    """
+    from routerlab.core.config import check_threshold
+
+    if isinstance(values, str):
+        values = values.replace(",", " ").split()
+    elif not isinstance(values, (list, tuple)):
+        values = [values]
+    chosen = sorted({check_threshold(v) for v in values if v is not None and not (isinstance(v, str) and not v.strip())})
+    if not chosen:
+        raise RouterLabError("No threshold to compare with the full model.", "Enter one to three thresholds between 0 and 1, e.g. 0.3, 0.5 and 0.7.")
+    if len(chosen) > RUNGS:
+        raise RouterLabError(f"{len(chosen)} thresholds: the ladder has room for {RUNGS}.", f"Keep at most {RUNGS}, e.g. 0.3, 0.5 and 0.7.")
+    return chosen
+
+
+def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session):
+    """The same prompt through the full model and the chosen router set at each threshold, one token each in turn.
+
+    Yields RUNGS + 4 values: the full model's column, one column per threshold (a placeholder where
+    fewer were given), the ladder table, the heatmap of the highest threshold's run, status.
     """
     from routerlab.core.engine import Control
 
     skip = gr.skip()
+    blank = (skip,) * (RUNGS + 3)
     session = session if isinstance(session, Session) else Session()
     try:
         res.check_prompt(prompt)
+        ladder = ladder_thresholds(thresholds)
         engine = res.engine_for(model_name)
         label = router_label if router_label not in (None, "", FULL) else UNTRAINED
         routers = res.routers_for(engine, label)
-        seed = 0 if float(temperature or 0) > 0 else None  # same samples for both when sampling
-        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy, seed=seed)
-        full_control, routed_control = Control(config.threshold), Control(config.threshold)
-        full_steps = engine.generate(prompt, None, config, full_control)
-        routed_steps = engine.generate(prompt, routers, config, routed_control)
+        seed = 0 if float(temperature or 0) > 0 else None  # the same samples in every column when sampling
+        config = dataclasses.replace(res.generate_config(max_new_tokens, temperature, ladder[0], kv_policy, seed=seed), quality=True)
+        configs = [config] + [dataclasses.replace(config, threshold=t) for t in ladder]
+        controls = [Control(c.threshold) for c in configs]
+        runs = [engine.generate(prompt, None if k == 0 else routers, c, ctl) for k, (c, ctl) in enumerate(zip(configs, controls))]
     except RouterLabError as err:
-        yield skip, skip, skip, skip, _warn(err)
+        yield *blank, _warn(err)
         return
     if session.compare_control is not None:
         session.compare_control.request_stop()
-    both = _StopBoth(full_control, routed_control)
-    session.compare_control, session.compare_running = both, True
-    full, routed = full_control.trace, routed_control.trace
-    yield plots.token_html(None), plots.token_html(None), skip, skip, _status("run", "Prefilling both…")
-    decoder = Decoder([full_steps, routed_steps])
-    heat = _shown(session, "compare_heat", lambda: plot_data(plots.empty_heatmap("The routed run's heatmap appears here.")))
-    columns: dict = {}
+    # The slider does not steer a ladder (each column keeps its threshold), so compare_running stays False.
+    session.compare_control = everything = _Ladder(controls)
+    traces = [c.trace for c in controls]
+    yield *(column_html(None, None, t) for t in _padded([None, *ladder])), skip, skip, _status("run", f"Prefilling {len(traces)} runs…")
+    decoder = Decoder(runs)
+    heat = _shown(session, "compare_heat", lambda: plot_data(plots.empty_heatmap(HEAT_EMPTY)))
+    cache: dict = {}
     try:
-        for (f, r), draw_plot in decoder.frames([full, routed]):
-            div = plots.first_divergence(f, r)
+        for snaps, draw_plot in decoder.frames(traces):
+            full, rungs = snaps[0], snaps[1:]
             finished = decoder.done.is_set()
-            if draw_plot and r.steps:  # otherwise repeat the last one (see plot_data)
-                heat = session.views["compare_heat"] = plot_data(plots.heatmap(r, live=not finished, cache=columns))
+            if draw_plot and rungs[-1].steps:  # otherwise repeat the last one (see plot_data)
+                title = f"Threshold {ladder[-1]:.2f} (the ladder's highest): which layers each token skipped"
+                heat = session.views["compare_heat"] = plot_data(plots.heatmap(rungs[-1], live=not finished, cache=cache, title=None if not finished else title))
+            columns = [column_html(full, None, None)] + [column_html(r, full, t) for r, t in zip(rungs, ladder)]
             yield (
-                plots.token_html(f, diverge_at=div),
-                plots.token_html(r, diverge_at=div),
-                compare_html(f, r, div),
+                *_padded(columns, column_html(None, None, None)),
+                ladder_html(full, rungs, running=not finished),
                 heat,
-                _status("ok", "Done. The red outline marks the first token where the two runs differ.") if finished else _status("run", "Generating both, one token each in turn…"),
+                _status("run", f"Generating {len(snaps)} runs, one token each in turn…") if not finished
+                else _status("stop", "Stopped: every column ended.") if everything.stop_requested
+                else _status("ok", "Done. A red outline marks each column's first token that differs from the full model."),
             )
         decoder.raise_error()
     except RouterLabError as err:
-        yield skip, skip, skip, skip, _warn(err)
+        yield *blank, _warn(err)
     except Exception as err:
         log.error("compare failed", exc_info=err)
-        yield skip, skip, skip, skip, _status("warn", f"Compare failed: {type(err).__name__}: {err}")
+        yield *blank, _status("warn", f"Compare failed: {type(err).__name__}: {err}")
     finally:
-        both.request_stop()  # ends the decoder if the stream was cancelled
-        session.compare_running = False
-        session.compare = (full, routed)
+        everything.request_stop()  # ends the decoder if the stream was cancelled
+        session.compare = tuple(traces)
 
 
-class _StopBoth:
-    """The Compare run's Control as the session sees it: threshold goes to the routed run, Stop to both."""
+def _padded(items: list, fill=None) -> list:
+    """The full model's column and RUNGS threshold columns: fewer thresholds leave placeholders."""
+    return list(items) + [fill] * (RUNGS + 1 - len(items))
 
-    def __init__(self, full, routed):
-        self.full, self.routed = full, routed
 
-    @property
-    def threshold(self) -> float:
-        return self.routed.threshold
+class _Ladder:
+    """A ladder's runs as the session sees them: Stop ends every column."""
 
-    @threshold.setter
-    def threshold(self, value: float) -> None:
-        self.routed.threshold = value
+    def __init__(self, controls):
+        self.controls = list(controls)
 
     def request_stop(self) -> None:
-        self.full.request_stop()
-        self.routed.request_stop()
+        for control in self.controls:
+            control.request_stop()
 
     @property
     def stop_requested(self) -> bool:
-        return self.routed.stop_requested or self.full.stop_requested
+        return any(c.stop_requested for c in self.controls)
 
 
-def compare_html(full: Trace | None, routed: Trace | None, diverge_at: int | None) -> str:
-    if full is None or routed is None:
+# -- what a ladder shows -----------------------------------------------------------------------------
+def decode_speed(trace: Trace) -> float:
+    """Decode tokens/s of a run, without the time its per-token quality pass took (the engine scores
+    a chunk inside a step and records how much of the steps' seconds that was): the routed model's
+    speed, comparable with the full model's, which has no quality pass to do."""
+    timed = [s.seconds for s in trace.generated_steps if s.seconds > 0]
+    seconds = sum(timed) - float(trace.meta.get("quality_seconds_in_steps", 0.0))
+    return len(timed) / seconds if timed and seconds > 0 else 0.0
+
+
+def _kl(trace: Trace) -> str:
+    kl = trace.mean_kl()
+    return "…" if kl is None else f"{kl:.3f}"
+
+
+def _divergence(full: Trace, trace: Trace) -> str:
+    j = plots.first_divergence(full, trace)
+    if j is None:
+        same = min(len(full.generated_steps), len(trace.generated_steps))
+        return f"none in {same} tokens" if same else "–"
+    wrote, instead = trace.generated_steps[j].text, full.generated_steps[j].text
+    return f"token {j + 1}: “{plots.token_label(wrote, 12)}” for “{plots.token_label(instead, 12)}”"
+
+
+def ladder_rows(full: Trace | None, rungs: list[Trace]) -> list[dict]:
+    """One row per column: its numbers, measured in the same lockstep run (plain data, for tests and the table)."""
+    if full is None:
+        return []
+    f_tps = decode_speed(full)
+    rows = [dict(column="full model", threshold=None, skip_rate=0.0, mean_kl=0.0, agreement=1.0, tokens_per_second=f_tps, speedup=1.0 if f_tps else None, first_divergence=None)]
+    for trace in rungs:
+        tps = decode_speed(trace)
+        rows.append(dict(
+            column=f"threshold {trace.meta.get('threshold_start', 0):.2f}", threshold=trace.meta.get("threshold_start"), skip_rate=trace.skip_rate(),
+            mean_kl=trace.mean_kl(), agreement=trace.agreement(), tokens_per_second=tps,
+            speedup=tps / f_tps if tps and f_tps else None, first_divergence=plots.first_divergence(full, trace),
+        ))
+    return rows
+
+
+def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -> str:
+    """The ladder as one table: a column per run, a row per number (plain HTML, everything escaped)."""
+    if full is None:
         return ""
-    f_tps, r_tps = full.decode_tokens_per_second(), routed.decode_tokens_per_second()
-    speed = f"{r_tps / f_tps:.2f}×" if f_tps and r_tps else "–"
-    if diverge_at is None:
-        same = min(len(full.generated_steps), len(routed.generated_steps))
-        div = f"identical so far ({same} tokens)"
-    else:
-        tok = routed.generated_steps[diverge_at].text
-        div = f"first difference at generated token {diverge_at + 1} (routed wrote “{plots.token_label(tok, 16)}”)"
-    stats = {
-        "full": (f"{f_tps:.1f} tok/s", f"{len(full.generated_steps)} tokens"),
-        "routed": (f"{r_tps:.1f} tok/s", f"{len(routed.generated_steps)} tokens, skip rate {routed.skip_rate():.0%}"),
-    }
-    return (
-        "<div class='rl-stats'>"
-        f"<div class='rl-card'><div class='rl-card-v'>{stats['full'][0]}</div><div class='rl-card-l'>full model · {stats['full'][1]}</div></div>"
-        f"<div class='rl-card'><div class='rl-card-v'>{stats['routed'][0]}</div><div class='rl-card-l'>routed · {stats['routed'][1]}</div></div>"
-        f"<div class='rl-card'><div class='rl-card-v'>{speed}</div><div class='rl-card-l'>routed vs full (measured side by side)</div></div>"
-        f"</div><div class='rl-foot'>{div}</div>"
-    )
+    rows = ladder_rows(full, rungs)
+    head = "".join(f"<th>{html.escape(r['column'])}</th>" for r in rows)
+
+    def line(label: str, hint: str, cells: list[str]) -> str:
+        return f"<tr><th title='{html.escape(hint)}'>{html.escape(label)}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+    body = [
+        line("skipped", "skipped / routed sub-layer runs over the generated tokens", [f"{r['skip_rate']:.0%}" for r in rows]),
+        line("mean KL from the full model", "mean KL(full || this run) of the next-token distributions, nats per generated token (… = not scored yet)",
+             ["0 (itself)"] + [_kl(t) for t in rungs]),
+        line("top token as the full model", "share of generated tokens whose most likely next token is the full model's",
+             ["100%"] + ["…" if r["agreement"] is None else f"{r['agreement']:.0%}" for r in rows[1:]]),
+        line("decode tok/s", "measured in this run; the quality pass that measures KL is timed out", [f"{r['tokens_per_second']:.1f}" if r["tokens_per_second"] else "–" for r in rows]),
+        line("speedup vs full", "this column's decode tok/s over the full model's, measured side by side in lockstep",
+             ["1.00× (reference)"] + [f"<b>{r['speedup']:.2f}×</b>" if r["speedup"] else "–" for r in rows[1:]]),
+        line("first difference", "the first generated token that is not the full model's (red outline in the text)",
+             ["–"] + [_divergence(full, t) for t in rungs]),  # token_label escapes the tokens
+    ]
+    note = ("Still generating: the numbers move until every run ends." if running else
+            f"{len(rows)} runs measured in lockstep (one token each in turn on this machine), so their speeds compare like for like.")
+    return (f"<table class='rl-ladder'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            f"<div class='rl-foot'>{html.escape(note)} Router set {html.escape(str(rungs[0].meta.get('granularity') if rungs else '?'))}, "
+            f"kv policy {html.escape(str(full.meta.get('kv_policy', '?')))}.</div>")
+
+
+def column_html(trace: Trace | None, full: Trace | None, threshold: float | None) -> str:
+    """One column of the ladder: a title line, then the text (the first token that differs outlined in red).
+
+    `full` is None for the full model's own column; `trace` None gives the column before its run starts
+    (or a placeholder when `threshold` is None too, for a ladder with fewer thresholds).
+    """
+    if trace is None:
+        if threshold is None and full is None:
+            return "<div class='rl-col-h rl-muted'>(no threshold)</div>"
+        title = "Full model" if threshold is None else f"Threshold {threshold:.2f}"
+        return f"<div class='rl-col-h'>{title}</div>{plots.token_html(None)}"
+    if full is None:
+        head = f"<b>Full model</b> · {decode_speed(trace):.1f} tok/s"
+        return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace)}"
+    div = plots.first_divergence(full, trace)
+    f_tps, tps = decode_speed(full), decode_speed(trace)
+    speed = f" · {tps / f_tps:.2f}×" if f_tps and tps else ""
+    head = f"<b>Threshold {threshold:.2f}</b> · skipped {trace.skip_rate():.0%} · KL {_kl(trace)}{speed}"
+    return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace, diverge_at=div)}"

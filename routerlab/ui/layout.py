@@ -18,11 +18,11 @@ from routerlab.core.config import KV_POLICIES
 from routerlab.core.paths import ASSETS
 from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
-from routerlab.ui.compare import compare_run
+from routerlab.ui.compare import HEAT_EMPTY, LADDER, RUNGS, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.resources import UNTRAINED, Resources
 from routerlab.ui.session import Session, _delete_session, _status
-from routerlab.ui.tradeoff_tab import load_bench, tradeoff_pick, tradeoff_sweep
+from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 CSS_FILE = ASSETS / "css" / "app.css"
 EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
@@ -128,6 +128,15 @@ def launch_options() -> dict:
     return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS)
 
 
+def _tradeoff_intro(results: dict) -> str:
+    if not results["rows"] and results["speed"] is None and results["heldout"] is None:
+        return ("No benchmark results ship with this build yet (`assets/bench/`). Run a quick sweep on the Explore prompt: "
+                "tokens/s and agreement with the full model's greedy output, per threshold.")
+    model = (results["speed"] or results["heldout"] or {}).get("model", "the shipped model")
+    return (f"Speed against quality, from the benchmark results in `assets/bench/` ({model}; `make bench`, `make tradeoff`, "
+            f"`make heldout-sampled` measure them again). {bench_summary(results)}")
+
+
 def build_demo(res: Resources) -> gr.Blocks:
     """The whole app. Handlers are bound to `res`; per-visitor state lives in a gr.State(Session)."""
     limits = res.limits
@@ -168,31 +177,30 @@ def build_demo(res: Resources) -> gr.Blocks:
                             html_dl = gr.DownloadButton("Download heatmap (HTML)", visible=False, size="sm", elem_id="rl-dl-html")
                         gr.Markdown("PNG: use the camera icon in the heatmap's toolbar.", elem_classes=["rl-muted"])
                     with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare"):
-                        gr.Markdown("The same prompt through the **full model** and the **routed model**, token by token, with the settings on the left (untrained routers if *full model* is selected).")
+                        gr.Markdown("A **threshold ladder**: the same prompt through the **full model** and the router set on the left at up to three thresholds, "
+                                    "one token each in turn, so their speeds are measured side by side. Higher threshold = more skipped. Leave a box empty for fewer columns.")
                         c_prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt")
-                        with gr.Row():
+                        with gr.Row(equal_height=True):
+                            c_thresholds = [gr.Number(t, minimum=0.0, maximum=1.0, step=0.01, label=f"Threshold {k + 1}", min_width=120, elem_id=f"rl-c-t{k + 1}") for k, t in enumerate(LADDER)]
                             c_btn = gr.Button("Compare", variant="primary", elem_id="rl-compare")
                             c_stop = gr.Button("Stop", variant="stop", elem_id="rl-c-stop")
                         c_stats = gr.HTML("", elem_id="rl-c-stats")
-                        with gr.Row():
-                            with gr.Column():
-                                gr.Markdown("**Full model**")
-                                c_full = gr.HTML(plots.token_html(None), elem_id="rl-c-full")
-                            with gr.Column():
-                                gr.Markdown("**Routed**")
-                                c_routed = gr.HTML(plots.token_html(None), elem_id="rl-c-routed")
-                        c_heat = gr.Plot(plots.empty_heatmap("The routed run's heatmap appears here."), label="Routed run: layers × tokens", elem_id="rl-c-heatmap")
+                        with gr.Row(elem_id="rl-ladder-cols"):
+                            c_columns = [gr.HTML(column_html(None, None, t), elem_id=f"rl-c-col{k}") for k, t in enumerate([None, *LADDER])]
+                        c_heat = gr.Plot(plots.empty_heatmap(HEAT_EMPTY), label="Highest threshold: layers × tokens", elem_id="rl-c-heatmap")
                     with gr.Tab("Trade-off", id="tradeoff", elem_id="rl-tab-tradeoff"):
-                        bench = load_bench()
-                        gr.Markdown(
-                            "Speed against quality for each method and threshold. Click a row of the table to use its threshold in Explore."
-                            if bench is not None
-                            else "No benchmark results ship with this build yet (`assets/bench/`). Run a quick sweep on the Explore prompt: "
-                            "tokens/s and agreement with the full model's greedy output, per threshold."
-                        )
-                        t_plot = gr.Plot(plots.tradeoff_curve(bench), label="Speed vs quality", elem_id="rl-tradeoff")
-                        t_table = gr.Dataframe(bench, interactive=False, elem_id="rl-t-table")
-                        t_btn = gr.Button("Run a quick sweep (about a minute)", elem_id="rl-sweep")
+                        results = load_results(calibrations={r.granularity: r.meta.get("calibration") for r in reversed(shipped)})
+                        fig_quality, fig_speed, fig_time = tradeoff_figures(results)
+                        gr.Markdown(_tradeoff_intro(results), elem_id="rl-t-intro")
+                        t_plot = gr.Plot(fig_quality, label="What skipping costs", elem_id="rl-tradeoff")
+                        gr.Plot(fig_speed, label="Measured vs ideal speedup", elem_id="rl-t-speed")
+                        gr.Plot(fig_time, label="Where the time goes", elem_id="rl-t-time")
+                        gr.Markdown("Every row of the trade-off sweep. **Click a tuned row** to use its threshold in Explore." + (
+                            f" Thresholds of {', '.join(results['calibrated'])} are on the slider's calibrated scale (the sweep ran on raw router scores)." if results["calibrated"] else ""),
+                            elem_classes=["rl-muted"])
+                        table = bench_table(results["df"])
+                        t_table = gr.Dataframe(table, interactive=False, wrap=True, max_height=420, column_widths=column_widths(table), elem_id="rl-t-table")
+                        t_btn = gr.Button("Run a quick sweep on the Explore prompt (about a minute)", elem_id="rl-sweep")
                     with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers"):
                         gr.Markdown("Per-layer view of the last Explore run (follows the what-if threshold after a run).")
                         l_bar = gr.Plot(plots.layer_skip_bar(None), label="Skip rate per layer", elem_id="rl-layer-bar")
@@ -213,8 +221,8 @@ def build_demo(res: Resources) -> gr.Blocks:
         def _moved(t, s):
             return threshold_moved(res, t, s)
 
-        def _compare(*args):
-            yield from compare_run(res, *args)
+        def _compare(prompt, *args):
+            yield from compare_run(res, prompt, list(args[:RUNGS]), *args[RUNGS:])
 
         def _sweep(p, r, k, m, progress=gr.Progress()):
             return tradeoff_sweep(res, p, r, k, m, progress)
@@ -230,8 +238,9 @@ def build_demo(res: Resources) -> gr.Blocks:
             _moved, [threshold, session], [heat, text, stats, status, l_bar, l_hist],
             api_name="set_threshold", trigger_mode="always_last", concurrency_limit=None, show_progress="hidden",
         )
-        cmp_evt = c_btn.click(_compare, [c_prompt, threshold, router_label, kv_policy, max_new, temperature, model, session], [c_full, c_routed, c_stats, c_heat, status], api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
-        c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)
+        cmp_evt = c_btn.click(_compare, [c_prompt, *c_thresholds, router_label, kv_policy, max_new, temperature, model, session], [*c_columns, c_stats, c_heat, status],
+                              api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)  # every column ends; the stream shows them
         router_label.input(lambda label: router_set_chosen(res, label), [router_label], [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
         t_btn.click(_sweep, [prompt, router_label, kv_policy, model], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")

@@ -25,7 +25,8 @@ class Decoder:
 
     The engine appends every Step to its Control's Trace itself; the UI only reads consistent
     snapshots of those traces at its own pace (`frames`). Several iterators are advanced in turn,
-    one step each, so runs that share the machine (Compare) are timed under the same load.
+    one step each, the first one rotating every round, so runs that share the machine (Compare)
+    are timed under the same load.
     """
 
     def __init__(self, iterators: list[Iterator]):
@@ -36,10 +37,13 @@ class Decoder:
 
     def _drain(self, live: list[Iterator]) -> None:
         try:
+            turn = 0
             while live:
-                for it in list(live):
+                k = turn % len(live)  # who goes first rotates, so no run always follows the same one
+                for it in live[k:] + live[:k]:
                     if next(it, None) is None:
                         live.remove(it)
+                turn += 1
         except BaseException as err:  # reported by raise_error() in the UI thread
             self.error = err
         finally:

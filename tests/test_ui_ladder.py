@@ -1,0 +1,137 @@
+"""The Compare tab's threshold ladder (ui/compare.py) on a tiny random model with a character tokenizer.
+
+The full model and up to three thresholds decode one token each in turn; a test that acts on the
+running ladder holds one of its runs (tests/holding.py), and since one thread advances every run
+in turn, holding one holds them all (each within a token of the held one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from holding import Holding
+from test_ui import RANDOM, char_tokenizer, random_routers, run_all
+
+from routerlab import ui
+from routerlab.core.errors import RouterLabError
+from routerlab.core.trace import Step, Trace
+
+LADDER = [0.3, 0.5, 0.7]
+
+
+@pytest.fixture(scope="module")
+def res():
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import tiny_model
+
+    model = tiny_model("llama")
+    engine = Holding(Engine(model, char_tokenizer(), name="tiny-llama"))
+    sets = [ui.RouterSetInfo(label=RANDOM, granularity="attention-token"), *ui.available_router_sets(Path("/nonexistent"))]
+    resources = ui.Resources(engine, ui.Limits(max_new_tokens=64, max_prompt_chars=200), router_sets=sets, prompts=["Hello there"])
+    resources._routers[(engine.name, RANDOM)] = random_routers(model)
+    return resources
+
+
+def ladder(res, session, thresholds=LADDER, max_new=24, prompt="Hello there"):
+    return ui.compare_run(res, prompt, thresholds, RANDOM, "kv", max_new, 0.0, res.default_model, session)
+
+
+def pull_until_held(gen, held, tokens: int) -> list:
+    """Pull frames until the held run has `tokens` generated tokens (it is held right after appending the
+    last one, so the frame that shows it is the last before the hold); every other run has at least
+    tokens - 1 then, as one thread advances them all in turn."""
+    outs = []
+    for out in gen:
+        outs.append(out)
+        if held.trace is not None and len(held.trace.generated_steps) >= tokens:
+            break
+    held.wait()
+    return outs
+
+
+def test_ladder_streams_every_column_each_at_its_threshold(res):
+    session = ui.Session()
+    with res.engine.hold(after=3, threshold=0.7) as held:
+        gen = ladder(res, session)
+        streamed = pull_until_held(gen, held, 3)
+        assert streamed[-1][-1].startswith("▶") and not any("(no tokens yet)" in c for c in streamed[-1][:4]), "all four columns stream before the end"
+    outs = streamed + run_all(gen)
+    assert all(len(o) == 7 for o in outs)
+    *columns, table, heat, status = outs[-1]
+    assert status.startswith("✓ Done")
+    full, *rungs = session.compare
+    assert full.meta["granularity"] == "full" and full.skip_rate() == 0.0 and full.mean_kl() == 0.0
+    assert [r.meta["threshold_start"] for r in rungs] == LADDER
+    for rung, t in zip(rungs, LADDER):
+        assert {s.threshold for s in rung.steps} == {t} and rung.meta["granularity"] == "attention-token"
+        assert rung.mean_kl() is not None, "the quality pass scored every column"
+    assert rungs[0].skip_rate() < rungs[1].skip_rate() < rungs[2].skip_rate(), "higher threshold, more skipped"
+    assert "Full model" in columns[0] and all(f"Threshold {t:.2f}" in c for c, t in zip(columns[1:], LADDER))
+    assert all(f"threshold {t:.2f}" in table for t in LADDER) and "speedup vs full" in table and "mean KL" in table
+
+
+def test_speedups_are_ratios_of_the_same_runs_speeds(res):
+    session = ui.Session()
+    run_all(ladder(res, session, thresholds="0.3, 0.7"))
+    full, *rungs = session.compare
+    rows = ui.ladder_rows(full, rungs)
+    assert [r["threshold"] for r in rows] == [None, 0.3, 0.7] and rows[0]["speedup"] == 1.0
+    f_tps = ui.decode_speed(full)
+    assert rows[0]["tokens_per_second"] == f_tps > 0
+    for row, rung in zip(rows[1:], rungs):
+        assert row["tokens_per_second"] == ui.decode_speed(rung) > 0
+        assert row["speedup"] == pytest.approx(ui.decode_speed(rung) / f_tps)
+        assert f"{row['speedup']:.2f}×" in ui.ladder_html(full, rungs)
+
+
+def test_decode_speed_takes_out_the_quality_pass():
+    steps = [Step(0, 1, "a", True, [None], [None], 0.5, 0.1)] + [Step(p, 1, "a", False, [None], [None], 0.5, 0.5) for p in (1, 2, 3, 4)]
+    trace = Trace(1, steps, {"quality_seconds_in_steps": 1.0})
+    assert trace.decode_tokens_per_second() == pytest.approx(4 / 2.0)
+    assert ui.decode_speed(trace) == pytest.approx(4 / 1.0)
+
+
+def test_first_difference_from_the_full_model_is_marked(res):
+    session = ui.Session()
+    *columns, table, _, _ = run_all(ladder(res, session, max_new=32))[-1]
+    full, *rungs = session.compare
+    found = [ui.plots.first_divergence(full, r) for r in rungs]
+    assert any(j is not None for j in found), "0.7 skips most cells of these routers: its text departs from the full model's"
+    for j, column in zip(found, columns[1:]):
+        if j is None:
+            assert "rl-diverge" not in column
+        else:
+            assert column.count("rl-diverge") == 1 and f"token {j + 1}:" in table
+    assert "rl-diverge" not in columns[0]
+
+
+def test_stop_ends_every_column(res):
+    session = ui.Session()
+    with res.engine.hold(after=3, threshold=0.7) as held:
+        gen = ladder(res, session, max_new=60)
+        pull_until_held(gen, held, 3)
+        assert "Stopping" in ui.stop_run(session)
+    outs = run_all(gen)
+    assert outs[-1][-1].startswith("■ Stopped")
+    assert len(session.compare) == 4
+    for trace in session.compare:
+        assert trace.meta["stop_reason"] == "stopped" and len(trace.generated_steps) <= 4
+
+
+def test_one_threshold_is_the_full_vs_routed_view(res):
+    session = ui.Session()
+    *columns, table, heat, status = run_all(ladder(res, session, thresholds=[None, 0.5, ""]))[-1]
+    assert len(session.compare) == 2 and status.startswith("✓")
+    assert "Threshold 0.50" in columns[1] and "(no threshold)" in columns[2] and "(no threshold)" in columns[3]
+
+
+def test_ladder_thresholds_read_every_form_and_refuse_bad_ones(res):
+    assert ui.ladder_thresholds("0.7, 0.3 0.5") == [0.3, 0.5, 0.7]
+    assert ui.ladder_thresholds([0.5, None, 0.5]) == [0.5]
+    assert ui.ladder_thresholds(0.4) == [0.4]
+    for bad in ([None, "", None], "0.2 0.4 0.6 0.8", [1.5], "half"):
+        with pytest.raises(RouterLabError):
+            ui.ladder_thresholds(bad)
+    out = run_all(ladder(res, ui.Session(), thresholds=[None, None, None]))
+    assert len(out) == 1 and out[0][-1].startswith("⚠") and "threshold" in out[0][-1]
