@@ -213,6 +213,30 @@ def test_command_of_names_only_what_differs_from_the_defaults():
     assert command_of(args).endswith("--multiple 5.0")
 
 
+def test_the_slider_marks_read_a_calibrated_sets_measured_skip_rates():
+    from routerlab.ui.resources import expected_skips
+
+    points = [{"threshold": t, "skip_rate": r} for t, r in ((0.1, 0.0), (0.3, 0.012), (0.5, 0.075), (0.7, 0.31), (0.9, 0.7))]
+    meta = {"granularity": "attention-token", "calibration": {"scale": 6.5, "shift": 0.4, "points": {"heldout": points}}}
+    assert expected_skips(meta) == "attention-token: 0.30 ≈ 1.2% · 0.50 ≈ 7.5% · 0.70 ≈ 31% skipped (held-out prompts)"
+    assert expected_skips({"granularity": "mlp-token"}) == ""  # uncalibrated: no marks
+    for broken in ({"calibration": {"points": {"heldout": "x"}}}, {"calibration": {"points": [1]}}, {"calibration": 3},
+                   {"calibration": {"points": {"heldout": [{"threshold": "0.3", "skip_rate": None}]}}}):
+        assert expected_skips(broken) == ""
+
+
+
+def test_choosing_a_calibrated_set_marks_its_skip_rates_on_the_slider(tmp_path):
+    from routerlab.ui.layout import router_set_chosen
+    from routerlab.ui.resources import RouterSetInfo
+
+    points = [{"threshold": t, "skip_rate": r} for t, r in ((0.3, 0.016), (0.5, 0.073), (0.7, 0.282))]
+    meta = {"granularity": "attention-token", "threshold": 0.5, "kv_policy": "kv",
+            "calibration": {"scale": 6.5, "shift": 0.4, "points": {"heldout": points}}}
+    info = RouterSetInfo("attention-token (trained)", "attention-token", tmp_path, meta)
+    slider, _, status = router_set_chosen(SimpleNamespace(router_sets=[info]), info.label)
+    assert slider.value == 0.5 and "0.30 ≈ 1.6% · 0.50 ≈ 7.3% · 0.70 ≈ 28% skipped" in slider.info and "0.50" in status
+
 def test_the_shipped_default_set_is_calibrated_and_its_slider_spans_the_useful_range():
     from routerlab.tuning.checkpoint import SHIPPED
 

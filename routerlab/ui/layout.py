@@ -25,6 +25,7 @@ from routerlab.ui.session import Session, _delete_session, _status
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 CSS_FILE = ASSETS / "css" / "app.css"
+THRESHOLD_INFO = "a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view"
 EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
 
 
@@ -48,7 +49,7 @@ def router_set_chosen(res: Resources, label: str):
         return gr.skip(), gr.skip(), gr.skip()
     threshold, policy = float(info.meta.get("threshold", 0.5)), info.meta.get("kv_policy", "kv")
     return (
-        gr.Slider(value=threshold),
+        gr.Slider(value=threshold, info=_threshold_info(info.expected_skips)),
         gr.Radio(value=policy),
         _status("ok", f"Router set **{label}**: threshold set to its calibrated {threshold:.2f}; trained for the **{policy}** KV policy."),
     )
@@ -128,6 +129,11 @@ def launch_options() -> dict:
     return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS)
 
 
+def _threshold_info(marks: str) -> str:
+    """The slider's help text, with a calibrated set's measured skip rates along it when it has them."""
+    return f"{THRESHOLD_INFO}. {marks}" if marks else THRESHOLD_INFO
+
+
 def _tradeoff_intro(results: dict) -> str:
     if not results["rows"] and results["speed"] is None and results["heldout"] is None:
         return ("No benchmark results ship with this build yet (`assets/bench/`). Run a quick sweep on the Explore prompt: "
@@ -153,7 +159,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         status = gr.Markdown(res.status, elem_id="rl-status")
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
-                threshold = NumberSlider(0.0, 1.0, value=start_threshold, step=0.01, label="Threshold", info="a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view", elem_id="rl-threshold")
+                threshold = NumberSlider(0.0, 1.0, value=start_threshold, step=0.01, label="Threshold", info=_threshold_info(default_set.expected_skips if default_set else ""), elem_id="rl-threshold")
                 router_label = gr.Dropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
                 kv_policy = gr.Radio(list(KV_POLICIES), value=start_policy, label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
                 max_new = NumberSlider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")

@@ -1,6 +1,7 @@
 """What every session shares on one server: the engines, router sets, prompts and operator limits.
 
-Owns `Limits` (caps from the environment), `RouterSetInfo` and the scan of shipped router sets,
+Owns `Limits` (caps from the environment), `RouterSetInfo` and the scan of shipped router sets
+(with `expected_skips`: a calibrated set's measured skip rates along the slider, read from its router.json),
 the example prompts, the dropdown labels `UNTRAINED` / `FULL`, and `Resources` (engines loaded
 once, routers built once, prompt and config checks, the per-layer costs measured at start-up).
 Knows nothing about Gradio components, sessions, tabs or plots; tensors stay behind the lazy
@@ -75,6 +76,31 @@ class RouterSetInfo:
     granularity: str
     path: Path | None = None  # None: RouterSet.zeros on the default layers
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def expected_skips(self) -> str:
+        return expected_skips(self.meta)
+
+
+SLIDER_MARKS = (0.3, 0.5, 0.7)
+
+
+def expected_skips(meta: dict, marks: tuple[float, ...] = SLIDER_MARKS) -> str:
+    """A calibrated set's measured skip rates along the slider, from its router.json (`python -m routerlab
+    calibrate` stores them): 'attention-token: 0.30 ≈ 1% · 0.50 ≈ 8% · 0.70 ≈ 30% skipped (held-out prompts)'.
+    Empty for a set without a calibration or without those points."""
+    block = meta.get("calibration") if isinstance(meta, dict) else None
+    points = block.get("points") if isinstance(block, dict) else None
+    heldout = points.get("heldout") if isinstance(points, dict) else None
+    found = {}
+    for p in heldout if isinstance(heldout, list) else []:
+        t, rate = (p.get("threshold"), p.get("skip_rate")) if isinstance(p, dict) else (None, None)
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (t, rate)):
+            found[round(float(t), 2)] = float(rate)
+    if not all(m in found for m in marks):
+        return ""
+    rates = " · ".join(f"{m:.2f} ≈ {found[m]:.0%}" if found[m] >= 0.1 else f"{m:.2f} ≈ {found[m]:.1%}" for m in marks)
+    return f"{meta.get('granularity', 'this set')}: {rates} skipped (held-out prompts)"
 
 
 def available_router_sets(root: Path = ROUTERS_DIR) -> list[RouterSetInfo]:
