@@ -64,11 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_bench_speed)
     q = bench.add_parser("quality", help="decode tokens/s with the per-token quality cost on vs off, side by side")
     q.add_argument("--model", default=None)
+    _add_dtype(q)
     q.add_argument("--granularity", default="attention-token", help="shipped routers to run (default attention-token)")
     q.add_argument("--prompt", default=None, help="default: a fixed story prompt, chat template")
     q.add_argument("--new-tokens", type=int, default=128)
-    q.add_argument("--chunks", default="4,8,16,32", help="comma-separated quality chunk sizes to time against off")
-    q.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    q.add_argument("--chunks", default="16,32,64", help="comma-separated quality chunk sizes to time against off "
+                   "(scored in full chunks; one more row streams as the app does, the default chunk plus a 2 s refresh)")
+    q.add_argument("--rounds", type=int, default=5, help="rounds of whole runs, order rotating; medians are reported")
     q.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_bench_quality)
@@ -261,6 +263,7 @@ def _generate(args) -> int:
         chat=not args.no_chat,
         seed=args.seed,
         quality=not args.no_quality,
+        quality_refresh=None,  # no live view here: score in full chunks (cheapest) and at the end
     )
     engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
     stream = not args.json
@@ -326,7 +329,7 @@ def _bench_quality(args) -> int:
     if not chunks or min(chunks) < 1 or args.new_tokens < 2 or args.rounds < 1:
         raise RouterLabError("--chunks must be whole numbers >= 1, --new-tokens >= 2, --rounds >= 1.")
     result = quality_benchmark(args.model, granularity=args.granularity, prompt=args.prompt, new_tokens=args.new_tokens,
-                               chunks=chunks, rounds=args.rounds, threads=args.threads)
+                               chunks=chunks, rounds=args.rounds, threads=args.threads, dtype=args.dtype)
     print(json.dumps(result, indent=1) if args.json else format_quality(result))
     return 0
 

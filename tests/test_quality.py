@@ -114,7 +114,7 @@ def test_quality_off_leaves_every_field_null(engine):
 
 def test_chunk_boundaries_do_not_change_the_numbers(engine):
     rs = routers(engine.model, 3.0)
-    runs = [generate(engine, rs, quality_chunk=c) for c in (1, 5, NEW + 10)]
+    runs = [generate(engine, rs, quality_chunk=c, quality_refresh=None) for c in (1, 5, NEW + 10)]
     assert [r.meta["quality_chunks"] for r in runs] == [NEW, 4, 1]
     ref = runs[0].generated_steps
     for run in runs[1:]:
@@ -159,6 +159,10 @@ def test_buffered_tokens_wait_at_most_the_refresh_interval():
         calls.append((list(ids), start, n))
         return torch.zeros(n, 8)  # (n, V): uniform
 
+    never = QualityMeter([7, 8, 9], full_forward, str, chunk=16, refresh_seconds=None)
+    never.add(Step(3, 1, "x", False, [None], [None], 0.5, 0.0), torch.zeros(8))
+    never.pump()
+    assert calls == [] and len(never.pending) == 1  # without a refresh only a full chunk (or the flush) scores
     meter = QualityMeter([7, 8, 9], full_forward, str, chunk=16, refresh_seconds=0.0)
     meter.add(steps[0], torch.zeros(8))
     meter.pump()  # nothing is full, but the token has waited long enough
@@ -176,10 +180,14 @@ def test_kl_top_k_is_exact_over_a_small_vocabulary():
     torch.testing.assert_close(kl_top_k(top.values, top.indices, q), exact)
 
 
-def test_quality_chunk_must_be_a_positive_whole_number():
+def test_quality_chunk_must_be_a_positive_whole_number_and_refresh_non_negative_seconds():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(RouterLabError):
             GenerateConfig(quality_chunk=bad)
+    for bad in (-1.0, "2"):
+        with pytest.raises(RouterLabError):
+            GenerateConfig(quality_refresh=bad)
+    assert GenerateConfig(quality_refresh=None).quality_refresh is None
 
 
 def test_trace_json_round_trips_the_quality_fields_and_old_files_load():
@@ -199,14 +207,14 @@ def test_trace_json_round_trips_the_quality_fields_and_old_files_load():
     assert loaded.mean_kl() is None and loaded.agreement() is None
 
 
-def test_bench_quality_times_on_and_off_in_lockstep_on_the_same_tokens(engine):
-    from routerlab.bench.quality import _lockstep
+def test_bench_quality_times_whole_runs_on_the_same_tokens(engine):
+    from routerlab.bench.quality import timed_run
 
-    rows = _lockstep(engine, PROMPT, routers(engine.model), {"threshold": 1.0, "kv_policy": "kv"}, 12,
-                     {"off": None, "chunk 4": 4}, turn=1)
-    assert rows["off"]["mean_kl"] is None and rows["chunk 4"]["mean_kl"] > 0
-    assert rows["off"]["text"] == rows["chunk 4"]["text"] and rows["off"]["tokens"] == rows["chunk 4"]["tokens"] == 12
-    assert rows["chunk 4"]["quality_seconds"] > 0 and all(r["decode_seconds"] > 0 for r in rows.values())
+    defaults = {"threshold": 1.0, "kv_policy": "kv"}
+    off, on = (timed_run(engine, PROMPT, routers(engine.model), defaults, 12, c) for c in (None, 4))
+    assert off["mean_kl"] is None and on["mean_kl"] > 0 and off["quality_chunks"] == 0 and on["quality_chunks"] == 3
+    assert off["text"] == on["text"] and off["tokens"] == on["tokens"] == 12
+    assert on["quality_seconds"] > 0 and off["decode_seconds"] > 0 and on["decode_seconds"] > 0
 
 
 def test_generate_json_has_per_token_quality_and_no_quality_turns_it_off(embedded, capsys):

@@ -91,8 +91,11 @@ class GenerateConfig:
     ignore_eos: bool = False  # benchmarks: always produce max_new_tokens
     # Per-token quality cost (KL to the full model, its top token): a full-depth pass over the run's
     # own tokens, `quality_chunk` tokens per forward. Off here (no extra work); the CLI turns it on.
+    # While streaming, a token waits at most `quality_refresh` seconds for its score (a live view
+    # refreshes); None: only full chunks and the end of the run (cheapest; nobody is watching).
     quality: bool = False
-    quality_chunk: int = 16
+    quality_chunk: int = 32  # = quality.CHUNK (chosen by `bench quality`; this module knows no torch)
+    quality_refresh: float | None = 2.0
     max_new_tokens_cap: int = field(default=4096, repr=False)
 
     def __post_init__(self):
@@ -104,7 +107,9 @@ class GenerateConfig:
                 f"Use a whole number from 1 to {self.max_new_tokens_cap}.",
             )
         if isinstance(self.quality_chunk, bool) or not isinstance(self.quality_chunk, int) or self.quality_chunk < 1:
-            raise RouterLabError(f"quality_chunk={self.quality_chunk!r} is not allowed.", "Use a whole number >= 1, e.g. 16.")
+            raise RouterLabError(f"quality_chunk={self.quality_chunk!r} is not allowed.", "Use a whole number >= 1, e.g. 32.")
+        if self.quality_refresh is not None and not (isinstance(self.quality_refresh, (int, float)) and self.quality_refresh >= 0):
+            raise RouterLabError(f"quality_refresh={self.quality_refresh!r} is not allowed.", "Use seconds >= 0, or None.")
         t = float(self.temperature)
         if math.isnan(t) or not 0.0 <= t <= 5.0:
             raise RouterLabError(f"Temperature {self.temperature!r} is outside [0, 5].", "Use 0 for greedy decoding.")

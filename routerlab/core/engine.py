@@ -475,7 +475,8 @@ class Engine:
             logits, _ = forward(self.anatomy, t, positions, full_caches, Plan(None), logits_at=slice(len(chunk) - n, None))
             return logits[0]  # (n, V)
 
-        return QualityMeter(ids, full_forward, self._token_text, chunk=config.quality_chunk)
+        return QualityMeter(ids, full_forward, self._token_text, chunk=config.quality_chunk,
+                            refresh_seconds=config.quality_refresh)
 
     def _steps(self, ids, routers, config, control, trace, caches, meter=None) -> Iterator[Step]:
         plan = Plan(routers, control.threshold, config.kv_policy)

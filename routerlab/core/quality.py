@@ -22,7 +22,11 @@ import torch
 from routerlab.core.trace import Step
 
 KL_TOP = 256  # full-depth log-probabilities kept per token for the KL; the rest is one bucket
-CHUNK = 16  # tokens scored per full-depth forward (chosen by `bench quality`, see docs/method.md)
+# Tokens scored per full-depth forward. A chunk pays a fixed cost (every weight read once; on CPUs
+# without bf16 units, bf16 weights converted to fp32 for a many-row product) plus a little per token,
+# so bigger chunks are cheaper per token; 32 holds 32 x V routed logits (6 MB for a 49k vocabulary).
+# Chosen by `bench quality` (docs/method.md): 16 cost about 30% of decode time there, 32 about 20%.
+CHUNK = 32
 REFRESH_SECONDS = 2.0  # while streaming, buffered tokens wait at most this long to be scored
 
 # (ids, start, n) -> the full model's logits (n, V) at the last n of the positions start .. start+len(ids)-1,
@@ -53,7 +57,7 @@ class QualityMeter:
     The engine calls `add(step, logits)` for every generated token (the routed logits (V,) it was
     sampled from), `pump()` between tokens and `flush()` when the run ends, however it ends. A chunk
     is scored when `chunk` tokens wait, or when the oldest waiting token has waited `refresh_seconds`
-    (so a live view refreshes), or at the flush. Only the waiting tokens' routed logits are held:
+    (so a live view refreshes; None: never on time), or at the flush. Only the waiting tokens' routed logits are held:
     memory is bounded by `chunk` x vocabulary, whatever the run's length.
 
     With `full_forward=None` the routed model *is* the full model: every KL is 0 by definition, and
@@ -61,7 +65,7 @@ class QualityMeter:
     """
 
     def __init__(self, prompt: list[int], full_forward: FullForward | None, token_text: Callable[[int], str],
-                 chunk: int = CHUNK, refresh_seconds: float = REFRESH_SECONDS, top: int = KL_TOP):
+                 chunk: int = CHUNK, refresh_seconds: float | None = REFRESH_SECONDS, top: int = KL_TOP):
         self.ids = list(prompt)  # every token of the run so far, in position order
         self.fed = 0  # tokens the full model's cache holds: positions 0 .. fed-1
         self.full_forward, self.token_text = full_forward, token_text
@@ -85,8 +89,10 @@ class QualityMeter:
         self.pending.append((step, logits.detach().reshape(-1).clone()))  # (V,)
 
     def due(self) -> bool:
-        return len(self.pending) >= self.chunk or (
-            bool(self.pending) and time.perf_counter() - self.since >= self.refresh_seconds)
+        if len(self.pending) >= self.chunk:
+            return True
+        waited = time.perf_counter() - self.since if self.pending else 0.0
+        return self.refresh_seconds is not None and bool(self.pending) and waited >= self.refresh_seconds
 
     def pump(self) -> None:
         """Score the waiting tokens if a chunk is full or they have waited long enough."""
