@@ -35,8 +35,8 @@ HEADERS = {  # the table's column names, as a reader says them
     "skip_rate_all_layers": "skipped (all layers)", "skip_rate": "skipped (routed layers)", "perplexity_increase": "perplexity rise",
     "agreement": "agreement with full", "speedup": "speedup (measured)", "ideal_speedup": "speedup (ideal)",
 }  # the absolute perplexity stays in the files (and docs/results.md): the rise says what it costs
-WIDTHS = {"method": 10, "granularity": 17, "KV policy": 7, "threshold": 9, "skipped (all layers)": 10, "skipped (routed layers)": 10, "perplexity rise": 10,
-          "agreement with full": 11, "speedup (measured)": 13, "speedup (ideal)": 11}  # % of the table's width, by header
+WIDTHS = {"method": 9, "granularity": 13, "KV policy": 8, "threshold": 11, "skipped (all layers)": 10, "skipped (routed layers)": 10, "perplexity rise": 12,
+          "agreement with full": 12, "speedup (measured)": 13, "speedup (ideal)": 11}  # % of the table's width, by header: no header word breaks
 HELDOUT = (("heldout_sampled.json", "held-out prompts, sampled answers"), ("heldout_extra.json", "held-out prompts, greedy answers"))
 BASELINES = ("full", "random", "static")
 
