@@ -125,8 +125,13 @@ def theme():
 
 
 def launch_options() -> dict:
-    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch)."""
-    return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS)
+    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch).
+
+    run_history=False: Gradio's run history deep-copies every output of every streamed frame in the
+    browser (a JSON round trip of the heatmap) and rewrites localStorage twice a second; that was a
+    large share of the browser's time while streaming, CPU a laptop's decoder also needs."""
+    return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS,
+                run_history=False)
 
 
 def _threshold_info(marks: str) -> str:

@@ -180,7 +180,10 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
     skipped = np.where(decided == 0.0, scores, np.nan).astype(np.float32)
     layers = list(range(n_layers))
 
-    common = dict(type="heatmap", x=columns, y=layers, zmin=0.0, zmax=1.0, hoverongaps=False, xgap=0, ygap=1)
+    # No gaps: plotly then draws a heatmap as one pixel per cell, scaled up (a gap makes it paint every cell
+    # into a plot-sized canvas and encode that as a PNG, most of a streamed redraw's browser time). The
+    # rows are parted by thin lines instead (shapes below).
+    common = dict(type="heatmap", x=columns, y=layers, zmin=0.0, zmax=1.0, hoverongaps=False, xgap=0, ygap=0)
     bar = dict(thickness=10, len=0.45, tickfont=dict(size=10))
     data = [
         dict(
@@ -217,7 +220,7 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
                     hoverinfo="skip",
                     name="differs from recorded",
                     xgap=0,
-                    ygap=1,
+                    ygap=0,
                 )
             )
 
@@ -225,7 +228,9 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
     if strip:
         data += qp.strip_traces(steps, columns, token_label)
 
-    shapes, annotations = [], []
+    shapes = [dict(type="line", xref="paper", x0=0, x1=1, y0=i + 0.5, y1=i + 0.5, line=dict(color=BACKGROUND, width=1))
+              for i in range(n_layers - 1)]  # row separators
+    annotations = []
     first_gen = next((j for j, s in enumerate(steps) if not s.is_prompt), None)
     if first_gen:
         shapes.append(dict(type="line", x0=first_gen - 0.5, x1=first_gen - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#111827", width=2)))
@@ -433,10 +438,10 @@ def stats_html(stats: dict[str, Any], running: bool = False) -> str:
         *(card(label, value, hint) for label, value, hint in qp.quality_cards(stats)),
         card("attention FLOPs saved" + what_if, f"{stats['attention_flops_saved']:.0%}", "share of attention FLOPs (projections + scores) not computed"),
         card("KV cache saved", _fmt_bytes(kv_saved) + (f" ({kv_saved / kv_full:.0%})" if kv_full else ""), "bytes of keys/values never stored (drop policy only)"),
-        card("tokens", f"{stats['generated_tokens']} + {stats['prompt_tokens']} prompt", "generated + prompt tokens"),
     ]
     state = "running…" if running else (f"stopped: {stats['stop_reason']}" if stats.get("stop_reason") else "")
-    foot = f"<div class='rl-foot'>{html.escape(str(stats.get('granularity') or ''))} · kv policy <b>{html.escape(str(stats.get('kv_policy') or '?'))}</b> · {html.escape(state)}</div>"
+    tokens = f"{stats['generated_tokens']} generated + {stats['prompt_tokens']} prompt tokens"
+    foot = f"<div class='rl-foot'>{tokens} · {html.escape(str(stats.get('granularity') or ''))} · kv policy <b>{html.escape(str(stats.get('kv_policy') or '?'))}</b> · {html.escape(state)}</div>"
     return f"<div class='rl-stats'>{''.join(cards)}</div>{foot}"
 
 
