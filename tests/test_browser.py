@@ -50,13 +50,20 @@ def engine(embedded):
 
 
 @pytest.fixture(scope="module")
-def app_url(engine):
+def app(engine):
+    """The app as `python app.py` serves it: per-layer costs measured at start-up (the estimated speedup)."""
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256), status=f"Model **{engine.name}** loaded ({engine.n_layers} layers). Pick a prompt and press **Generate**.")
+    res.measure_costs()
     demo = ui.build_demo(res)
     demo.queue(max_size=8)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True, **ui.launch_options())
-    yield url
+    yield url, res
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def app_url(app):
+    return app[0]
 
 
 def _set_slider(page, value: float) -> None:
@@ -78,6 +85,21 @@ def test_generate_steer_what_if_tabs_and_screenshots(browser, app_url, engine):
 
 def _tokens_shown(n: int) -> str:
     return f"document.querySelectorAll('#rl-text .rl-text .rl-tok').length >= {n}"
+
+
+def _strip_cells(n: int) -> str:
+    return ("(() => { const gd = document.querySelector('#rl-heatmap .js-plotly-plot');"
+            " const t = gd && gd.data && gd.data.find((d) => d.name === 'quality cost');"
+            f" return !!t && t.x.length >= {n}; }})()")
+
+
+PENDING_JS = """() => {
+    const t = document.querySelector('#rl-heatmap .js-plotly-plot').data.find((d) => d.name === 'not measured yet');
+    const z = t.z;
+    if (Array.isArray(z)) return z.flat().filter((v) => v !== null && !Number.isNaN(v)).length;
+    const bytes = Uint8Array.from(atob(z.bdata), (ch) => ch.charCodeAt(0));
+    return Array.from(new Float32Array(bytes.buffer)).filter((v) => !Number.isNaN(v)).length;
+}"""
 
 
 def _explore_tour(page, app_url, engine):
@@ -104,11 +126,16 @@ def _explore_tour(page, app_url, engine):
         held.release(until=40)
         held.wait()
         page.wait_for_function(_tokens_shown(40))
+        page.wait_for_function(_strip_cells(40))  # the heatmap caught up: its quality strip under all 40 tokens
+        assert page.evaluate(PENDING_JS) >= 1, "tokens whose KL is not measured yet show grey"
         page.screenshot(path=str(SHOTS / "explore-streaming.png"), full_page=True)
     page.locator("#rl-stats", has_text="stopped:").wait_for()  # the run's final view
     assert page.locator("#rl-heatmap .js-plotly-plot").count() == 1
     page.locator("#rl-heatmap .gtitle", has_text="Recorded run").wait_for()
     assert "t→0.55" in page.locator("#rl-heatmap").text_content(), "the dashed line where the threshold moved"
+    assert page.evaluate(PENDING_JS) == 0, "at the end every token's quality cost is measured"
+    stats = page.locator("#rl-stats").inner_text()
+    assert "mean KL" in stats and "agreement" in stats and "est. speedup" in stats
     page.screenshot(path=str(SHOTS / "explore-done.png"), full_page=True)
 
     # 2. after the run: the slider shows a labelled what-if view from the recorded scores
@@ -275,3 +302,133 @@ def test_what_if_redraw_latency_for_300_tokens(browser, long_run_url, capsys):
         print(f"\n[browser] what-if at ~300 tokens x 30 layers: in-browser preview (compute + draw) median {median(direct):.0f} ms "
               f"{[round(t) for t in direct]}; Enter -> the server's full view (tint, stats, text) median {median(server):.0f} ms "
               f"{[round(t) for t in server]}")
+
+
+OVERHEAD_PROMPT = "Write a long story about a dragon who learns to read. Describe every chapter in detail."
+OVERHEAD_TOKENS = 96
+OVERHEAD_ROUNDS = 4
+IN_RUN_TOKENS, IN_RUN_RUNS = 192, 3
+WINDOW_S, EDGE_S = 1.5, 0.25  # within-run windows: frames through / held back in turns; steps this near an edge are left out
+
+
+def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, monkeypatch):
+    """Decode tokens/s of a run streamed to a real browser against the same run without streaming, with the
+    quality switch off and on; printed, never asserted (machines are noisy). docs/method.md ("Streaming
+    overhead") has the method and the numbers measured. Two measures:
+
+    - between runs: the same prompt, router set, threshold and KV policy (read from the page), greedy,
+      streamed to the browser or direct (engine.run in a worker thread, as the app decodes); each of
+      OVERHEAD_ROUNDS rounds runs all four (direct / browser x quality off / on) in a rotating order,
+      and a ratio is the median of per-round ratios. The engine times every decode step itself.
+    - within a run: one streamed run whose frames are let through for WINDOW_S seconds, then held back
+      for WINDOW_S (the page then gets nothing, as in a direct run), and so on; the median decode step
+      in streaming windows against the median in quiet ones (steps near a window's edge left out).
+      Slow spells of a shared machine fall on both kinds of window alike.
+    """
+    import statistics
+    import threading
+    import time
+
+    from routerlab.core.engine import Engine
+    from routerlab.ui import stream
+
+    url, res = app
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(300_000)
+    page.goto(url)
+    page.get_by_role("button", name="Generate", exact=True).wait_for()
+    page.locator("#rl-prompt textarea").fill(OVERHEAD_PROMPT)
+    threshold = float(page.locator("#rl-threshold input[type=number]").input_value())
+    label = page.locator("#rl-granularity input").input_value()
+    policy = page.locator("#rl-kv input:checked").input_value()
+    routers = res.routers_for(engine, label)
+
+    def set_tokens(n: int) -> None:
+        page.locator("#rl-max-new input[type=number]").fill(str(n))
+        page.locator("#rl-max-new input[type=number]").press("Enter")
+
+    def direct(quality: bool) -> float:
+        config = res.generate_config(OVERHEAD_TOKENS, 0.0, threshold, policy, quality=quality)
+        runs = []
+        worker = threading.Thread(target=lambda: runs.append(engine.run(OVERHEAD_PROMPT, routers, config)))
+        worker.start()
+        worker.join()
+        return runs[0].decode_tokens_per_second()
+
+    def streamed(quality: bool):
+        page.locator("#rl-quality input[type=checkbox]").set_checked(quality)
+        before = page.locator("#rl-status").inner_text()
+        with engine.hold(after=10**9, prompt=OVERHEAD_PROMPT, quality=quality) as run:  # never held: it only hands us the run's trace
+            page.get_by_role("button", name="Generate", exact=True).click()
+            run.wait_ended(timeout=300)
+        page.wait_for_function("(before) => { const s = document.querySelector('#rl-status').innerText;"
+                               " return s !== before && s.includes('Done:') && !document.querySelector('#rl-generate').disabled; }", arg=before)
+        return run.trace
+
+    conditions = [("direct", False), ("browser", False), ("direct", True), ("browser", True)]
+    rates: dict[tuple[str, bool], list[float]] = {c: [] for c in conditions}
+    in_run: dict[bool, list[tuple[float, float]]] = {False: [], True: []}  # (median step streaming, median step quiet)
+    try:
+        set_tokens(OVERHEAD_TOKENS)
+        for r in range(OVERHEAD_ROUNDS):
+            for where, quality in conditions[r % 4:] + conditions[: r % 4]:  # the order rotates every round
+                rates[where, quality].append(direct(quality) if where == "direct" else streamed(quality).decode_tokens_per_second())
+
+        # within a run: frames through in even windows, held back in odd ones; each step stamped when recorded
+        stamps: dict[int, float] = {}
+        record, frames, t0 = Engine._record, stream.Decoder.frames, time.perf_counter()
+
+        def stamped(*args):
+            step = record(*args)
+            stamps[id(step)] = time.perf_counter()
+            return step
+
+        def gated(self, *args, **kwargs):
+            for frame in frames(self, *args, **kwargs):
+                if self.done.is_set() or int((time.perf_counter() - t0) / WINDOW_S) % 2 == 0:
+                    yield frame
+
+        monkeypatch.setattr(Engine, "_record", staticmethod(stamped))
+        monkeypatch.setattr(stream.Decoder, "frames", gated)
+        set_tokens(IN_RUN_TOKENS)
+        for _ in range(IN_RUN_RUNS):
+            for quality in (False, True):
+                trace = streamed(quality)
+                kinds: dict[int, list[float]] = {0: [], 1: []}
+                for step in trace.generated_steps:
+                    end = stamps.get(id(step), 0.0) - t0
+                    start = end - step.seconds
+                    phase = int(start / WINDOW_S)
+                    if step.seconds > 0 and int(end / WINDOW_S) == phase and min(start - phase * WINDOW_S, (phase + 1) * WINDOW_S - end) > EDGE_S:
+                        kinds[phase % 2].append(step.seconds)
+                if kinds[0] and kinds[1]:
+                    in_run[quality].append((statistics.median(kinds[0]), statistics.median(kinds[1])))
+    finally:
+        page.close()
+    med = statistics.median
+
+    def ratio(a, b) -> float:  # the median of per-round ratios: a slow spell falls on both runs of a round
+        return med(x / y for x, y in zip(rates[a], rates[b]))
+
+    with capsys.disabled():
+        print(f"\n[browser] streaming overhead, {engine.name}, {label} at {threshold:.2f} ({policy}), torch threads {_threads()}:")
+        print(f"  between runs ({OVERHEAD_TOKENS} new tokens, {OVERHEAD_ROUNDS} rounds in rotating order), decode tok/s medians [per round]:")
+        for q in (False, True):
+            print(f"    quality {'on ' if q else 'off'}: direct {med(rates['direct', q]):.2f} {[round(x, 2) for x in rates['direct', q]]}  "
+                  f"browser {med(rates['browser', q]):.2f} {[round(x, 2) for x in rates['browser', q]]}  "
+                  f"streaming overhead {1 - ratio(('browser', q), ('direct', q)):+.1%}")
+        print(f"    quality on costs (1 - on/off): direct {1 - ratio(('direct', True), ('direct', False)):+.1%}, "
+              f"browser {1 - ratio(('browser', True), ('browser', False)):+.1%}")
+        print(f"  within a run ({IN_RUN_TOKENS} new tokens, frames let through / held back in turns of {WINDOW_S} s), "
+              "median decode step streaming vs quiet [per run]:")
+        for q in (False, True):
+            pairs = in_run[q]
+            if pairs:
+                print(f"    quality {'on ' if q else 'off'}: streaming overhead {med(1 - b / a for a, b in pairs):+.1%} "
+                      f"{[f'{1000 * a:.0f} vs {1000 * b:.0f} ms' for a, b in pairs]}")
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
