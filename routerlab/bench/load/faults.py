@@ -38,7 +38,10 @@ def _release(clients, jobs) -> None:
 def _stop_rows(url: str, before: dict) -> dict:
     stats = probe(url)
     new = stats["stop_to_end"][len(before["stop_to_end"]):]
-    return {"stop_request_to_decode_end_ms": round(1000 * min(new), 1) if new else None,
+    flush = stats["stop_flush"][len(before["stop_flush"]):]
+    first = min(range(len(new)), key=new.__getitem__) if new else None
+    return {"stop_request_to_decode_end_ms": round(1000 * new[first], 1) if new else None,
+            "quality_flush_after_stop_ms": round(1000 * flush[first], 1) if new else None,
             "decode_step_ms_p50": None if stats["step_p50"] is None else round(1000 * stats["step_p50"], 1)}
 
 

@@ -18,10 +18,15 @@ def bad_input_cases(default_model: str, cap: int, max_chars: int) -> list[tuple[
     from routerlab import ui
 
     ok = [PROMPTS[0], 0.5, ui.UNTRAINED, "kv", 2, 0.0, default_model]
+    # /compare: prompt, the ladder's three thresholds (None: no column), then as /generate from the router set on
+    ok_compare = [PROMPTS[0], 0.5, None, None, ui.UNTRAINED, "kv", 2, 0.0, default_model]
 
     def gen(i, v, name, api="/generate"):
         args = list(ok)
         args[i] = v
+        if api == "/compare":  # the same argument, where /compare takes it
+            args = list(ok_compare)
+            args[i if i < 2 else i + 2] = v
         return (name, api, args)
 
     nan, inf = float("nan"), float("inf")
@@ -80,7 +85,7 @@ def _message(result, api: str) -> str:
     if api == "/generate":
         return str(result[3])
     if api == "/compare":
-        return str(result[4])
+        return str(result[-1])  # the status line, after the ladder's columns, stats and heatmap
     if api == "/set_threshold":
         return str(result[3])
     return str(result)

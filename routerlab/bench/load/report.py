@@ -9,7 +9,9 @@ from __future__ import annotations
 
 def within_a_step(row: dict) -> bool:
     """Decoding ended within about one decode step of the stop request: the step in flight finishes, no new one
-    starts. Bound: 3 median steps (a step under load is slower than the median) plus 250 ms of scheduling."""
+    starts. Bound: 3 median steps (a step under load is slower than the median) plus 250 ms of scheduling.
+    The quality pass's final flush after it (scoring the tokens already written; server.WatchedEngine)
+    is not decoding and is reported apart (`quality_flush_after_stop_ms`)."""
     ms, step = row.get("stop_request_to_decode_end_ms"), row.get("decode_step_ms_p50")
     return ms is not None and step is not None and ms <= 3 * step + 250
 
@@ -74,7 +76,8 @@ def summary(report: dict) -> str:
         for k in ("stop", "cancel", "disconnect"):
             r = f[k]
             lines.append(f"{k}: generator ended {r['interrupt_to_generator_end_s']} s after the interrupt "
-                         f"(stop->decode end {r['stop_request_to_decode_end_ms']} ms, decode step p50 {r['decode_step_ms_p50']} ms); "
+                         f"(stop->decode end {r['stop_request_to_decode_end_ms']} ms, then the quality pass's final flush "
+                         f"{r.get('quality_flush_after_stop_ms')} ms; decode step p50 {r['decode_step_ms_p50']} ms); "
                          f"next request's first token after {r['next_request_first_token_s']} s")
         lines.append(f"exception: {f['exception']}; token cap: {f['token_cap']['tokens']}/{f['token_cap']['cap']} ({f['token_cap']['stop_reason']})")
     b = report.get("bad_input")

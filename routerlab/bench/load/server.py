@@ -46,6 +46,8 @@ class WatchedEngine:
         self._lock = threading.Lock()
         self.opened = self.closed = self.injected = 0
         self.stop_to_end: list[float] = []  # seconds from a stop request to the end of decoding
+        # ... and, apart, the quality pass's final flush after it (scoring tokens already written, not decoding)
+        self.stop_flush: list[float] = []
         self.step_seconds: list[float] = []  # recent decode step times (for "one decode step")
 
     def __getattr__(self, name):
@@ -80,7 +82,10 @@ class WatchedEngine:
             with self._lock:
                 self.closed += 1
                 if control._stop.at is not None:
-                    self.stop_to_end.append(end - control._stop.at)
+                    meta = control.trace.meta if control.trace is not None else {}
+                    flush = max(0.0, meta.get("quality_seconds", 0.0) - meta.get("quality_seconds_in_steps", 0.0))
+                    self.stop_to_end.append(end - control._stop.at - flush)
+                    self.stop_flush.append(flush)
 
     def stats(self) -> dict:
         with self._lock:
@@ -91,6 +96,7 @@ class WatchedEngine:
                 "live": self.opened - self.closed,
                 "injected": self.injected,
                 "stop_to_end": list(self.stop_to_end),
+                "stop_flush": list(self.stop_flush),
                 "step_p50": steps[len(steps) // 2] if steps else None,
             }
 
