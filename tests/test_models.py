@@ -21,12 +21,32 @@ def test_embedded_model_is_smollm2_with_30_layers_and_hidden_576(embedded):
     assert (identity["model_type"], identity["n_layers"], identity["hidden_size"]) == ("llama", 30, 576)
 
 
-def test_embedded_model_is_frozen_fp32_eval_with_sdpa(embedded):
+def test_embedded_model_is_frozen_eval_with_sdpa_in_the_auto_dtype(embedded):
+    from routerlab.core.precision import resolve_dtype
+
     model = embedded.model
     assert not model.training
     assert not any(p.requires_grad for p in model.parameters())
-    assert model.dtype == torch.float32
+    assert model.dtype == resolve_dtype("auto", "cpu")  # the fixture loads with the default, dtype="auto"
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_auto_dtype_follows_what_the_cpu_reports(monkeypatch):
+    from routerlab.core import precision
+
+    assert precision.flags_have_bf16(precision.cpu_flags("flags\t: fpu avx2 avx512_bf16\n"))
+    assert precision.flags_have_bf16(precision.cpu_flags("Features\t: fp asimd bf16\n"))
+    assert not precision.flags_have_bf16(precision.cpu_flags("flags\t: fpu avx2 fma\n"))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(precision, "cpu_vector_unit", lambda: "DEFAULT")
+    assert precision.resolve_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(precision, "cpu_vector_unit", lambda: "AVX2")
+    assert precision.resolve_dtype("auto", "cpu") == torch.bfloat16 and precision.needs_upcast(torch.bfloat16, "cpu")
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert precision.resolve_dtype("auto", "cpu") == torch.bfloat16 and not precision.needs_upcast(torch.bfloat16, "cpu")
+    assert precision.resolve_dtype("fp32", "cpu") == torch.float32
+    with pytest.raises(RouterLabError, match="Unknown dtype"):
+        precision.resolve_dtype("float8", "cpu")
 
 
 def test_embedded_tokenizer_keeps_the_chat_template(embedded):
