@@ -302,3 +302,22 @@ def test_fused_weights_are_views_and_the_hf_forward_is_unchanged():
     assert attn.k_proj.bias.data_ptr() == parts.attn.qkv_bias[parts.attn.q_size:].data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, before, atol=0, rtol=0)
+
+
+def test_kv_equals_mask_when_a_single_token_of_a_long_forward_runs():
+    """One running token among many (layer 1 here): its query must not see the later tokens' keys,
+    which `kv` keeps. (A one-query attention used to take the decode path, with no causal mask.)"""
+    from routerlab.tuning.forward import student_forward
+
+    model = tiny_model("llama")
+    engine = Engine(model)
+    ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(9))
+    rs = routers(model, "attention-token")
+    g = torch.Generator().manual_seed(10)
+    for r in rs.routers.values():
+        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3.0
+    with torch.no_grad():
+        kv, scores = student_forward(engine.anatomy, ids, 6, Plan(rs, 0.5, "kv"))
+        masked, _ = student_forward(engine.anatomy, ids, 6, Plan(rs, 0.5, "mask"))
+    assert int((scores[:, 1] >= 0.5).sum()) == 1 and int(scores[:, 1].argmax()) < 15  # the case this test is about
+    torch.testing.assert_close(kv, masked, atol=1e-4, rtol=1e-4)

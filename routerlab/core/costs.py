@@ -13,6 +13,7 @@ Knows nothing about training, benchmarks or the UI: `bench speed` / `bench trade
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -95,21 +96,39 @@ def cost_breakdown(engine, ids: list[int], context: int, repeat: int = 30) -> di
     return costs
 
 
-def saved_per_cell(costs: dict[str, float], policy: str, target: str = "attention") -> float:
+@functools.lru_cache(maxsize=16)
+def standin_seconds(hidden_size: int, rank: int, repeat: int = 200) -> float:
+    """Seconds one skip stand-in of `rank` costs a decode token (one token through up(silu(down(x))) and
+    the add), timed on its own once per process: a few small products, mostly dispatch."""
+    import torch
+
+    from routerlab.core.standin import StandIn
+
+    if rank <= 0:
+        return 0.0
+    standin, x = StandIn(hidden_size, rank), torch.randn(1, 1, hidden_size)
+    with torch.inference_mode():
+        return _timeit(lambda: x + standin(x), repeat)
+
+
+def saved_per_cell(costs: dict[str, float], policy: str, target: str = "attention", standin: float = 0.0) -> float:
     """Seconds one skipped cell (one routed sub-layer, one token) saves: never below 0 (noise in the
-    measured pieces cannot turn a skip into a cost), 0 under `mask` (it computes everything)."""
+    measured pieces cannot turn a skip into a cost), 0 under `mask` (it computes everything).
+    `standin`: seconds the skipped cell's stand-in costs instead (`standin_seconds`), 0 without one."""
     if policy == "mask":
         return 0.0
     attention = costs["attention_full"] - (costs["attention_kv_only"] if policy == "kv" else 0.0)
     if target == "attention":
-        return max(0.0, attention)
+        return max(0.0, attention - standin)
     mlp = costs["mlp"]
-    return max(0.0, mlp if target == "mlp" else max(0.0, attention) + mlp)
+    return max(0.0, (mlp if target == "mlp" else max(0.0, attention) + mlp) - standin)
 
 
-def ideal_speedup(costs: dict[str, float], skipped_cells: float, policy: str, target: str = "attention") -> float:
-    """Speedup if skipping `skipped_cells` cells per decode token removed exactly their measured cost and nothing else."""
-    saved = skipped_cells * saved_per_cell(costs, policy, target)
+def ideal_speedup(costs: dict[str, float], skipped_cells: float, policy: str, target: str = "attention",
+                  standin: float = 0.0) -> float:
+    """Speedup if skipping `skipped_cells` cells per decode token removed exactly their measured cost and
+    nothing else (less `standin` seconds per skipped cell for a set with stand-ins)."""
+    saved = skipped_cells * saved_per_cell(costs, policy, target, standin)
     return costs["step"] / max(1e-9, costs["step"] - saved)
 
 
@@ -133,6 +152,8 @@ def estimate_speedup(trace: Trace, costs: dict[str, float] | None, threshold: fl
     else:
         matrix = trace.executed_matrix(threshold)
         skipped = sum(row[j] is False for row in matrix for j in decoded)
-    per_cell = saved_per_cell(costs, policy, target)
+    rank = int(trace.meta.get("standin_rank") or 0)
+    standin = standin_seconds(int(trace.meta["hidden_size"]), rank) if rank and trace.meta.get("hidden_size") else 0.0
+    per_cell = saved_per_cell(costs, policy, target, standin)
     total = len(decoded) * costs["step"]
     return total / max(1e-9, total - skipped * per_cell)

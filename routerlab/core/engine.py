@@ -10,6 +10,9 @@ KV policies for a skipped attention (see config.KV_POLICY_HELP):
   kv    compute only the skipped token's keys/values (same numbers as mask)
   drop  the skipped token writes nothing at that layer; each layer's cache keeps its own positions
 
+A set with stand-ins (core/standin.py) adds its stand-in's update to every skipped cell instead of
+nothing, under every policy and level (`standin_add`); attention under `kv` still writes keys/values.
+
 Knows nothing about checkpoints, training loops or the UI.
 """
 
@@ -91,8 +94,9 @@ class Gate:
     """Which tokens of this forward run a sub-layer: all, none, some (by index), or soft (multiply)."""
 
     kind: str  # "all" | "none" | "some" | "soft"
-    index: torch.Tensor | None = None  # (n,) positions within the forward, kind == "some"
+    index: torch.Tensor | None = None  # (n,) positions within the forward that run, kind == "some"
     mult: torch.Tensor | None = None  # (T,) 0/1 gate (with STE gradient when training), kind == "soft"
+    rest: torch.Tensor | None = None  # (T - n,) positions that skip, kind == "some"
 
 
 ALL, NONE = Gate("all"), Gate("none")
@@ -171,12 +175,17 @@ def project_qkv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor
     return (q, *_kv(a, y[..., a.q_size :], table))
 
 
-def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention by positions, so caches may have holes."""
+def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor,
+           later_keys: bool = False) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention by positions, so caches may have holes.
+
+    A single query needs no mask when it is the last position (a decode step); `later_keys` says the
+    keys may hold later positions (some tokens of a longer forward skipped, their keys kept).
+    """
     _, hq, tq, hd = q.shape
     g = hq // a.n_kv_heads
     mask = None
-    if tq > 1 or a.sliding_window:
+    if tq > 1 or a.sliding_window or later_keys:
         mask = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk)
         if a.sliding_window:
             mask = mask & (q_pos[:, None] - k_pos[None, :] < a.sliding_window)
@@ -224,7 +233,9 @@ def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: Scores) -> G
     if plan.policy == "mask":
         return Gate("soft", mult=hard.to(x.dtype))
     n = int(hard.sum())  # real skipping: which tokens run is decided on the host
-    return ALL if n == t else NONE if n == 0 else Gate("some", index=hard.nonzero().squeeze(1))
+    if n == t or n == 0:
+        return ALL if n == t else NONE
+    return Gate("some", index=hard.nonzero().squeeze(1), rest=(~hard).nonzero().squeeze(1))
 
 
 def score_table(scores: Scores, t: int, n_layers: int, device) -> torch.Tensor:
@@ -245,14 +256,30 @@ def _gated_add(h: torch.Tensor, update: torch.Tensor, gate: Gate) -> torch.Tenso
     return h + update
 
 
+def standin_add(h: torch.Tensor, x: torch.Tensor, gate: Gate, standin) -> torch.Tensor:
+    """h plus the stand-in's update on `x` (1, T, D) for the tokens `gate` skips; h as is without a stand-in.
+
+    Soft gates (training, `mask`): h + (1 - g) * standin(x), so the layer's output is
+    g * sublayer + (1 - g) * standin, the straight-through gradient reaching both.
+    """
+    if standin is None or gate.kind == "all":
+        return h
+    if gate.kind == "none":
+        return h + standin(x)
+    if gate.kind == "some":
+        return h.index_add(1, gate.rest, standin(x[:, gate.rest]))
+    return h + standin(x) * (1.0 - gate.mult.to(h.dtype))[None, :, None]
+
+
 def attention_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate, positions: torch.Tensor,
-                   table: tuple[torch.Tensor, torch.Tensor], cache: LayerCache | None, plan: Plan) -> torch.Tensor:
+                   table: tuple[torch.Tensor, torch.Tensor], cache: LayerCache | None, plan: Plan,
+                   standin=None) -> torch.Tensor:
     a = parts.attn
     keeps_kv = plan.policy == "kv" and plan.level != "sequence"  # sequence level: nobody ever queries a skipped layer
     if gate.kind == "none":
         if keeps_kv and cache is not None:
             cache.append(*project_kv(a, x, table), positions)
-        return h
+        return standin_add(h, x, gate, standin)
     if gate.kind == "some":  # only the running tokens pay for queries (and, under drop, keys/values)
         idx = gate.index
         q_pos, q_rope = positions[idx], (table[0][:, :, idx], table[1][:, :, idx])
@@ -264,10 +291,10 @@ def attention_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Ga
         (q, k, v), q_pos, k_pos = project_qkv(a, x, table), positions, positions
     if cache is not None:
         k, v, k_pos = cache.append(k, v, k_pos)
-    out = attend(a, q, q_pos, k, v, k_pos)
+    out = attend(a, q, q_pos, k, v, k_pos, later_keys=gate.kind == "some")
     if parts.attn_post_norm is not None:
         out = parts.attn_post_norm(out)
-    return _gated_add(h, out, gate)
+    return standin_add(_gated_add(h, out, gate), x, gate, standin)
 
 
 def run_mlp(parts: LayerParts, x: torch.Tensor) -> torch.Tensor:
@@ -279,31 +306,34 @@ def run_mlp(parts: LayerParts, x: torch.Tensor) -> torch.Tensor:
     return linear(parts.mlp.act_fn(gate) * up, down.weight, down.bias, parts.upcast)  # (1, T, D)
 
 
-def mlp_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate) -> torch.Tensor:
+def mlp_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate, standin=None) -> torch.Tensor:
     if gate.kind == "none":
-        return h
+        return standin_add(h, x, gate, standin)
     out = run_mlp(parts, x[:, gate.index] if gate.kind == "some" else x)
     if parts.mlp_post_norm is not None:
         out = parts.mlp_post_norm(out)
-    return _gated_add(h, out, gate)
+    return standin_add(_gated_add(h, out, gate), x, gate, standin)
 
 
 def run_layer(i: int, parts: LayerParts, h: torch.Tensor, positions: torch.Tensor, rope, cache: LayerCache | None,
               plan: Plan, scores: Scores) -> torch.Tensor:
     router = plan.routers.get(i) if plan.routers is not None else None
+    standin = plan.routers.standin(i) if router is not None else None
+    target = plan.target
     x = parts.attn_norm(h)
     gate = ALL
-    if router is not None and plan.target in ("attention", "block"):
+    if router is not None and target in ("attention", "block"):
         gate = decide(router, x, i, plan, scores)
-    h = attention_part(parts, h, x, gate, positions, rope, cache, plan)
-    if plan.target != "block":
-        gate = ALL
-    if gate.kind == "none":
-        return h
+    h = attention_part(parts, h, x, gate, positions, rope, cache, plan, standin if target == "attention" else None)
+    if target == "block":  # skipped tokens leave both parts untouched, then take the stand-in of the block's input
+        if gate.kind != "none":
+            h = mlp_part(parts, h, parts.mlp_norm(h), gate)
+        return standin_add(h, x, gate, standin)
     x = parts.mlp_norm(h)
-    if router is not None and plan.target == "mlp":
+    gate = ALL
+    if router is not None and target == "mlp":
         gate = decide(router, x, i, plan, scores)
-    return mlp_part(parts, h, x, gate)
+    return mlp_part(parts, h, x, gate, standin if target == "mlp" else None)
 
 
 def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache] | None, plan: Plan,
@@ -401,14 +431,24 @@ class Engine:
             "target": routers.config.target if routers is not None else None,
             "level": level,
             "routed_layers": list(routers.config.layers) if routers is not None else [],
+            "standin_rank": getattr(routers, "standin_rank", 0) if routers is not None else 0,  # skipped cells ran a stand-in
+            "hidden_size": self.anatomy.hidden_size,
             "kv_policy": config.kv_policy,
             "kv_policy_effective": effective,
             "dtype": dtype_name(self.dtype),
             "precision": self.precision,
             "threshold_start": config.threshold,
             "quality": config.quality,
-            "costs": self.anatomy.costs(torch.finfo(self.dtype).bits // 8),
+            "costs": self.costs(routers),
         }
+
+    def costs(self, routers: RouterSet | None) -> dict[str, float]:
+        """Per-token FLOPs of one layer's pieces (Anatomy.costs), plus a stand-in's when the set has them."""
+        costs = self.anatomy.costs(torch.finfo(self.dtype).bits // 8)
+        rank = getattr(routers, "standin_rank", 0) if routers is not None else 0
+        if rank:
+            costs["standin"] = 4.0 * self.anatomy.hidden_size * rank
+        return costs
 
     def generate(self, prompt: str, routers: RouterSet | None, config: GenerateConfig, control: Control | None = None) -> Iterator[Step]:
         """Stream the prompt's Steps (after prefill), then one Step per generated token."""

@@ -1,5 +1,5 @@
-"""The Router (one linear score per token), RouterSet (the routers of one granularity) and
-Calibration (one monotone map of a set's scores, so that a 0-1 threshold spans its useful range).
+"""The Router (one linear score per token), RouterSet (the routers of one granularity, with
+their skip stand-ins if it has any) and Calibration (one monotone map of a set's scores, so that a 0-1 threshold spans its useful range).
 
 Knows nothing about transformers (a RouterSet only needs the layer count and hidden size), nor
 about how a calibration is fitted (`routerlab/tuning/calibrate.py`) or stored (`checkpoint.py`).
@@ -15,6 +15,7 @@ from torch import nn
 
 from routerlab.core.config import RoutingConfig
 from routerlab.core.errors import RouterLabError
+from routerlab.core.standin import StandIn
 
 
 @dataclass(frozen=True)
@@ -116,17 +117,26 @@ def logit(p: float) -> float:
 
 
 class RouterSet(nn.Module):
-    """One router per routed layer, plus the RoutingConfig that says where they sit."""
+    """One router per routed layer, plus the RoutingConfig that says where they sit.
 
-    def __init__(self, config: RoutingConfig, n_layers: int, hidden_size: int):
+    With `standin_rank` > 0 each routed layer also has a StandIn of that rank, which a skipped
+    cell runs instead of nothing (0: plain skipping, as Router-Tuning does).
+    """
+
+    def __init__(self, config: RoutingConfig, n_layers: int, hidden_size: int, standin_rank: int = 0):
         super().__init__()
         bad = [i for i in config.layers if not 0 <= i < n_layers]
         if bad:
             raise RouterLabError(f"Routed layers {bad} do not exist in a {n_layers}-layer model.")
+        if isinstance(standin_rank, bool) or not isinstance(standin_rank, int) or not 0 <= standin_rank <= hidden_size:
+            raise RouterLabError(f"Stand-in rank {standin_rank!r} is not allowed.",
+                                 f"Use a whole number from 1 to {hidden_size} (0: no stand-ins), e.g. 32.")
         self.config = config
         self.n_layers = n_layers
         self.hidden_size = hidden_size
+        self.standin_rank = standin_rank
         self.routers = nn.ModuleDict({str(i): Router(hidden_size) for i in config.layers})
+        self.standins = nn.ModuleDict({str(i): StandIn(hidden_size, standin_rank) for i in config.layers} if standin_rank else {})
         self.calibration = IDENTITY
 
     @property
@@ -151,9 +161,14 @@ class RouterSet(nn.Module):
     def get(self, layer: int) -> Router | None:
         return self.routers[str(layer)] if str(layer) in self.routers else None
 
+    def standin(self, layer: int) -> StandIn | None:
+        """The stand-in a skipped cell of `layer` runs, or None (plain skipping)."""
+        return self.standins[str(layer)] if str(layer) in self.standins else None
+
     @property
     def granularity(self) -> str:
         return self.config.granularity
 
     def extra_repr(self) -> str:
-        return f"granularity={self.granularity}, layers={list(self.config.layers)}"
+        rank = f", standin_rank={self.standin_rank}" if self.standin_rank else ""
+        return f"granularity={self.granularity}, layers={list(self.config.layers)}{rank}"

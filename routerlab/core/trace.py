@@ -158,6 +158,7 @@ def savings(trace: Trace, threshold: float | None = None) -> dict[str, float]:
     `score_per_ctx` (attention scores + weighted sum, per cached token), plus `kv_bytes` (one token's
     keys and values at one layer). Under `mask` nothing is saved; under `kv` a skipped token still
     pays k and v and keeps its cache entry; under `drop` it pays nothing and stores nothing.
+    A set with stand-ins puts their FLOPs per skipped cell in `costs["standin"]`; every skipped cell pays them.
     """
     costs = trace.meta.get("costs")
     if not costs:
@@ -183,8 +184,9 @@ def savings(trace: Trace, threshold: float | None = None) -> dict[str, float]:
             saved_attn = (attn - costs["k"] - costs["v"]) if keeps_kv else attn
             if target == "mlp":
                 saved_attn = 0.0
-            attn_saved += saved_attn
-            routed_saved += saved_attn + (costs["mlp"] if target != "attention" else 0.0)
+            standin = costs.get("standin", 0.0)
+            attn_saved += saved_attn - (standin if target == "attention" else 0.0)
+            routed_saved += saved_attn + (costs["mlp"] if target != "attention" else 0.0) - standin
             if target != "mlp" and not keeps_kv:
                 kv_saved += costs["kv_bytes"]
     kv_full = costs["kv_bytes"] * trace.n_layers * len(trace.steps)

@@ -1,9 +1,11 @@
-"""Router checkpoints: routers only, as `routers.safetensors` + `router.json`, never pickle.
+"""Router checkpoints: routers (and their skip stand-ins) only, as `routers.safetensors` + `router.json`, never pickle.
 
 A checkpoint folder holds the router weights and a JSON config: granularity, routed layers, the
 default threshold and KV policy, a training summary, the identity of the base model it was
 made for, and optionally a `calibration` (the set's score map, `scale` and `shift` plus how it
-was fitted; without one the scores are the raw `sigmoid(w . x)`, as before calibration existed).
+was fitted; without one the scores are the raw `sigmoid(w . x)`, as before calibration existed),
+and optionally `standins` (rank and activation; their weights `standin.{layer}.down` / `.up` sit in
+the same safetensors file; without the block a checkpoint has none, as before stand-ins existed).
 Loading validates all of it and refuses a mismatched base with a clear message.
 Writes are atomic (a temporary folder renamed into place), so a crash leaves nothing half-written.
 
@@ -27,6 +29,7 @@ from routerlab.core.config import GRANULARITIES, RoutingConfig, check_kv_policy,
 from routerlab.core.errors import RouterLabError
 from routerlab.core.models import model_identity
 from routerlab.core.router import IDENTITY, Calibration, RouterSet
+from routerlab.core.standin import ACTIVATION
 
 FORMAT = "routerlab-routers"
 FORMAT_VERSION = 1
@@ -56,6 +59,11 @@ def save_routers(routers: RouterSet, folder: str | Path, model: torch.nn.Module,
     if not calibration.identity:
         config["calibration"] = {**(calibration_info or {}), **calibration.to_dict()}
     tensors = {f"layer.{i}": routers.get(i).proj.weight.detach().float().cpu().contiguous() for i in routers.config.layers}
+    if routers.standin_rank:
+        config["standins"] = {"rank": routers.standin_rank, "activation": ACTIVATION}
+        for i in routers.config.layers:
+            for part in ("down", "up"):
+                tensors[f"standin.{i}.{part}"] = getattr(routers.standin(i), part).weight.detach().float().cpu().contiguous()
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
@@ -85,6 +93,12 @@ def read_config(folder: str | Path) -> dict[str, Any]:
         check_kv_policy(config["kv_policy"])
         base = config["base_model"]
         assert isinstance(base["n_layers"], int) and isinstance(base["hidden_size"], int), "bad base_model"
+        standins = config.get("standins")
+        if standins is not None:
+            rank = standins.get("rank") if isinstance(standins, dict) else None
+            assert isinstance(rank, int) and not isinstance(rank, bool) and 1 <= rank <= base["hidden_size"], \
+                f"bad stand-in rank {rank!r}"
+            assert standins.get("activation", ACTIVATION) == ACTIVATION, f"unknown stand-in activation {standins.get('activation')!r}"
     except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError) as err:
         raise RouterLabError(f"{path} is corrupted or not a RouterLab router config ({err}).",
                              "Re-save the routers, or train them again.") from None
@@ -134,14 +148,18 @@ def load_routers(folder: str | Path, model: torch.nn.Module) -> tuple[RouterSet,
     if theirs.get("weights_sha256") not in (None, mine["weights_sha256"]):
         raise RouterLabError(f"These routers were trained on different weights ({theirs.get('name')}) than the loaded model.",
                              "Use routers trained for this exact model, or train new ones.")
-    routers = RouterSet(RoutingConfig.from_granularity(config["granularity"], config["layers"]), mine["n_layers"], mine["hidden_size"])
+    rank = config["standins"]["rank"] if config.get("standins") else 0
+    routers = RouterSet(RoutingConfig.from_granularity(config["granularity"], config["layers"]), mine["n_layers"],
+                        mine["hidden_size"], standin_rank=rank)
     try:
         tensors = load_file(str(folder / WEIGHTS))
     except Exception as err:  # the Rust loader raises its own types on truncated or random bytes
         raise RouterLabError(f"{folder / WEIGHTS} is corrupted ({err}).", "Re-save the routers, or train them again.") from None
     expected = {f"layer.{i}" for i in routers.config.layers}
+    expected |= {f"standin.{i}.{part}" for i in routers.config.layers for part in ("down", "up")} if rank else set()
     if set(tensors) != expected:
-        raise RouterLabError(f"{folder / WEIGHTS} holds {sorted(tensors)[:4]}... but router.json names layers {config['layers']}.",
+        what = f"layers {config['layers']}" + (f" with rank-{rank} stand-ins" if rank else " without stand-ins")
+        raise RouterLabError(f"{folder / WEIGHTS} holds {sorted(tensors)[:4]}... but router.json names {what}.",
                              "The folder is inconsistent: train or save the routers again.")
     for i in routers.config.layers:
         w = tensors[f"layer.{i}"]
@@ -149,8 +167,21 @@ def load_routers(folder: str | Path, model: torch.nn.Module) -> tuple[RouterSet,
             raise RouterLabError(f"Router weights for layer {i} are malformed (shape {tuple(w.shape)} or non-finite).",
                                  "Train the routers again.")
         routers.get(i).proj.weight.data.copy_(w)
+        if rank:
+            _load_standin(routers.standin(i), tensors, i, mine["hidden_size"], rank)
     routers.calibration = calibration_of(config)
     return routers.to(next(model.parameters()).device), config
+
+
+def _load_standin(standin, tensors: dict[str, torch.Tensor], layer: int, hidden: int, rank: int) -> None:
+    for part, shape in (("down", (rank, hidden)), ("up", (hidden, rank))):
+        w = tensors[f"standin.{layer}.{part}"]
+        if tuple(w.shape) != shape or not torch.isfinite(w).all():
+            raise RouterLabError(
+                f"The stand-in of layer {layer} is malformed: its {part} weight has shape {tuple(w.shape)}"
+                f"{'' if tuple(w.shape) != shape else ' with non-finite values'}, expected {shape} (rank {rank}, hidden size {hidden}).",
+                "Train the routers and stand-ins again, or fix the rank in router.json.")
+        getattr(standin, part).weight.data.copy_(w)
 
 
 def shipped_routers() -> dict[str, Path]:

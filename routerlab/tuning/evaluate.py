@@ -69,6 +69,9 @@ class RandomRouterSet:
     def get(self, layer: int):
         return self._r.get(layer)
 
+    def standin(self, layer: int):
+        return None  # random skipping is plain skipping
+
     @property
     def granularity(self) -> str:
         return self.config.granularity

@@ -1,4 +1,4 @@
-"""Router-Tuning: train only the routers of a frozen base model, on accelerate.
+"""Router-Tuning: train only the routers (and their skip stand-ins, if any) of a frozen base model, on accelerate.
 
 One step: for each example, the teacher (same model, no routers, no_grad) gives the full-depth
 logits; the student runs the engine's training forward (`Plan(ste=True)`: every sub-layer runs,
@@ -7,6 +7,10 @@ which is the `mask` semantics and therefore the `kv` numbers). Loss on the respo
 
     lm_weight * CE(student, data)  +  kd_weight * KL(teacher || student)
     + budget_weight * relu(executed fraction - target)
+
+With stand-ins (`adapters` = their rank) a skipped cell adds its stand-in's update instead of
+nothing: the layer computes g * sublayer(x) + (1 - g) * standin(x), the same hard gate, the same
+straight-through gradient, now reaching the stand-ins too; they learn with their own learning rate.
 
 The executed fraction is the mean hard gate over routed (token, layer) cells; its gradient flows
 through the scores (STE). The target ramps from 1.0 down to `target` over the first `ramp`
@@ -59,6 +63,8 @@ class TrainConfig:
     max_tokens: int = 384
     seed: int = 0
     threshold: float = 0.5  # gate used while training (the shipped threshold is calibrated later)
+    adapters: int = 0  # rank of a skip stand-in per routed layer (0: plain skipping, Router-Tuning)
+    adapter_lr: float = 1e-3
 
     def __post_init__(self):
         RoutingConfig.from_granularity(self.granularity)
@@ -73,7 +79,9 @@ class TrainConfig:
                 raise RouterLabError(f"{name}={getattr(self, name)!r} is outside [0, 1].")
         if self.decay not in DECAYS:
             raise RouterLabError(f"decay={self.decay!r} is not known.", f"Choose one of: {', '.join(DECAYS)}.")
-        if not self.lr > 0 or min(self.lm_weight, self.kd_weight, self.budget_weight) < 0:
+        if isinstance(self.adapters, bool) or not isinstance(self.adapters, int) or self.adapters < 0:
+            raise RouterLabError(f"adapters={self.adapters!r} must be a whole number >= 0.", "It is the stand-ins' rank, e.g. 32 (0: none).")
+        if not self.lr > 0 or not self.adapter_lr > 0 or min(self.lm_weight, self.kd_weight, self.budget_weight) < 0:
             raise RouterLabError("lr must be > 0 and loss weights >= 0.")
         if self.lm_weight == 0 and self.kd_weight == 0:
             raise RouterLabError("Both the LM and the distillation weights are 0: nothing to learn from.")
@@ -168,9 +176,13 @@ class _RecordingSet:
         self.config = routers.config
         self.n_layers, self.hidden_size = routers.n_layers, routers.hidden_size
         self._r = {i: _Recorder(routers.get(i), threshold, sink) for i in routers.config.layers}
+        self._standins = routers
 
     def get(self, layer: int):
         return self._r.get(layer)
+
+    def standin(self, layer: int):
+        return self._standins.standin(layer)
 
     @property
     def granularity(self):
@@ -193,11 +205,11 @@ class TrainResult:
 
 
 def router_parameters_only(model: torch.nn.Module, routers: RouterSet, optimizer: torch.optim.Optimizer) -> None:
-    """Assert that the optimizer holds exactly the router parameters and the base is frozen."""
+    """Assert that the optimizer holds exactly the router (and stand-in) parameters and the base is frozen."""
     opt = {id(p) for g in optimizer.param_groups for p in g["params"]}
     mine = {id(p) for p in routers.parameters()}
     base = {id(p) for p in model.parameters()}
-    assert opt == mine, "the optimizer must hold exactly the router parameters"
+    assert opt == mine, "the optimizer must hold exactly the router and stand-in parameters"
     assert not (opt & base), "a base parameter is in the optimizer"
     assert not any(p.requires_grad for p in model.parameters()), "the base model must be frozen"
 
@@ -219,8 +231,12 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     anatomy = Anatomy(model)
     n = anatomy.n_layers
     layers = tuple(cfg.layers) if cfg.layers is not None else default_layers(n)
-    routers = RouterSet(RoutingConfig.from_granularity(cfg.granularity, layers), n, anatomy.hidden_size).to(accelerator.device)
-    optimizer = torch.optim.Adam(routers.parameters(), lr=cfg.lr)
+    routers = RouterSet(RoutingConfig.from_granularity(cfg.granularity, layers), n, anatomy.hidden_size,
+                        standin_rank=cfg.adapters).to(accelerator.device)
+    groups = [{"params": list(routers.routers.parameters()), "lr": cfg.lr, "scale": 1.0}]
+    if cfg.adapters:
+        groups.append({"params": list(routers.standins.parameters()), "lr": cfg.adapter_lr, "scale": cfg.adapter_lr / cfg.lr})
+    optimizer = torch.optim.Adam(groups, lr=cfg.lr)
     router_parameters_only(model, routers, optimizer)
     if not examples:
         raise RouterLabError("No training examples.", "Check the data file.")
@@ -239,7 +255,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     for step in bar:
         target = cfg.target_at(step)
         for group in optimizer.param_groups:
-            group["lr"] = cfg.lr_at(step)
+            group["lr"] = cfg.lr_at(step) * group["scale"]  # stand-ins follow the same schedule at their own rate
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "lm": 0.0, "kd": 0.0, "budget": 0.0, "skip": 0.0}
         for _ in range(cfg.batch_size):
@@ -294,6 +310,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         "skip_rate_last": sum(r["skip"] for r in tail) / len(tail) if tail else None,
         "skip_rate_per_layer_training": {str(i): round(1.0 - e, 4) for i, e in zip(layers, layer_exec)},
     }
+    report["standin_rank"] = cfg.adapters
     return TrainResult(routers, report, log_rows)
 
 
@@ -373,7 +390,7 @@ def run_training(args) -> dict | None:
     from routerlab.core.routed import Anatomy
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
-                                               "budget_weight", "ramp", "warmup", "decay", "seed") if getattr(args, k, None) is not None}
+                                               "budget_weight", "ramp", "warmup", "decay", "seed", "adapters", "adapter_lr") if getattr(args, k, None) is not None}
     if getattr(args, "gate", None) is not None:
         overrides["threshold"] = args.gate
     cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)
