@@ -101,6 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--save", default=None, help="also write the JSON result here (assets/bench/precision.json)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=_bench_precision)
+
+    si = bench.add_parser("standins", help="router sets with and without skip stand-ins at equal skip rates: KL, "
+                          "perplexity, decode time saved, training time")
+    si.add_argument("--sets", required=True, help="comma-separated router folders, optionally name=folder")
+    si.add_argument("--model", default=None)
+    _add_dtype(si, "float32", "the shipped routers were trained and evaluated on a float32 base")
+    si.add_argument("--data", default="sampled=assets/data/sampled_extra_heldout.jsonl,greedy=assets/data/selfdistill_extra.jsonl",
+                    help="comma-separated name=JSONL held-out files (their heldout split; default: the 151 fresh prompts "
+                         "answered by sampling, then greedily)")
+    si.add_argument("--rates", default="0.05,0.1,0.2,0.3", help="shares of all the target's cells to skip")
+    si.add_argument("--limit", type=int, default=None, help="use only the first N examples of each file")
+    si.add_argument("--save", default=None, help="also write the JSON result here (assets/bench/standins.json)")
+    si.add_argument("--json", action="store_true")
+    si.set_defaults(func=_bench_standins)
     rp = bench.add_parser("report", help="write docs/results.md from every file in assets/bench/ and print the "
                           "trade-off tables (with --out: only print the tables of that tradeoff run)")
     rp.add_argument("--out", default=None, help="a bench tradeoff output folder whose tables to print (default assets/bench)")
@@ -335,6 +349,31 @@ def _bench_quality(args) -> int:
     result = quality_benchmark(args.model, granularity=args.granularity, prompt=args.prompt, new_tokens=args.new_tokens,
                                chunks=chunks, rounds=args.rounds, threads=args.threads, dtype=args.dtype)
     print(json.dumps(result, indent=1) if args.json else format_quality(result))
+    return 0
+
+
+def _bench_standins(args) -> int:
+    from routerlab.bench.standins import format_standins, parse_sets, standins_benchmark
+    from routerlab.core.models import load_model
+    from routerlab.tuning.checkpoint import load_routers
+    from routerlab.tuning.data import encode_all, load_records
+
+    try:
+        rates = tuple(float(r) for r in args.rates.split(",") if r.strip())
+    except ValueError:
+        raise RouterLabError(f"--rates {args.rates!r} is not a list of numbers.", "For example --rates 0.05,0.1.") from None
+    if not rates or not all(0 < r < 1 for r in rates):
+        raise RouterLabError(f"--rates {args.rates!r}: every share must be between 0 and 1.", "For example --rates 0.05,0.1.")
+    folders = parse_sets(args.sets)
+    files = [part.partition("=")[::2] if "=" in part else (Path(part).stem, part) for part in args.data.split(",") if part.strip()]
+    records = {name: load_records(path, "heldout") for name, path in files}  # bad data fails before the model loads
+    loaded = load_model(args.model, dtype=args.dtype)
+    sets = [(name, folder, load_routers(folder, loaded.model)[0]) for name, folder in folders]
+    datasets = {name: encode_all(recs, loaded.tokenizer)[: args.limit] for name, recs in records.items()}
+    result = standins_benchmark(loaded, sets, datasets, rates=rates, log=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.save:
+        Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1) if args.json else format_standins(result))
     return 0
 
 

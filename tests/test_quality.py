@@ -163,13 +163,40 @@ def test_buffered_tokens_wait_at_most_the_refresh_interval():
     never.add(Step(3, 1, "x", False, [None], [None], 0.5, 0.0), torch.zeros(8))
     never.pump()
     assert calls == [] and len(never.pending) == 1  # without a refresh only a full chunk (or the flush) scores
-    meter = QualityMeter([7, 8, 9], full_forward, str, chunk=16, refresh_seconds=0.0)
+    meter = QualityMeter([7, 8, 9], full_forward, str, chunk=16, refresh_seconds=0.0, budget=None)
     meter.add(steps[0], torch.zeros(8))
     meter.pump()  # nothing is full, but the token has waited long enough
     meter.add(steps[1], torch.zeros(8))
     meter.pump()
     assert calls == [([7, 8, 9], 0, 1), ([1], 3, 1)]  # the full model reads each token once, in order
     assert [s.kl_full for s in steps] == [pytest.approx(0.0, abs=1e-9)] * 2
+
+
+def test_a_slow_chunk_lengthens_the_refresh_to_keep_scoring_within_budget():
+    """A chunk that took 1 s makes the next time-triggered one wait 4 s (budget 0.2), not 2; a full chunk never waits."""
+    now = [0.0]
+
+    def full_forward(ids, start, n):
+        now[0] += 1.0  # scoring takes one second
+        return torch.zeros(n, 8)
+
+    meter = QualityMeter([7, 8, 9], full_forward, str, chunk=3, refresh_seconds=2.0, budget=0.2, clock=lambda: now[0])
+    steps = [Step(p, 1, "x", False, [None], [None], 0.5, 0.0) for p in range(3, 9)]
+    meter.add(steps[0], torch.zeros(8))
+    now[0] = 2.0
+    assert meter.due()  # nothing scored yet: the plain 2 s refresh
+    meter.pump()
+    assert meter.chunks == 1 and meter.refresh_wait() == pytest.approx(4.0)
+    meter.add(steps[1], torch.zeros(8))  # at t = 3
+    now[0] = 5.5
+    assert not meter.due()  # 2.5 s waited: past the refresh, within the budget's floor
+    now[0] = 7.0
+    assert meter.due()
+    meter.pump()
+    for s in steps[2:5]:
+        meter.add(s, torch.zeros(8))
+    assert meter.due()  # a full chunk is scored at once, whatever the budget
+    assert QualityMeter([1], full_forward, str, refresh_seconds=None).refresh_wait() is None
 
 
 def test_kl_top_k_is_exact_over_a_small_vocabulary():

@@ -27,7 +27,12 @@ KL_TOP = 256  # full-depth log-probabilities kept per token for the KL; the rest
 # so bigger chunks are cheaper per token; 32 holds 32 x V routed logits (6 MB for a 49k vocabulary).
 # Chosen by `bench quality` (docs/method.md): 16 cost about 30% of decode time there, 32 about 20%.
 CHUNK = 32
-REFRESH_SECONDS = 2.0  # while streaming, buffered tokens wait at most this long to be scored
+REFRESH_SECONDS = 2.0  # while streaming, buffered tokens wait at most this long to be scored...
+# ...unless scoring would then take more than this share of the run's time: on a slow machine a
+# refresh every 2 s scores chunks of a few tokens, each paying the chunk's fixed cost (measured
+# 33-44% of decode time on a loaded 2-core VM). A time-triggered chunk then waits until decoding
+# has run (1 - BUDGET) / BUDGET times as long as the last chunk took. Full chunks never wait.
+BUDGET = 0.2
 
 # (ids, start, n) -> the full model's logits (n, V) at the last n of the positions start .. start+len(ids)-1,
 # after appending ids to the full model's own cache.
@@ -57,7 +62,9 @@ class QualityMeter:
     The engine calls `add(step, logits)` for every generated token (the routed logits (V,) it was
     sampled from), `pump()` between tokens and `flush()` when the run ends, however it ends. A chunk
     is scored when `chunk` tokens wait, or when the oldest waiting token has waited `refresh_seconds`
-    (so a live view refreshes; None: never on time), or at the flush. Only the waiting tokens' routed logits are held:
+    (so a live view refreshes; None: never on time) and at least (1 - budget) / budget times the
+    last chunk's scoring time (so refreshing costs at most about `budget` of the run; None: no such
+    floor), or at the flush. Only the waiting tokens' routed logits are held:
     memory is bounded by `chunk` x vocabulary, whatever the run's length.
 
     With `full_forward=None` the routed model *is* the full model: every KL is 0 by definition, and
@@ -65,7 +72,8 @@ class QualityMeter:
     """
 
     def __init__(self, prompt: list[int], full_forward: FullForward | None, token_text: Callable[[int], str],
-                 chunk: int = CHUNK, refresh_seconds: float | None = REFRESH_SECONDS, top: int = KL_TOP):
+                 chunk: int = CHUNK, refresh_seconds: float | None = REFRESH_SECONDS, top: int = KL_TOP,
+                 budget: float | None = BUDGET, clock: Callable[[], float] = time.perf_counter):
         self.ids = list(prompt)  # every token of the run so far, in position order
         self.fed = 0  # tokens the full model's cache holds: positions 0 .. fed-1
         self.full_forward, self.token_text = full_forward, token_text
@@ -74,6 +82,8 @@ class QualityMeter:
         self.since = 0.0  # when the oldest waiting token arrived
         self.seconds = 0.0  # wall time spent scoring (the cost of quality on)
         self.chunks = 0
+        self.budget, self.clock = budget, clock
+        self.last_chunk_seconds = 0.0
 
     def add(self, step: Step, logits: torch.Tensor) -> None:
         """A generated token: `step` (its position follows the last one) and the routed logits it was sampled from."""
@@ -84,15 +94,23 @@ class QualityMeter:
             step.kl_full = 0.0  # the full model against itself
             return
         if not self.pending:
-            self.since = time.perf_counter()
+            self.since = self.clock()
         # A copy, so an engine that reuses its logits buffer cannot change what is scored later.
         self.pending.append((step, logits.detach().reshape(-1).clone()))  # (V,)
+
+    def refresh_wait(self) -> float | None:
+        """Seconds the oldest waiting token waits before a partial chunk is scored (None: never on time)."""
+        if self.refresh_seconds is None:
+            return None
+        if not self.budget:
+            return self.refresh_seconds
+        return max(self.refresh_seconds, self.last_chunk_seconds * (1.0 - self.budget) / self.budget)
 
     def due(self) -> bool:
         if len(self.pending) >= self.chunk:
             return True
-        waited = time.perf_counter() - self.since if self.pending else 0.0
-        return self.refresh_seconds is not None and bool(self.pending) and waited >= self.refresh_seconds
+        wait = self.refresh_wait()
+        return wait is not None and bool(self.pending) and self.clock() - self.since >= wait
 
     def pump(self) -> None:
         """Score the waiting tokens if a chunk is full or they have waited long enough."""
@@ -106,10 +124,10 @@ class QualityMeter:
 
     @torch.inference_mode()
     def score(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         batch, self.pending = self.pending[: self.chunk], self.pending[self.chunk:]
         if self.pending:
-            self.since = time.perf_counter()
+            self.since = self.clock()
         steps = [s for s, _ in batch]
         n, end = len(steps), steps[-1].position
         # Feed the tokens the full model has not read, up to (not including) the last scored one:
@@ -125,5 +143,6 @@ class QualityMeter:
             if f != r:
                 step.full_top_token, step.full_top_text = f, self.token_text(f)
             step.kl_full = k  # last: a reader on another thread that sees the KL sees the top token too
-        self.seconds += time.perf_counter() - t0
+        self.last_chunk_seconds = self.clock() - t0
+        self.seconds += self.last_chunk_seconds
         self.chunks += 1

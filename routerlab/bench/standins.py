@@ -1,0 +1,122 @@
+"""`bench standins`: router sets with and without skip stand-ins, compared at equal skip rates.
+
+For each router set and each held-out file, the threshold that skips a given share of *all* the
+target's cells (every layer, response tokens) is taken from the routers' own scores on those
+examples (a quantile, as `evaluate.thresholds_for_skips`), evaluated with real skipping (`kv`), and
+moved once more when the measured share is off by more than a tenth of the target (a set with
+stand-ins changes the hidden states its later routers score). Each point reports the measured share,
+KL to the full model, perplexity rise and agreement, the decode step time the skipped cells save
+per token (measured cost model, the stand-ins' own cost taken off) and the set's training time
+from its report.json.
+
+Knows nothing about the UI or training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from routerlab.core.costs import cost_breakdown, ideal_speedup, saved_per_cell, standin_seconds
+from routerlab.core.engine import Engine
+from routerlab.core.errors import RouterLabError
+from routerlab.tuning.evaluate import evaluate_examples, full_depth, thresholds_for_skips
+
+RATES = (0.05, 0.1, 0.2, 0.3)  # shares of all the target's cells (every layer)
+TOLERANCE = 0.1  # relative miss of the target share that triggers one corrected threshold
+
+
+def _training(folder: Path) -> dict:
+    report = folder / "report.json"
+    if not report.is_file():
+        return {}
+    r = json.loads(report.read_text())
+    return {"train_seconds": r.get("seconds"), "steps": r.get("steps"), "standin_rank": r.get("standin_rank", 0),
+            "target": (r.get("config") or {}).get("target")}
+
+
+def _at_share(anatomy, examples, routers, full, share: float, log) -> dict:
+    """Evaluate `routers` at the threshold that skips about `share` of all the target's cells."""
+    n, routed = anatomy.n_layers, len(routers.config.layers)
+    frac = min(0.999, share * n / routed)  # the same share of the routed cells
+    (threshold,) = thresholds_for_skips(anatomy, routers, examples, [frac])
+    r = evaluate_examples(anatomy, examples, routers, threshold, "kv", full)
+    got = r["skip_rate_all_layers"]
+    if got > 0 and abs(got - share) > TOLERANCE * share:  # one secant step on the quantile
+        (threshold,) = thresholds_for_skips(anatomy, routers, examples, [min(0.999, frac * share / got)])
+        second = evaluate_examples(anatomy, examples, routers, threshold, "kv", full)
+        if abs(second["skip_rate_all_layers"] - share) < abs(got - share):
+            r = second
+    log(f"  share {share:.0%}: threshold {r['threshold']:.4f} skipped {r['skip_rate_all_layers']:.2%} of all cells, "
+        f"KL {r['kl_full']:.4f}, perplexity {r['perplexity_increase']:+.2%}")
+    return r
+
+
+def standins_benchmark(loaded, sets: list[tuple[str, Path, object]], datasets: dict[str, list], *, rates=RATES,
+                       log=print) -> dict:
+    """sets: (name, folder, RouterSet); datasets: name -> encoded held-out examples. One JSON-able dict."""
+    engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
+    an = engine.anatomy
+    t0 = time.perf_counter()
+    ids = loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 8)["input_ids"]
+    costs = cost_breakdown(engine, ids, context=256, repeat=20)
+    log(f"costs per decode token: step {1e3 * costs['step']:.1f} ms, attention {1e3 * costs['attention_full']:.2f} ms "
+        f"(kv only {1e3 * costs['attention_kv_only']:.2f}), MLP {1e3 * costs['mlp']:.2f} ms per layer")
+    ranks = sorted({rs.standin_rank for _, _, rs in sets if rs.standin_rank})
+    standin_cost = {r: standin_seconds(an.hidden_size, r) for r in ranks}
+    rows = []
+    for data_name, examples in datasets.items():
+        log(f"{data_name}: {len(examples)} examples, full depth")
+        full = full_depth(an, examples)
+        for name, folder, routers in sets:
+            target = routers.config.target
+            rank = routers.standin_rank
+            per_cell_standin = standin_cost.get(rank, 0.0)
+            log(f"{name} ({routers.granularity}, stand-in rank {rank or '-'})")
+            for share in rates:
+                r = _at_share(an, examples, routers, full, share, log)
+                cells = r["skip_rate_all_layers"] * an.n_layers  # skipped cells per decode token
+                saved = cells * saved_per_cell(costs, "kv", target, per_cell_standin)
+                rows.append({
+                    "data": data_name, "set": name, "folder": str(folder), "granularity": routers.granularity,
+                    "target": target, "standin_rank": rank, "share_target": share,
+                    "skip_rate_all_layers": r["skip_rate_all_layers"], "threshold": r["threshold"],
+                    "kl_full": r["kl_full"], "perplexity_increase": r["perplexity_increase"], "agreement": r["agreement"],
+                    "step_ms_saved": 1e3 * saved,
+                    "ideal_speedup": ideal_speedup(costs, cells, "kv", target, per_cell_standin),
+                    "tokens": r["tokens"], **_training(Path(folder)),
+                })
+    return {"model": loaded.name, "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+            "costs": costs, "standin_seconds": {str(k): v for k, v in standin_cost.items()}, "rates": list(rates),
+            "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+
+
+def format_standins(result: dict) -> str:
+    """The table: one line per (data, set, share)."""
+    lines = [f"{result['model']} ({result['dtype']}); decode step {1e3 * result['costs']['step']:.1f} ms; "
+             f"stand-in cost per cell: " + (", ".join(f"rank {k} {1e6 * v:.0f} us" for k, v in result["standin_seconds"].items()) or "-"),
+             "", "| data | set | stand-in | target share | skipped | KL | perplexity | agreement | step saved | ideal | trained |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        trained = f"{r['train_seconds'] / 60:.1f} min" if r.get("train_seconds") else "-"
+        lines.append(f"| {r['data']} | {r['set']} | {r['standin_rank'] or '-'} | {r['share_target']:.0%} | "
+                     f"{r['skip_rate_all_layers']:.1%} | {r['kl_full']:.3f} | {r['perplexity_increase']:+.1%} | "
+                     f"{r['agreement']:.1%} | {r['step_ms_saved']:.2f} ms | {r['ideal_speedup']:.3f}x | {trained} |")
+    return "\n".join(lines)
+
+
+def parse_sets(text: str) -> list[tuple[str, Path]]:
+    """'name=folder,name=folder' or 'folder,folder' (the folder's name names it)."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, _, folder = part.rpartition("=")
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise RouterLabError(f"--sets: {folder} is not a folder.", "Give router checkpoint folders, e.g. assets/routers/mlp-token.")
+        out.append((name or folder.name, folder))
+    if not out:
+        raise RouterLabError("--sets names no router folder.", "For example --sets assets/routers/mlp-token,runs/mlp-token-r64.")
+    return out
