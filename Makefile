@@ -93,9 +93,9 @@ routers: setup
 STANDIN_RANK ?= 64
 STANDINS := out/standins
 standins: setup
-	$(TRAIN) --granularity mlp-token --layers 4-28 --steps 60 --target 0.9 --threshold 0.5 --adapters $(STANDIN_RANK) --out $(STANDINS)/mlp-token-r$(STANDIN_RANK)
-	$(TRAIN) --granularity block-token --layers 4-23,25-28 --steps 60 --target 0.92 --threshold 0.5 --adapters $(STANDIN_RANK) --out $(STANDINS)/block-token-r$(STANDIN_RANK)
-	$(TRAIN) --granularity attention-token --layers 2-23,25-28 --steps 150 --target 0.85 --threshold 0.5 --adapters $(STANDIN_RANK) --out $(STANDINS)/attention-token-r$(STANDIN_RANK)
+	$(TRAIN) --granularity mlp-token --layers 4-28 --steps 60 --target 0.9 --threshold 0.5 --adapters $(STANDIN_RANK) --adapter-fit 100 --out $(STANDINS)/mlp-token-r$(STANDIN_RANK)
+	$(TRAIN) --granularity block-token --layers 4-23,25-28 --steps 60 --target 0.92 --threshold 0.5 --adapters $(STANDIN_RANK) --adapter-fit 100 --out $(STANDINS)/block-token-r$(STANDIN_RANK)
+	$(TRAIN) --granularity attention-token --layers 2-23,25-28 --steps 150 --target 0.85 --threshold 0.5 --adapters $(STANDIN_RANK) --adapter-fit 100 --out $(STANDINS)/attention-token-r$(STANDIN_RANK)
 
 # The table: router-only (shipped) vs router + stand-in, at 5/10/20/30% of all the target's cells skipped,
 # on the 151 fresh held-out prompts answered by sampling and greedily.

@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "answered by sampling, then greedily)")
     si.add_argument("--rates", default="0.05,0.1,0.2,0.3", help="shares of all the target's cells to skip")
     si.add_argument("--limit", type=int, default=None, help="use only the first N examples of each file")
-    si.add_argument("--save", default=None, help="also write the JSON result here (assets/bench/standins.json)")
+    si.add_argument("--save", default=None, help="also write the JSON result here (assets/bench/standins.json); rows "
+                    "of sets or data files this run does not measure are kept, so the table can be built in parts")
     si.add_argument("--json", action="store_true")
     si.set_defaults(func=_bench_standins)
     rp = bench.add_parser("report", help="write docs/results.md from every file in assets/bench/ and print the "
@@ -167,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train a skip stand-in of this rank per routed layer with the routers: a skipped cell adds "
                         "up(silu(down(x))) instead of nothing (default 0: plain skipping)")
     t.add_argument("--adapter-lr", type=float, default=None, help="the stand-ins' learning rate (default 3e-3, as the routers')")
+    t.add_argument("--adapter-fit", type=int, default=None, metavar="STEPS",
+                   help="first fit each stand-in to its sub-layer's update at full depth, this many Adam steps (default 0)")
     t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
     t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
     t.add_argument("--calib-examples", type=int, default=32, help="held-out examples used to calibrate the threshold")
@@ -353,7 +356,7 @@ def _bench_quality(args) -> int:
 
 
 def _bench_standins(args) -> int:
-    from routerlab.bench.standins import format_standins, parse_sets, standins_benchmark
+    from routerlab.bench.standins import format_standins, merge, parse_sets, standins_benchmark
     from routerlab.core.models import load_model
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.tuning.data import encode_all, load_records
@@ -371,7 +374,9 @@ def _bench_standins(args) -> int:
     sets = [(name, folder, load_routers(folder, loaded.model)[0]) for name, folder in folders]
     datasets = {name: encode_all(recs, loaded.tokenizer)[: args.limit] for name, recs in records.items()}
     result = standins_benchmark(loaded, sets, datasets, rates=rates, log=lambda m: print(m, file=sys.stderr, flush=True))
-    if args.save:
+    if args.save:  # rows of sets or files this run did not measure are kept
+        old = json.loads(Path(args.save).read_text()) if Path(args.save).is_file() else None
+        result = merge(old, result)
         Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1) if args.json else format_standins(result))
     return 0

@@ -21,7 +21,7 @@ from pathlib import Path
 from routerlab.core.costs import cost_breakdown, ideal_speedup, saved_per_cell, standin_seconds
 from routerlab.core.engine import Engine
 from routerlab.core.errors import RouterLabError
-from routerlab.tuning.evaluate import evaluate_examples, full_depth, thresholds_for_skips
+from routerlab.tuning.evaluate import evaluate_examples, full_depth, response_scores
 
 RATES = (0.05, 0.1, 0.2, 0.3)  # shares of all the target's cells (every layer)
 TOLERANCE = 0.1  # relative miss of the target share that triggers one corrected threshold
@@ -36,16 +36,19 @@ def _training(folder: Path) -> dict:
             "target": (r.get("config") or {}).get("target")}
 
 
-def _at_share(anatomy, examples, routers, full, share: float, log) -> dict:
-    """Evaluate `routers` at the threshold that skips about `share` of all the target's cells."""
+def _quantile(scores, frac: float) -> float:
+    return round(float(scores[min(len(scores) - 1, max(0, int(frac * len(scores))))]), 6)
+
+
+def _at_share(anatomy, examples, routers, scores, full, share: float, log) -> dict:
+    """Evaluate `routers` at the threshold that skips about `share` of all the target's cells
+    (`scores`: the routers' sorted full-depth scores of the examples' routed response cells)."""
     n, routed = anatomy.n_layers, len(routers.config.layers)
     frac = min(0.999, share * n / routed)  # the same share of the routed cells
-    (threshold,) = thresholds_for_skips(anatomy, routers, examples, [frac])
-    r = evaluate_examples(anatomy, examples, routers, threshold, "kv", full)
+    r = evaluate_examples(anatomy, examples, routers, _quantile(scores, frac), "kv", full)
     got = r["skip_rate_all_layers"]
     if got > 0 and abs(got - share) > TOLERANCE * share:  # one secant step on the quantile
-        (threshold,) = thresholds_for_skips(anatomy, routers, examples, [min(0.999, frac * share / got)])
-        second = evaluate_examples(anatomy, examples, routers, threshold, "kv", full)
+        second = evaluate_examples(anatomy, examples, routers, _quantile(scores, min(0.999, frac * share / got)), "kv", full)
         if abs(second["skip_rate_all_layers"] - share) < abs(got - share):
             r = second
     log(f"  share {share:.0%}: threshold {r['threshold']:.4f} skipped {r['skip_rate_all_layers']:.2%} of all cells, "
@@ -74,8 +77,9 @@ def standins_benchmark(loaded, sets: list[tuple[str, Path, object]], datasets: d
             rank = routers.standin_rank
             per_cell_standin = standin_cost.get(rank, 0.0)
             log(f"{name} ({routers.granularity}, stand-in rank {rank or '-'})")
+            scores = response_scores(an, routers, examples)
             for share in rates:
-                r = _at_share(an, examples, routers, full, share, log)
+                r = _at_share(an, examples, routers, scores, full, share, log)
                 cells = r["skip_rate_all_layers"] * an.n_layers  # skipped cells per decode token
                 saved = cells * saved_per_cell(costs, "kv", target, per_cell_standin)
                 rows.append({
@@ -83,13 +87,26 @@ def standins_benchmark(loaded, sets: list[tuple[str, Path, object]], datasets: d
                     "target": target, "standin_rank": rank, "share_target": share,
                     "skip_rate_all_layers": r["skip_rate_all_layers"], "threshold": r["threshold"],
                     "kl_full": r["kl_full"], "perplexity_increase": r["perplexity_increase"], "agreement": r["agreement"],
-                    "step_ms_saved": 1e3 * saved,
+                    "step_ms_saved": 1e3 * saved, "step_ms": 1e3 * costs["step"],
                     "ideal_speedup": ideal_speedup(costs, cells, "kv", target, per_cell_standin),
                     "tokens": r["tokens"], **_training(Path(folder)),
                 })
     return {"model": loaded.name, "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
             "costs": costs, "standin_seconds": {str(k): v for k, v in standin_cost.items()}, "rates": list(rates),
             "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+
+
+def merge(old: dict | None, new: dict) -> dict:
+    """`new` with the rows of `old` that it did not measure again (another set or data file) kept, sets in first-seen order."""
+    if not old or not isinstance(old.get("rows"), list):
+        return new
+    fresh = {(r["data"], r["set"]) for r in new["rows"]}
+    rows = [r for r in old["rows"] if (r.get("data"), r.get("set")) not in fresh] + new["rows"]
+    order = list(dict.fromkeys(r["set"] for r in rows))
+    data = list(dict.fromkeys(r["data"] for r in rows))
+    rows.sort(key=lambda r: (data.index(r["data"]), order.index(r["set"]), r["share_target"]))
+    return {**new, "standin_seconds": {**old.get("standin_seconds", {}), **new["standin_seconds"]}, "rows": rows,
+            "runs": old.get("runs", 1) + 1}
 
 
 def format_standins(result: dict) -> str:

@@ -65,6 +65,7 @@ class TrainConfig:
     threshold: float = 0.5  # gate used while training (the shipped threshold is calibrated later)
     adapters: int = 0  # rank of a skip stand-in per routed layer (0: plain skipping, Router-Tuning)
     adapter_lr: float = 3e-3
+    adapter_fit: int = 0  # Adam steps fitting each stand-in to its sub-layer's update first (standin_fit.py); 0: none
 
     def __post_init__(self):
         RoutingConfig.from_granularity(self.granularity)
@@ -79,6 +80,10 @@ class TrainConfig:
                 raise RouterLabError(f"{name}={getattr(self, name)!r} is outside [0, 1].")
         if self.decay not in DECAYS:
             raise RouterLabError(f"decay={self.decay!r} is not known.", f"Choose one of: {', '.join(DECAYS)}.")
+        if isinstance(self.adapter_fit, bool) or not isinstance(self.adapter_fit, int) or self.adapter_fit < 0:
+            raise RouterLabError(f"adapter_fit={self.adapter_fit!r} must be a whole number >= 0.", "It is a number of fit steps, e.g. 200.")
+        if self.adapter_fit and not self.adapters:
+            raise RouterLabError("adapter_fit needs stand-ins.", "Pass --adapters RANK too, or leave --adapter-fit out.")
         if isinstance(self.adapters, bool) or not isinstance(self.adapters, int) or self.adapters < 0:
             raise RouterLabError(f"adapters={self.adapters!r} must be a whole number >= 0.", "It is the stand-ins' rank, e.g. 32 (0: none).")
         if not self.lr > 0 or not self.adapter_lr > 0 or min(self.lm_weight, self.kd_weight, self.budget_weight) < 0:
@@ -241,6 +246,12 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     if not examples:
         raise RouterLabError("No training examples.", "Check the data file.")
 
+    fit = None
+    if cfg.adapter_fit:  # a head start: each stand-in fitted to its sub-layer's update at full depth
+        from routerlab.tuning.standin_fit import fit_standins
+
+        fit = fit_standins(anatomy, routers, examples, steps=cfg.adapter_fit,
+                           log=lambda m: progress and accelerator.is_local_main_process and print(m, flush=True))
     # Shard the examples across processes (each process sees a disjoint, shuffled slice).
     order = list(range(len(examples)))
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -311,6 +322,9 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         "skip_rate_per_layer_training": {str(i): round(1.0 - e, 4) for i, e in zip(layers, layer_exec)},
     }
     report["standin_rank"] = cfg.adapters
+    if fit is not None:
+        report["standin_fit"] = fit
+        report["seconds"] = round(seconds + fit["seconds"], 1)  # the fit is part of training
     return TrainResult(routers, report, log_rows)
 
 
@@ -390,7 +404,7 @@ def run_training(args) -> dict | None:
     from routerlab.core.routed import Anatomy
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
-                                               "budget_weight", "ramp", "warmup", "decay", "seed", "adapters", "adapter_lr") if getattr(args, k, None) is not None}
+                                               "budget_weight", "ramp", "warmup", "decay", "seed", "adapters", "adapter_lr", "adapter_fit") if getattr(args, k, None) is not None}
     if getattr(args, "gate", None) is not None:
         overrides["threshold"] = args.gate
     cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)
