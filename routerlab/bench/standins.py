@@ -3,7 +3,7 @@
 For each router set and each held-out file, the threshold that skips a given share of *all* the
 target's cells (every layer, response tokens) is taken from the routers' own scores on those
 examples (a quantile, as `evaluate.thresholds_for_skips`), evaluated with real skipping (`kv`), and
-moved once more when the measured share is off by more than a tenth of the target (a set with
+moved once more when the measured share is off by more than 15% of the target (a set with
 stand-ins changes the hidden states its later routers score). Each point reports the measured share,
 KL to the full model, perplexity rise and agreement, the decode step time the skipped cells save
 per token (measured cost model, the stand-ins' own cost taken off) and the set's training time
@@ -24,7 +24,7 @@ from routerlab.core.errors import RouterLabError
 from routerlab.tuning.evaluate import evaluate_examples, full_depth, response_scores
 
 RATES = (0.05, 0.1, 0.2, 0.3)  # shares of all the target's cells (every layer)
-TOLERANCE = 0.1  # relative miss of the target share that triggers one corrected threshold
+TOLERANCE = 0.15  # relative miss of the target share that triggers one corrected threshold
 
 
 def _training(folder: Path) -> dict:
