@@ -48,8 +48,8 @@ def random_routers(model, seed=0):
     return rs
 
 
-@pytest.fixture(scope="module")
-def res():
+def tiny_resources():
+    """The app's Resources around a held tiny llama (tests/holding.py), with a random router set under RANDOM."""
     from routerlab.core.engine import Engine
     from routerlab.core.models import tiny_model
 
@@ -59,6 +59,11 @@ def res():
     resources = ui.Resources(engine, ui.Limits(max_new_tokens=64, max_prompt_chars=200), router_sets=sets, prompts=["Hello there"])
     resources._routers[(engine.name, RANDOM)] = random_routers(model)  # stands in for a shipped, trained set
     return resources
+
+
+@pytest.fixture(scope="module")
+def res():
+    return tiny_resources()
 
 
 def run_all(gen):

@@ -7,11 +7,8 @@ in turn, holding one holds them all (each within a token of the held one).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from holding import Holding
-from test_ui import RANDOM, char_tokenizer, random_routers, run_all
+from test_ui import RANDOM, tiny_resources, run_all
 
 from routerlab import ui
 from routerlab.core.errors import RouterLabError
@@ -22,15 +19,7 @@ LADDER = [0.3, 0.5, 0.7]
 
 @pytest.fixture(scope="module")
 def res():
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
-
-    model = tiny_model("llama")
-    engine = Holding(Engine(model, char_tokenizer(), name="tiny-llama"))
-    sets = [ui.RouterSetInfo(label=RANDOM, granularity="attention-token"), *ui.available_router_sets(Path("/nonexistent"))]
-    resources = ui.Resources(engine, ui.Limits(max_new_tokens=64, max_prompt_chars=200), router_sets=sets, prompts=["Hello there"])
-    resources._routers[(engine.name, RANDOM)] = random_routers(model)
-    return resources
+    return tiny_resources()
 
 
 def ladder(res, session, thresholds=LADDER, max_new=24, prompt="Hello there"):

@@ -8,12 +8,9 @@ says so, and is never below 1.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from holding import Holding
-from test_ui import RANDOM, char_tokenizer, figure, heatmap_kind, pull_until, random_routers, run_all
+from test_ui import RANDOM, tiny_resources, figure, heatmap_kind, pull_until, run_all
 
 from routerlab import ui
 from routerlab.core.trace import Step, Trace
@@ -25,15 +22,7 @@ COSTS = {"attention_full": 0.002, "attention_kv_only": 0.0005, "mlp": 0.003, "he
 
 @pytest.fixture(scope="module")
 def res():
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
-
-    model = tiny_model("llama")
-    engine = Holding(Engine(model, char_tokenizer(), name="tiny-llama"))
-    sets = [ui.RouterSetInfo(label=RANDOM, granularity="attention-token"), *ui.available_router_sets(Path("/nonexistent"))]
-    resources = ui.Resources(engine, ui.Limits(max_new_tokens=64, max_prompt_chars=200), router_sets=sets, prompts=["Hello there"])
-    resources._routers[(engine.name, RANDOM)] = random_routers(model)
-    return resources
+    return tiny_resources()
 
 
 def explore(res, session, quality=True, threshold=0.6, max_new=24):
