@@ -240,7 +240,7 @@ def test_compare_streams_both_and_marks_divergence(res):
     div = ui.plots.first_divergence(full, routed)
     if div is not None:
         assert "rl-diverge" in routed_html and f"token {div + 1}:" in cmp_html
-    assert not session.compare_running
+    assert "applies to the next generation" in ui.threshold_moved(res, 0.2, session)[3]  # the slider never steers a ladder
 
 
 def test_full_model_choice_runs_without_routers(res):

@@ -79,7 +79,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
         return
     if session.compare_control is not None:
         session.compare_control.request_stop()
-    # The slider does not steer a ladder (each column keeps its threshold), so compare_running stays False.
+    # The slider does not steer a ladder (each column keeps its threshold): only Explore's run is steered.
     session.compare_control = everything = _Ladder(controls)
     traces = [c.trace for c in controls]
     yield *(column_html(None, None, t) for t in _padded([None, *ladder])), skip, skip, _status("run", f"Prefilling {len(traces)} runs…")

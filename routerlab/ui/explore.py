@@ -174,15 +174,9 @@ def threshold_moved(res: Resources, threshold, session: Session):
     session = session if isinstance(session, Session) else None
     if session is None:
         return (skip,) * 6
-    steered = []
-    if session.running and session.control is not None:
+    if session.running and session.control is not None:  # a Compare ladder is never steered: each column keeps its threshold
         session.control.threshold = value
-        steered.append("Explore")
-    if session.compare_running and session.compare_control is not None:
-        session.compare_control.threshold = value
-        steered.append("Compare")
-    if steered:
-        return skip, skip, skip, _status("run", f"Threshold → {value:.2f} from the next token ({' and '.join(steered)} run)."), skip, skip
+        return skip, skip, skip, _status("run", f"Threshold → {value:.2f} from the next token (Explore run)."), skip, skip
     trace = session.trace
     if trace is None or not trace.steps:
         return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip

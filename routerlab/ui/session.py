@@ -34,7 +34,6 @@ class Session:
         self.trace: Trace | None = None
         self.compare: tuple[Trace | None, ...] = (None, None)  # the last Compare: the full model's trace, then one per threshold
         self.running = False
-        self.compare_running = False  # a Compare run the slider steers (a ladder's columns keep their thresholds: never)
         self.views: dict[str, Any] = {}  # what the page shows now (serialized once), repeated by streams
         self._dir: str | None = None
 

@@ -85,5 +85,7 @@ class Decoder:
 
 
 def snapshot(trace: Trace) -> Trace:
-    """A consistent view of a trace another thread is still appending to (steps are never mutated)."""
+    """A consistent view of a trace another thread is still appending to: the steps so far (a step's
+    `kl_full` and full-model top token may still be filled in later by the quality pass; nothing else
+    of a step changes once appended)."""
     return Trace(trace.n_layers, trace.steps[: len(trace.steps)], trace.meta)
