@@ -106,6 +106,7 @@ SOURCES = {
     "tradeoff.json": ("Speed vs quality: the trade-off sweep", "make tradeoff"),
     "heldout_extra.json": ("Held-out evaluation: extra prompts, greedy answers", "make heldout-extra"),
     "heldout_sampled.json": ("Held-out evaluation: extra prompts, sampled answers", "make heldout-sampled"),
+    "standins.json": ("Skip stand-ins: router-only against router + stand-in at equal skip rates", "make standins-table"),
     "load.json": ("Load, faults and bad input", "python -m routerlab bench load"),
 }
 FIGURES = {  # figures a section links to, when they are in the folder
@@ -309,7 +310,15 @@ def load_markdown(r: dict) -> list[str]:
     return lines
 
 
-RENDERERS = {"speed.json": speed_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
+def standins_markdown(r: dict) -> list[str]:
+    from routerlab.bench.standins import format_standins
+
+    return format_standins(r).split("\n")[2:] + ["", "Skipped: the measured share of all the target's cells (every layer, "
+            "response tokens) at the threshold chosen for the target share. Step saved: the decode-step time those cells "
+            "save per token in the measured cost model, each stand-in's own cost taken off; ideal: the speedup that gives.", ""]
+
+
+RENDERERS = {"speed.json": speed_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
 
 
@@ -325,6 +334,10 @@ def conditions(name: str, r: dict) -> str | None:
     if name.startswith("heldout"):
         return (f"{r['model']}, routers `{_short_path(r.get('routers'))}`, data `{_short_path(r.get('data'))}` "
                 f"({r.get('split', 'all')} split).")
+    if name == "standins.json":
+        ranks = ", ".join(f"rank {k} {1e6 * v:.0f} us" for k, v in r["standin_seconds"].items()) or "none"
+        return (f"{r['model']} ({r['dtype']}), decode step {1e3 * r['costs']['step']:.1f} ms in the cost model; "
+                f"a stand-in per skipped cell: {ranks}.")
     if name == "load.json":
         m = r.get("machine") or {}
         parts = [f"started {r['started']}" if r.get("started") else None,
