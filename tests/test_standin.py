@@ -236,3 +236,16 @@ def _trace(engine, model, rank, config):
     control = Control(config.threshold)
     list(engine.generate_ids([1, 2, 3], routed_set(model, "mlp-token", rank=rank), config, control))
     return control.trace
+
+
+def test_the_shipped_set_of_a_granularity_is_the_folder_named_after_it(tmp_path, monkeypatch):
+    """A second set of a granularity (e.g. with stand-ins) sits beside it and never replaces it as the default."""
+    import routerlab.tuning.checkpoint as ckpt
+
+    model = tiny_model("llama")
+    for name, rank in (("a-mlp-first", 0), ("mlp-token", 0), ("mlp-token-r8", 8)):
+        save_routers(routed_set(model, "mlp-token", rank=rank), tmp_path / name, model)
+    monkeypatch.setattr(ckpt, "SHIPPED", tmp_path)
+    assert ckpt.shipped_routers() == {"mlp-token": tmp_path / "mlp-token"}
+    (tmp_path / "mlp-token" / "router.json").unlink()
+    assert ckpt.shipped_routers() == {"mlp-token": tmp_path / "a-mlp-first"}

@@ -185,16 +185,19 @@ def _load_standin(standin, tensors: dict[str, torch.Tensor], layer: int, hidden:
 
 
 def shipped_routers() -> dict[str, Path]:
-    """Granularity -> shipped checkpoint folder in assets/routers/."""
+    """Granularity -> shipped checkpoint folder in assets/routers/: the folder named after the granularity
+    when there is one (another set of it, e.g. with stand-ins, is chosen by path), else the first by name."""
     if not SHIPPED.is_dir():
         return {}
-    found = {}
+    found: dict[str, Path] = {}
     for folder in sorted(SHIPPED.iterdir()):
         if (folder / CONFIG).is_file():
             try:
-                found[read_config(folder)["granularity"]] = folder
+                granularity = read_config(folder)["granularity"]
             except RouterLabError:
                 continue
+            if granularity not in found or folder.name == granularity:
+                found[granularity] = folder
     return found
 
 
