@@ -249,3 +249,15 @@ def test_the_shipped_set_of_a_granularity_is_the_folder_named_after_it(tmp_path,
     assert ckpt.shipped_routers() == {"mlp-token": tmp_path / "mlp-token"}
     (tmp_path / "mlp-token" / "router.json").unlink()
     assert ckpt.shipped_routers() == {"mlp-token": tmp_path / "a-mlp-first"}
+
+
+def test_the_heatmap_marks_cells_that_ran_a_stand_in():
+    from routerlab.ui import plots
+
+    model = tiny_model("llama")
+    engine = Engine(model)
+    config = GenerateConfig(max_new_tokens=4, threshold=0.51)  # zero routers: every routed cell skips
+    heat = {rank: plots.heatmap(_trace(engine, model, rank, config)) for rank in (0, 8)}
+    skipped = {rank: next(t for t in fig.data if t.name == "skipped") for rank, fig in heat.items()}
+    assert "rank-8 stand-in ran" in skipped[8].hovertemplate and "stand-in" not in skipped[0].hovertemplate
+    assert skipped[8].colorbar.title.text == "stand-in ran: score"

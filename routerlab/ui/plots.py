@@ -179,6 +179,8 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
     ran = np.where(decided == 1.0, scores, np.nan).astype(np.float32)
     skipped = np.where(decided == 0.0, scores, np.nan).astype(np.float32)
     layers = list(range(n_layers))
+    rank = trace.meta.get("standin_rank") or 0  # a set with stand-ins: every skipped cell ran one
+    skip_note = f"<b>skipped</b>: its rank-{rank} stand-in ran" if rank else "<b>skipped</b>"
 
     # No gaps: plotly then draws a heatmap as one pixel per cell, scaled up (a gap makes it paint every cell
     # into a plot-sized canvas and encode that as a PNG, most of a streamed redraw's browser time). The
@@ -199,8 +201,9 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
             z=skipped,
             colorscale=SKIP_SCALE,
             name="skipped",
-            hovertemplate="pos <b>%{x}</b><br>layer %{y} · score %{z:.3f}<br><b>skipped</b><extra></extra>",
-            colorbar=dict(bar, y=0.23, title=dict(text="skipped: score", side="right", font=dict(size=11))),
+            hovertemplate="pos <b>%{x}</b><br>layer %{y} · score %{z:.3f}<br>" + skip_note + "<extra></extra>",
+            colorbar=dict(bar, y=0.23, title=dict(text="stand-in ran: score" if rank else "skipped: score", side="right",
+                                                  font=dict(size=11))),
         ),
     ]
     changed_count = 0
