@@ -7,11 +7,12 @@ import json
 
 import pytest
 import torch
+from test_engine import run  # prefill, then decode one token at a time: logits for every position
 from torch import nn
 
 from routerlab.core.config import GenerateConfig, RoutingConfig
 from routerlab.core.costs import ideal_speedup, saved_per_cell
-from routerlab.core.engine import Engine, Plan, forward
+from routerlab.core.engine import Engine, Plan
 from routerlab.core.errors import RouterLabError
 from routerlab.core.models import tiny_model
 from routerlab.core.router import RouterSet
@@ -38,18 +39,6 @@ def routed_set(model, granularity, rank=0, seed=None, standin_seed=None):
         for s in rs.standins.values():
             s.up.weight.data = torch.randn(s.up.weight.shape, generator=g) * 0.1
     return rs
-
-
-def run(engine, ids, plan, prefill=8):
-    """Prefill `prefill` tokens, then decode the rest one at a time; logits for every position."""
-    caches = engine.new_caches(ids.shape[1])
-    with torch.no_grad():
-        logits, _ = forward(engine.anatomy, ids[:, :prefill], torch.arange(prefill), caches, plan, logits_at=slice(None))
-        out = [logits]
-        for t in range(prefill, ids.shape[1]):
-            step, _ = forward(engine.anatomy, ids[:, t : t + 1], torch.tensor([t]), caches, plan)
-            out.append(step)
-    return torch.cat(out, dim=1)
 
 
 def _ids(seed, n=14):
