@@ -97,10 +97,12 @@ standins: setup
 	$(TRAIN) --granularity block-token --layers 4-23,25-28 --steps 60 --target 0.92 --threshold 0.5 --adapters $(STANDIN_RANK) --adapter-fit 100 --out $(STANDINS)/block-token-r$(STANDIN_RANK)
 	$(TRAIN) --granularity attention-token --layers 2-23,25-28 --steps 150 --target 0.85 --threshold 0.5 --adapters $(STANDIN_RANK) --adapter-fit 100 --out $(STANDINS)/attention-token-r$(STANDIN_RANK)
 
-# The table: router-only (shipped) vs router + stand-in, at 5/10/20/30% of all the target's cells skipped,
-# on the 151 fresh held-out prompts answered by sampling and greedily.
+# The table: router-only (shipped) vs router + stand-in, at 5/10/20/30% of all the target's cells skipped, on the
+# first 64 of the 151 fresh held-out prompts answered by sampling (add greedy=assets/data/selfdistill_extra.jsonl to
+# --data, and drop --limit, for the greedy answers and all 151: about 6x the time). One torch thread: ~25 min per set.
 standins-table: setup
-	$(BIN)/python -m routerlab bench standins --save assets/bench/standins.json --sets \
+	$(BIN)/python -m routerlab bench standins --save assets/bench/standins.json --limit 64 \
+	  --data sampled=assets/data/sampled_extra_heldout.jsonl --sets \
 	  attention=assets/routers/attention-token,attention+r$(STANDIN_RANK)=$(STANDINS)/attention-token-r$(STANDIN_RANK),mlp=assets/routers/mlp-token,mlp+r$(STANDIN_RANK)=$(STANDINS)/mlp-token-r$(STANDIN_RANK),block=assets/routers/block-token,block+r$(STANDIN_RANK)=$(STANDINS)/block-token-r$(STANDIN_RANK)
 
 # The threshold scale of each shipped set (after `make routers`, which writes uncalibrated sets): 0.5 = its
