@@ -9,7 +9,8 @@ prompt included) and the final flush, so nothing the quality pass costs is left 
 
 Rows: quality off; quality on at each chunk size, scored in full chunks only (as `generate` does:
 nobody watches live); and "streaming", the default chunk plus the 2 s refresh the app uses, where
-a token waits at most 2 s for its score, so on a slow machine chunks are cut short.
+a token waits 2 s for its score, or 4x the last chunk's scoring time where that is longer (the
+meter's budget), so on a slow machine chunks are cut short but not below that floor.
 
 Whole runs, not lockstep (one token of each run in turn, as `bench speed` does): under the 2 s
 refresh, interleaving N runs would cut every run's chunks to a 1/N share and measure a cost a
