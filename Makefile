@@ -101,7 +101,7 @@ standins: setup
 # first 64 of the 151 fresh held-out prompts answered by sampling (add greedy=assets/data/selfdistill_extra.jsonl to
 # --data, and drop --limit, for the greedy answers and all 151: about 6x the time). One torch thread: ~25 min per set.
 standins-table: setup
-	$(BIN)/python -m routerlab bench standins --save assets/bench/standins.json --limit 64 \
+	$(BIN)/python -m routerlab bench standins --save assets/bench/standins.json --limit 64 --costs assets/bench/speed.json \
 	  --data sampled=assets/data/sampled_extra_heldout.jsonl --sets \
 	  attention=assets/routers/attention-token,attention+r$(STANDIN_RANK)=$(STANDINS)/attention-token-r$(STANDIN_RANK),mlp=assets/routers/mlp-token,mlp+r$(STANDIN_RANK)=$(STANDINS)/mlp-token-r$(STANDIN_RANK),block=assets/routers/block-token,block+r$(STANDIN_RANK)=$(STANDINS)/block-token-r$(STANDIN_RANK)
 

@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     si = bench.add_parser("standins", help="router sets with and without skip stand-ins at equal skip rates: KL, "
                           "perplexity, decode time saved, training time")
-    si.add_argument("--sets", required=True, help="comma-separated router folders, optionally name=folder")
+    si.add_argument("--sets", default="", help="comma-separated router folders, optionally name=folder")
     si.add_argument("--model", default=None)
     _add_dtype(si, "float32", "the shipped routers were trained and evaluated on a float32 base")
     si.add_argument("--data", default="sampled=assets/data/sampled_extra_heldout.jsonl,greedy=assets/data/selfdistill_extra.jsonl",
@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "answered by sampling, then greedily)")
     si.add_argument("--rates", default="0.05,0.1,0.2,0.3", help="shares of all the target's cells to skip")
     si.add_argument("--limit", type=int, default=None, help="use only the first N examples of each file")
+    si.add_argument("--costs", default=None, help="take the decode-step cost model from this `bench speed` JSON "
+                    "(its cost_seconds; e.g. assets/bench/speed.json, measured on a quiet machine) instead of measuring "
+                    "it here; with --recost, only redo the rows' step figures of --save's file with it")
+    si.add_argument("--recost", action="store_true", help="evaluate nothing: recompute the step figures of --save's rows "
+                    "from --costs (and the stand-ins' cost timed again)")
     si.add_argument("--save", default=None, help="also write the JSON result here (assets/bench/standins.json); rows "
                     "of sets or data files this run does not measure are kept, so the table can be built in parts")
     si.add_argument("--json", action="store_true")
@@ -356,7 +361,7 @@ def _bench_quality(args) -> int:
 
 
 def _bench_standins(args) -> int:
-    from routerlab.bench.standins import format_standins, merge, parse_sets, standins_benchmark
+    from routerlab.bench.standins import format_standins, merge, parse_sets, recost, standins_benchmark
     from routerlab.core.models import load_model
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.tuning.data import encode_all, load_records
@@ -367,13 +372,30 @@ def _bench_standins(args) -> int:
         raise RouterLabError(f"--rates {args.rates!r} is not a list of numbers.", "For example --rates 0.05,0.1.") from None
     if not rates or not all(0 < r < 1 for r in rates):
         raise RouterLabError(f"--rates {args.rates!r}: every share must be between 0 and 1.", "For example --rates 0.05,0.1.")
+    costs = None
+    if args.costs:
+        try:
+            costs = json.loads(Path(args.costs).read_text())["cost_seconds"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise RouterLabError(f"--costs {args.costs}: no cost_seconds in it ({err}).", "Give a `bench speed --save` file, "
+                                 "e.g. assets/bench/speed.json.") from None
+    if args.recost:
+        if not (costs and args.save and Path(args.save).is_file()):
+            raise RouterLabError("--recost needs --costs and an existing --save file.", "Run the table first, then --recost.")
+        old = json.loads(Path(args.save).read_text())
+        text = load_model(args.model, dtype=args.dtype).model.config.get_text_config()
+        result = recost(old, costs, text.num_hidden_layers, text.hidden_size, args.costs)
+        Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
+        print(format_standins(result))
+        return 0
     folders = parse_sets(args.sets)
     files = [part.partition("=")[::2] if "=" in part else (Path(part).stem, part) for part in args.data.split(",") if part.strip()]
     records = {name: load_records(path, "heldout") for name, path in files}  # bad data fails before the model loads
     loaded = load_model(args.model, dtype=args.dtype)
     sets = [(name, folder, load_routers(folder, loaded.model)[0]) for name, folder in folders]
     datasets = {name: encode_all(recs, loaded.tokenizer)[: args.limit] for name, recs in records.items()}
-    result = standins_benchmark(loaded, sets, datasets, rates=rates, log=lambda m: print(m, file=sys.stderr, flush=True))
+    result = standins_benchmark(loaded, sets, datasets, rates=rates, costs=costs,
+                                log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.save:  # rows of sets or files this run did not measure are kept
         old = json.loads(Path(args.save).read_text()) if Path(args.save).is_file() else None
         result = merge(old, result)

@@ -336,8 +336,8 @@ def conditions(name: str, r: dict) -> str | None:
                 f"({r.get('split', 'all')} split).")
     if name == "standins.json":
         ranks = ", ".join(f"rank {k} {1e6 * v:.0f} us" for k, v in r["standin_seconds"].items()) or "none"
-        return (f"{r['model']} ({r['dtype']}), decode step {1e3 * r['costs']['step']:.1f} ms in the cost model; "
-                f"a stand-in per skipped cell: {ranks}.")
+        return (f"{r['model']} ({r['dtype']}), decode step {1e3 * r['costs']['step']:.1f} ms in the cost model "
+                f"({_short_path(r.get('costs_source', 'measured in the run'))}); a stand-in per skipped cell: {ranks}.")
     if name == "load.json":
         m = r.get("machine") or {}
         parts = [f"started {r['started']}" if r.get("started") else None,

@@ -56,14 +56,38 @@ def _at_share(anatomy, examples, routers, scores, full, share: float, log) -> di
     return r
 
 
+def _saving(costs: dict, standin_cost: dict, row: dict, n_layers: int) -> dict:
+    """A row's decode-step figures under `costs`: ms saved per token, the full step, the ideal speedup."""
+    cells = row["skip_rate_all_layers"] * n_layers  # skipped cells per decode token
+    per_cell_standin = standin_cost.get(row["standin_rank"], 0.0)
+    saved = cells * saved_per_cell(costs, "kv", row["target"], per_cell_standin)
+    return {"step_ms_saved": 1e3 * saved, "step_ms": 1e3 * costs["step"],
+            "ideal_speedup": ideal_speedup(costs, cells, "kv", row["target"], per_cell_standin)}
+
+
+def recost(result: dict, costs: dict, n_layers: int, hidden_size: int, source: str) -> dict:
+    """`result` with every row's decode-step figures taken from `costs` (e.g. a quiet `bench speed` run's
+    `cost_seconds`) and the stand-ins' cost timed again here; the quality figures are untouched."""
+    ranks = sorted({r["standin_rank"] for r in result["rows"] if r["standin_rank"]})
+    standin_cost = {r: standin_seconds(hidden_size, r) for r in ranks}
+    rows = [{**r, **_saving(costs, standin_cost, r, n_layers)} for r in result["rows"]]
+    return {**result, "costs": costs, "costs_source": source, "rows": rows, "n_layers": n_layers, "hidden_size": hidden_size,
+            "standin_seconds": {str(k): v for k, v in standin_cost.items()}}
+
+
 def standins_benchmark(loaded, sets: list[tuple[str, Path, object]], datasets: dict[str, list], *, rates=RATES,
-                       log=print) -> dict:
-    """sets: (name, folder, RouterSet); datasets: name -> encoded held-out examples. One JSON-able dict."""
+                       costs: dict | None = None, log=print) -> dict:
+    """sets: (name, folder, RouterSet); datasets: name -> encoded held-out examples. One JSON-able dict.
+
+    `costs`: the cost model to use (`cost_breakdown` figures, e.g. from a quiet `bench speed` run);
+    None measures it here first."""
     engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
     an = engine.anatomy
     t0 = time.perf_counter()
-    ids = loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 8)["input_ids"]
-    costs = cost_breakdown(engine, ids, context=256, repeat=20)
+    source = "given"
+    if costs is None:
+        ids = loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 8)["input_ids"]
+        costs, source = cost_breakdown(engine, ids, context=256, repeat=20), "measured in this run"
     log(f"costs per decode token: step {1e3 * costs['step']:.1f} ms, attention {1e3 * costs['attention_full']:.2f} ms "
         f"(kv only {1e3 * costs['attention_kv_only']:.2f}), MLP {1e3 * costs['mlp']:.2f} ms per layer")
     ranks = sorted({rs.standin_rank for _, _, rs in sets if rs.standin_rank})
@@ -75,24 +99,21 @@ def standins_benchmark(loaded, sets: list[tuple[str, Path, object]], datasets: d
         for name, folder, routers in sets:
             target = routers.config.target
             rank = routers.standin_rank
-            per_cell_standin = standin_cost.get(rank, 0.0)
             log(f"{name} ({routers.granularity}, stand-in rank {rank or '-'})")
             scores = response_scores(an, routers, examples)
             for share in rates:
                 r = _at_share(an, examples, routers, scores, full, share, log)
-                cells = r["skip_rate_all_layers"] * an.n_layers  # skipped cells per decode token
-                saved = cells * saved_per_cell(costs, "kv", target, per_cell_standin)
-                rows.append({
+                row = {
                     "data": data_name, "set": name, "folder": str(folder), "granularity": routers.granularity,
                     "target": target, "standin_rank": rank, "share_target": share,
                     "skip_rate_all_layers": r["skip_rate_all_layers"], "threshold": r["threshold"],
                     "kl_full": r["kl_full"], "perplexity_increase": r["perplexity_increase"], "agreement": r["agreement"],
-                    "step_ms_saved": 1e3 * saved, "step_ms": 1e3 * costs["step"],
-                    "ideal_speedup": ideal_speedup(costs, cells, "kv", target, per_cell_standin),
                     "tokens": r["tokens"], **_training(Path(folder)),
-                })
+                }
+                rows.append({**row, **_saving(costs, standin_cost, row, an.n_layers)})
     return {"model": loaded.name, "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
-            "costs": costs, "standin_seconds": {str(k): v for k, v in standin_cost.items()}, "rates": list(rates),
+            "hidden_size": an.hidden_size, "n_layers": an.n_layers, "costs": costs, "costs_source": source,
+            "standin_seconds": {str(k): v for k, v in standin_cost.items()}, "rates": list(rates),
             "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
 
 
