@@ -68,7 +68,7 @@ def test_set_names_and_bad_folders(tmp_path):
 def test_recost_redoes_only_the_step_figures():
     from routerlab.bench.standins import recost
 
-    rows = [{"data": "d", "set": "a", "share_target": 0.1, "skip_rate_all_layers": 0.1, "target": "mlp", "standin_rank": 0,
+    rows = [{"data": "d", "set": "a", "share_target": 0.1, "skip_rate_all_layers": 0.1, "granularity": "mlp-token", "standin_rank": 0,
              "kl_full": 0.5, "step_ms_saved": 99.0, "ideal_speedup": 9.0}]
     costs = {"attention_full": 0.001, "attention_kv_only": 0.0004, "mlp": 0.002, "head": 0.01, "step": 0.05}
     out = recost({"rows": rows, "costs": {}}, costs, n_layers=10, hidden_size=64, source="speed.json")

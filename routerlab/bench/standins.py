@@ -18,6 +18,7 @@ import json
 import time
 from pathlib import Path
 
+from routerlab.core.config import RoutingConfig
 from routerlab.core.costs import cost_breakdown, ideal_speedup, saved_per_cell, standin_seconds
 from routerlab.core.engine import Engine
 from routerlab.core.errors import RouterLabError
@@ -33,7 +34,7 @@ def _training(folder: Path) -> dict:
         return {}
     r = json.loads(report.read_text())
     return {"train_seconds": r.get("seconds"), "steps": r.get("steps"), "standin_rank": r.get("standin_rank", 0),
-            "target": (r.get("config") or {}).get("target")}
+            "train_target": (r.get("config") or {}).get("target")}
 
 
 def _quantile(scores, frac: float) -> float:
@@ -58,11 +59,12 @@ def _at_share(anatomy, examples, routers, scores, full, share: float, log) -> di
 
 def _saving(costs: dict, standin_cost: dict, row: dict, n_layers: int) -> dict:
     """A row's decode-step figures under `costs`: ms saved per token, the full step, the ideal speedup."""
+    target = RoutingConfig.from_granularity(row["granularity"]).target  # the routed sub-layer
     cells = row["skip_rate_all_layers"] * n_layers  # skipped cells per decode token
     per_cell_standin = standin_cost.get(row["standin_rank"], 0.0)
-    saved = cells * saved_per_cell(costs, "kv", row["target"], per_cell_standin)
-    return {"step_ms_saved": 1e3 * saved, "step_ms": 1e3 * costs["step"],
-            "ideal_speedup": ideal_speedup(costs, cells, "kv", row["target"], per_cell_standin)}
+    saved = cells * saved_per_cell(costs, "kv", target, per_cell_standin)
+    return {"target": target, "step_ms_saved": 1e3 * saved, "step_ms": 1e3 * costs["step"],
+            "ideal_speedup": ideal_speedup(costs, cells, "kv", target, per_cell_standin)}
 
 
 def recost(result: dict, costs: dict, n_layers: int, hidden_size: int, source: str) -> dict:
@@ -70,7 +72,11 @@ def recost(result: dict, costs: dict, n_layers: int, hidden_size: int, source: s
     `cost_seconds`) and the stand-ins' cost timed again here; the quality figures are untouched."""
     ranks = sorted({r["standin_rank"] for r in result["rows"] if r["standin_rank"]})
     standin_cost = {r: standin_seconds(hidden_size, r) for r in ranks}
-    rows = [{**r, **_saving(costs, standin_cost, r, n_layers)} for r in result["rows"]]
+    rows = []
+    for r in result["rows"]:
+        if "train_target" not in r and "steps" in r:  # tables written before the key was renamed: target was the budget's
+            r = {**r, "train_target": r.get("target")}
+        rows.append({**r, **_saving(costs, standin_cost, r, n_layers)})
     return {**result, "costs": costs, "costs_source": source, "rows": rows, "n_layers": n_layers, "hidden_size": hidden_size,
             "standin_seconds": {str(k): v for k, v in standin_cost.items()}}
 
