@@ -26,7 +26,7 @@ from routerlab.ui.stream import Decoder
 
 log = logging.getLogger(__name__)
 
-STATS_INTERVAL = 1.0  # seconds between stat-card updates while streaming (savings() walks every cell)
+STATS_INTERVAL = 2.0  # seconds between stat-card updates while streaming (savings() walks every cell)
 
 
 def _done_status(trace: Trace, res: Resources, wall: float) -> str:
