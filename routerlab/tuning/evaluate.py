@@ -92,21 +92,13 @@ def layer_importance(anatomy, examples, target: str = "attention", limit: int = 
     High similarity = the sub-layer changes its input little = least important. Measured on the
     response tokens of up to `limit` examples, full depth.
     """
-    from routerlab.core.engine import ALL, Plan, attention_part, mlp_part
+    from routerlab.tuning.forward import layer_walk
 
-    plan = Plan(None)
     sums = torch.zeros(anatomy.n_layers, dtype=torch.float64)
     count = 0
     for ex in examples[:limit]:
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        h = anatomy.embed(ids)
-        tables = anatomy.rope(h, positions)
-        for i, parts in enumerate(anatomy.layers):
-            before = h
-            h = attention_part(parts, h, parts.attn_norm(h), ALL, positions, tables[parts.attn.rope_key], None, plan)
-            mid = h
-            h = mlp_part(parts, h, parts.mlp_norm(h), ALL)
+        for i, before, _, mid, _, h in layer_walk(anatomy, ids):
             a, b = {"attention": (before, mid), "mlp": (mid, h), "block": (before, h)}[target]
             cos = torch.nn.functional.cosine_similarity(a[0, ex.start:].float(), b[0, ex.start:].float(), dim=-1)
             sums[i] += float(cos.sum())

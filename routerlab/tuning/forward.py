@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.engine import Plan, forward
+from routerlab.core.engine import ALL, Plan, attention_part, forward, mlp_part
 
 
 def response_slice(start: int) -> slice:
@@ -34,3 +34,21 @@ def teacher_logits(anatomy, ids: torch.Tensor, start: int) -> torch.Tensor:
     logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
                         logits_at=response_slice(start))
     return logits[0]
+
+
+def layer_walk(anatomy, ids: torch.Tensor):
+    """The full model over `ids` (1, T), one layer at a time: yields (layer, h_in, x_attn, mid, x_mlp, out),
+    the hidden state before the layer, its attention norm's output, the state after attention, the MLP
+    norm's output and the state after the MLP. For measurements of what each sub-layer does; call it
+    under no_grad."""
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    h = anatomy.embed(ids)
+    tables = anatomy.rope(h, positions)
+    plan = Plan(None)
+    for i, parts in enumerate(anatomy.layers):
+        x_attn = parts.attn_norm(h)
+        mid = attention_part(parts, h, x_attn, ALL, positions, tables[parts.attn.rope_key], None, plan)
+        x_mlp = parts.mlp_norm(mid)
+        out = mlp_part(parts, mid, x_mlp, ALL)
+        yield i, h, x_attn, mid, x_mlp, out
+        h = out

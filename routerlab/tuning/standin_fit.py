@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from routerlab.core.engine import ALL, Plan, attention_part, mlp_part
 from routerlab.core.router import RouterSet
+from routerlab.tuning.forward import layer_walk
 
 
 @torch.no_grad()
@@ -25,25 +25,17 @@ def record_updates(anatomy, examples, target: str, layers, max_tokens: int = 6_0
     """layer -> (X (N, D) normed inputs, Y (N, D) the sub-layer's update), float32, response tokens of `examples` at full depth."""
     xs = {i: [] for i in layers}
     ys = {i: [] for i in layers}
-    plan, seen = Plan(None), 0
+    seen = 0
     for ex in examples:
         if seen >= max_tokens:
             break
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        h = anatomy.embed(ids)
-        tables = anatomy.rope(h, positions)
         r = slice(ex.start, None)
-        for i, parts in enumerate(anatomy.layers):
-            x_attn = parts.attn_norm(h)
-            mid = attention_part(parts, h, x_attn, ALL, positions, tables[parts.attn.rope_key], None, plan)
-            x_mlp = parts.mlp_norm(mid)
-            out = mlp_part(parts, mid, x_mlp, ALL)
+        for i, h, x_attn, mid, x_mlp, out in layer_walk(anatomy, ids):
             if i in xs:
                 x, y = {"attention": (x_attn, mid - h), "mlp": (x_mlp, out - mid), "block": (x_attn, out - h)}[target]
                 xs[i].append(x[0, r].float().cpu())
                 ys[i].append(y[0, r].float().cpu())
-            h = out
         seen += ex.n_response
     return {i: (torch.cat(xs[i]), torch.cat(ys[i])) for i in layers}
 
