@@ -22,7 +22,7 @@ from routerlab.core.config import RoutingConfig
 from routerlab.core.costs import cost_breakdown, ideal_speedup, saved_per_cell, standin_seconds
 from routerlab.core.engine import Engine
 from routerlab.core.errors import RouterLabError
-from routerlab.tuning.evaluate import evaluate_examples, full_depth, response_scores
+from routerlab.tuning.evaluate import evaluate_examples, full_depth, response_scores, score_quantile
 
 RATES = (0.05, 0.1, 0.2, 0.3)  # shares of all the target's cells (every layer)
 TOLERANCE = 0.15  # relative miss of the target share that triggers one corrected threshold
@@ -37,19 +37,15 @@ def _training(folder: Path) -> dict:
             "train_target": (r.get("config") or {}).get("target")}
 
 
-def _quantile(scores, frac: float) -> float:
-    return round(float(scores[min(len(scores) - 1, max(0, int(frac * len(scores))))]), 6)
-
-
 def _at_share(anatomy, examples, routers, scores, full, share: float, log) -> dict:
     """Evaluate `routers` at the threshold that skips about `share` of all the target's cells
     (`scores`: the routers' sorted full-depth scores of the examples' routed response cells)."""
     n, routed = anatomy.n_layers, len(routers.config.layers)
     frac = min(0.999, share * n / routed)  # the same share of the routed cells
-    r = evaluate_examples(anatomy, examples, routers, _quantile(scores, frac), "kv", full)
+    r = evaluate_examples(anatomy, examples, routers, score_quantile(scores, frac), "kv", full)
     got = r["skip_rate_all_layers"]
     if got > 0 and abs(got - share) > TOLERANCE * share:  # one secant step on the quantile
-        second = evaluate_examples(anatomy, examples, routers, _quantile(scores, min(0.999, frac * share / got)), "kv", full)
+        second = evaluate_examples(anatomy, examples, routers, score_quantile(scores, min(0.999, frac * share / got)), "kv", full)
         if abs(second["skip_rate_all_layers"] - share) < abs(got - share):
             r = second
     log(f"  share {share:.0%}: threshold {r['threshold']:.4f} skipped {r['skip_rate_all_layers']:.2%} of all cells, "

@@ -431,7 +431,7 @@ class Engine:
             "target": routers.config.target if routers is not None else None,
             "level": level,
             "routed_layers": list(routers.config.layers) if routers is not None else [],
-            "standin_rank": getattr(routers, "standin_rank", 0) if routers is not None else 0,  # skipped cells ran a stand-in
+            "standin_rank": getattr(routers, "standin_rank", 0),  # skipped cells ran a stand-in
             "hidden_size": self.anatomy.hidden_size,
             "kv_policy": config.kv_policy,
             "kv_policy_effective": effective,
@@ -445,7 +445,7 @@ class Engine:
     def costs(self, routers: RouterSet | None) -> dict[str, float]:
         """Per-token FLOPs of one layer's pieces (Anatomy.costs), plus a stand-in's when the set has them."""
         costs = self.anatomy.costs(torch.finfo(self.dtype).bits // 8)
-        rank = getattr(routers, "standin_rank", 0) if routers is not None else 0
+        rank = getattr(routers, "standin_rank", 0)
         if rank:
             costs["standin"] = 4.0 * self.anatomy.hidden_size * rank
         return costs

@@ -134,7 +134,12 @@ def thresholds_for_skips(anatomy, routers: RouterSet, examples, skips) -> list[f
     cluster near 0.5, so a fixed grid such as 0.3..0.9 would mostly skip nothing or everything.
     """
     scores = response_scores(anatomy, routers, examples)
-    return [round(float(scores[min(len(scores) - 1, max(0, int(f * len(scores))))]), 6) for f in skips]
+    return [score_quantile(scores, f) for f in skips]
+
+
+def score_quantile(scores: torch.Tensor, frac: float) -> float:
+    """The threshold under which about `frac` of the sorted `scores` fall (6 decimals)."""
+    return round(float(scores[min(len(scores) - 1, max(0, int(frac * len(scores))))]), 6)
 
 
 # -- one evaluation ------------------------------------------------------------------------------
