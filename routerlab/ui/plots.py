@@ -186,7 +186,10 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
     # into a plot-sized canvas and encode that as a PNG, most of a streamed redraw's browser time). The
     # rows are parted by thin lines instead (shapes below).
     common = dict(type="heatmap", x=columns, y=layers, zmin=0.0, zmax=1.0, hoverongaps=False, xgap=0, ygap=0)
-    bar = dict(thickness=10, len=0.45, tickfont=dict(size=10))
+    # A live frame is redrawn every few seconds while the browser shares the CPU with decoding: its colour
+    # bars keep their titles but draw no numbers, and its x axis half the token labels (together about a
+    # third of a redraw's browser time; docs/method.md, "Streaming overhead"). The final figure has both.
+    bar = dict(thickness=10, len=0.45, tickfont=dict(size=10), showticklabels=not live)
     data = [
         dict(
             common,
@@ -254,7 +257,7 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
             )
         else:
             title = f"{'Live run' if live else 'Recorded run'} · skip rate {_skip_rate(recorded, generated):.0%} (generated tokens) · {where}"
-    tickvals, ticktext = _ticks(columns, labels)
+    tickvals, ticktext = _ticks(columns, labels, MAX_TICKS // 2 if live else MAX_TICKS)
     height = max(300, min(720, 110 + 16 * n_layers)) + (qp.STRIP_PX + qp.GAP_PX if strip else 0)
     layout = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
