@@ -72,6 +72,17 @@ def test_heatmap_ticks_are_sparse_for_long_runs():
     assert fig.layout.xaxis.ticktext[1] == plots.token_label(trace.steps[int(fig.layout.xaxis.tickvals[1].split(":")[0])].text)
 
 
+def test_a_live_frame_is_lighter_to_draw_than_the_final_figure():
+    """While streaming, colour bars keep their titles without numbers and the x axis has half the token
+    labels (the browser redraws a live frame every 2 s next to the decoder); the final figure has both."""
+    trace = synthetic_trace(n_layers=30, n_prompt=40, n_gen=260)
+    live, final = plots.heatmap(trace, live=True), plots.heatmap(trace)
+    assert [t.colorbar.showticklabels for t in live.data[:2]] == [False, False]
+    assert [t.colorbar.showticklabels for t in final.data[:2]] == [True, True]
+    assert all(t.colorbar.title.text for t in live.data[:2])
+    assert len(live.layout.xaxis.tickvals) <= plots.MAX_TICKS // 2 < len(final.layout.xaxis.tickvals)
+
+
 def test_what_if_differs_from_recorded_when_threshold_moves():
     trace = synthetic_trace(n_gen=40)
     recorded = plots.heatmap(trace)
