@@ -428,6 +428,106 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
                       f"{[f'{1000 * a:.0f} vs {1000 * b:.0f} ms' for a, b in pairs]}")
 
 
+CPU_TOKENS = 192
+
+
+def _chromium_seconds() -> float:
+    """CPU seconds (user + system) used so far by every Chromium process on this machine (from /proc)."""
+    import glob
+
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for folder in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(f"{folder}/comm") as f:
+                if "chrom" not in f.read():
+                    continue
+            with open(f"{folder}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended meanwhile
+    return total
+
+
+def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypatch):
+    """Printed, never asserted: the browser side of docs/method.md ("Streaming overhead").
+
+    - Chromium's CPU, as a share of one core, over 10 s with the app's page open and idle, and with about:blank;
+    - the same over a streamed run of CPU_TOKENS tokens (quality off), all frames vs none until the end;
+    - main-thread time per heatmap frame (Chrome DevTools `Performance.getMetrics`), six frames of one run
+      replayed with Gradio's own calls (Plotly.react, then Plots.resize): live frames against the same
+      frames with the final figure's colour-bar numbers and token labels.
+    """
+    import json
+    import time
+
+    from routerlab.ui import plots, stream
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("no /proc: Chromium's CPU time cannot be read here")
+    url, res = app
+
+    def idle_share(page, target: str) -> float:
+        page.goto(target)
+        time.sleep(3.0)
+        c0 = _chromium_seconds()
+        time.sleep(10.0)
+        return (_chromium_seconds() - c0) / 10.0
+
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(300_000)
+    try:
+        blank, idle = idle_share(page, "about:blank"), idle_share(page, url)
+        page.get_by_role("button", name="Generate", exact=True).wait_for()
+        page.locator("#rl-prompt textarea").fill(OVERHEAD_PROMPT)
+        page.locator("#rl-max-new input[type=number]").fill(str(CPU_TOKENS))
+        page.locator("#rl-max-new input[type=number]").press("Enter")
+        page.locator("#rl-quality input[type=checkbox]").set_checked(False)
+        frames, runs = stream.Decoder.frames, {}
+        only_the_end = lambda self, *a, **k: (f for f in frames(self, *a, **k) if self.done.is_set())  # noqa: E731
+        for name, kind in (("all frames", frames), ("no frames until the end", only_the_end)) * 2:
+            monkeypatch.setattr(stream.Decoder, "frames", kind)
+            before = page.locator("#rl-status").inner_text()
+            with engine.hold(after=10**9, prompt=OVERHEAD_PROMPT) as run:  # never held: it tells when decoding ended
+                c0, t0 = _chromium_seconds(), time.perf_counter()
+                page.get_by_role("button", name="Generate", exact=True).click()
+                run.wait_ended(timeout=300)
+            page.wait_for_function("(before) => { const s = document.querySelector('#rl-status').innerText;"
+                                   " return s !== before && s.includes('Done:') && !document.querySelector('#rl-generate').disabled; }", arg=before)
+            runs.setdefault(name, []).append((_chromium_seconds() - c0) / (time.perf_counter() - t0))
+        monkeypatch.setattr(stream.Decoder, "frames", frames)
+
+        # the replay: one run cut at six lengths, each drawn into a plot on the app's page as Gradio draws a frame
+        routers = res.routers_for(engine, page.locator("#rl-granularity input").input_value())
+        full = engine.run(OVERHEAD_PROMPT, routers, res.generate_config(CPU_TOKENS, 0.0, 0.5, "kv"))
+        start = full.meta.get("prompt_tokens", 0)
+        cuts = [type(full)(full.n_layers, full.steps[: start + k], full.meta) for k in (32, 64, 96, 128, 160, CPU_TOKENS)]
+        cdp = page.context.new_cdp_session(page)
+        cdp.send("Performance.enable")
+        page.evaluate("() => { const d = document.createElement('div'); d.id = 'rl-replay'; d.style.width = '1300px';"
+                      " document.querySelector('#rl-heatmap').parentElement.prepend(d); }")
+        per_frame = {}
+        for name, live in (("live frame", True), ("with the final figure's numbers and labels", False)) * 3:
+            figures = [plots.heatmap_json(t, live=live) for t in cuts]
+            m0 = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+            page.evaluate("""async (figures) => { const gd = document.getElementById('rl-replay'); Plotly.purge(gd);
+                for (const f of figures) { const e = JSON.parse(f); e.layout.autosize = true;
+                  await Plotly.react(gd, e.data, e.layout, {responsive: true}); Plotly.Plots.resize(gd);
+                  await new Promise((r) => setTimeout(r, 250)); } }""", figures)
+            m1 = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+            per_frame.setdefault(name, []).append(1e3 * (m1["TaskDuration"] - m0["TaskDuration"]) / len(figures))
+    finally:
+        page.close()
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    with capsys.disabled():
+        print(f"\n[browser] Chromium CPU, share of one core: about:blank idle {blank:.1%}; the app's page idle {idle:.1%}")
+        for name, shares in runs.items():
+            print(f"  streaming {CPU_TOKENS} tokens (quality off), {name}: {' / '.join(f'{x:.1%}' for x in shares)}")
+        for name, ms in per_frame.items():
+            print(f"  heatmap frame replay ({engine.name}, 6 frames up to {CPU_TOKENS} tokens), {name}: "
+                  f"main thread {med(ms):.0f} ms per frame {[round(x) for x in ms]}")
+
+
 def _threads() -> int:
     import torch
 
