@@ -68,11 +68,7 @@ def recost(result: dict, costs: dict, n_layers: int, hidden_size: int, source: s
     `cost_seconds`) and the stand-ins' cost timed again here; the quality figures are untouched."""
     ranks = sorted({r["standin_rank"] for r in result["rows"] if r["standin_rank"]})
     standin_cost = {r: standin_seconds(hidden_size, r) for r in ranks}
-    rows = []
-    for r in result["rows"]:
-        if "train_target" not in r and "steps" in r:  # tables written before the key was renamed: target was the budget's
-            r = {**r, "train_target": r.get("target")}
-        rows.append({**r, **_saving(costs, standin_cost, r, n_layers)})
+    rows = [{**r, **_saving(costs, standin_cost, r, n_layers)} for r in result["rows"]]
     return {**result, "costs": costs, "costs_source": source, "rows": rows, "n_layers": n_layers, "hidden_size": hidden_size,
             "standin_seconds": {str(k): v for k, v in standin_cost.items()}}
 
