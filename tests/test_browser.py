@@ -119,7 +119,8 @@ def _explore_tour(page, app_url, engine):
         page.get_by_role("button", name="Generate", exact=True).click()
         held.wait()
         page.wait_for_function(_tokens_shown(12))
-        page.locator("#rl-heatmap .js-plotly-plot").wait_for()
+        page.wait_for_function(_strip_cells(12))  # a live frame drawn
+        page.evaluate("document.querySelector('#rl-heatmap .js-plotly-plot').routerlabMark = 'first frame'")
         _set_slider(page, 0.55)
         page.locator("#rl-status", has_text="0.55").wait_for()  # the server's answer: the move applies from token 13
         assert held.control.threshold == 0.55
@@ -128,6 +129,9 @@ def _explore_tour(page, app_url, engine):
         page.wait_for_function(_tokens_shown(40))
         page.wait_for_function(_strip_cells(40))  # the heatmap caught up: its quality strip under all 40 tokens
         assert page.evaluate(PENDING_JS) >= 1, "tokens whose KL is not measured yet show grey"
+        assert page.evaluate("(() => { const gd = document.querySelector('#rl-heatmap .js-plotly-plot');"
+                             " return [gd.routerlabMark, gd.layout.meta.routerlab]; })()") == ["first frame", "live"], \
+            "live frames are drawn into the plot already there (no remount per frame)"
         page.screenshot(path=str(SHOTS / "explore-streaming.png"), full_page=True)
     page.locator("#rl-stats", has_text="stopped:").wait_for()  # the run's final view
     assert page.locator("#rl-heatmap .js-plotly-plot").count() == 1
@@ -455,8 +459,9 @@ def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypat
     - Chromium's CPU, as a share of one core, over 10 s with the app's page open and idle, and with about:blank;
     - the same over a streamed run of CPU_TOKENS tokens (quality off), all frames vs none until the end;
     - main-thread time per heatmap frame (Chrome DevTools `Performance.getMetrics`), six frames of one run
-      replayed with Gradio's own calls (Plotly.react, then Plots.resize): live frames against the same
-      frames with the final figure's colour-bar numbers and token labels.
+      replayed as the page draws live frames (Plotly.react into the plot already there, layout.LIVE_HEATMAP_JS),
+      against the same frames drawn as gr.Plot draws every new figure (a remount: a fresh plot, then
+      Plots.resize), and against frames with the final figure's colour-bar numbers and token labels.
     """
     import json
     import time
@@ -506,14 +511,23 @@ def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypat
         cdp.send("Performance.enable")
         page.evaluate("() => { const d = document.createElement('div'); d.id = 'rl-replay'; d.style.width = '1300px';"
                       " document.querySelector('#rl-heatmap').parentElement.prepend(d); }")
+        # drawn as the page draws a live frame (Plotly.react into the plot already there), or as gr.Plot draws each
+        # new figure (Gradio 6's Plot remounts: a fresh div, Plotly.react into it, then Plots.resize)
+        react = """async (figures) => { const gd = document.getElementById('rl-replay'); Plotly.purge(gd);
+            for (const f of figures) { const e = JSON.parse(f); e.layout.autosize = true;
+              await Plotly.react(gd, e.data, e.layout, {responsive: true}); await new Promise((r) => setTimeout(r, 250)); } }"""
+        remount = """async (figures) => { for (const f of figures) { const old = document.getElementById('rl-replay');
+              const gd = document.createElement('div'); gd.id = 'rl-replay'; gd.style.width = '1300px'; old.replaceWith(gd);
+              const e = JSON.parse(f); e.layout.autosize = true;
+              await Plotly.react(gd, e.data, e.layout, {responsive: true}); Plotly.Plots.resize(gd);
+              await new Promise((r) => setTimeout(r, 250)); } }"""
         per_frame = {}
-        for name, live in (("live frame", True), ("with the final figure's numbers and labels", False)) * 3:
+        for name, live, draw in (("live frame, drawn into the plot there", True, react),
+                                 ("live frame, as gr.Plot draws a new figure (remount)", True, remount),
+                                 ("with the final figure's numbers and labels, drawn into the plot there", False, react)) * 3:
             figures = [plots.heatmap_json(t, live=live) for t in cuts]
             m0 = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
-            page.evaluate("""async (figures) => { const gd = document.getElementById('rl-replay'); Plotly.purge(gd);
-                for (const f of figures) { const e = JSON.parse(f); e.layout.autosize = true;
-                  await Plotly.react(gd, e.data, e.layout, {responsive: true}); Plotly.Plots.resize(gd);
-                  await new Promise((r) => setTimeout(r, 250)); } }""", figures)
+            page.evaluate(draw, figures)
             m1 = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
             per_frame.setdefault(name, []).append(1e3 * (m1["TaskDuration"] - m0["TaskDuration"]) / len(figures))
     finally:

@@ -113,12 +113,19 @@ def is_skip(value) -> bool:
     return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
 
 
+def live_figure(out) -> dict | None:
+    """A frame's live heatmap (its last value: figure JSON the page draws into the heatmap), None when it has none."""
+    return json.loads(out[9]) if len(out) > 9 and isinstance(out[9], str) and out[9] else None
+
+
 def heatmap_kind(out) -> str | None:
     """The routerlab kind of a frame's heatmap ("live" while streaming), None when the frame has no figure."""
+    if live_figure(out) is not None:
+        return live_figure(out)["layout"]["meta"].get("routerlab")
     value = out[1]
     if not (isinstance(value, go.Figure) or hasattr(value, "plot")):
         return None
-    return figure(value)["layout"]["meta"].get("routerlab")
+    return figure(value)["layout"].get("meta", {}).get("routerlab")
 
 
 def test_explore_streams_text_then_final_figures_and_exports(res):
@@ -127,8 +134,13 @@ def test_explore_streams_text_then_final_figures_and_exports(res):
         gen = explore(res, session, max_new=40)
         streamed = pull_until(gen, lambda out: heatmap_kind(out) == "live")
     outs = streamed + run_all(gen)
-    assert len(outs) >= 3 and all(len(o) == 9 for o in outs)
-    text, heat, stats, status, trace_dl, html_dl, bar, hist, _ = outs[-1]
+    assert len(outs) >= 3 and all(len(o) == 10 for o in outs)
+    text, heat, stats, status, trace_dl, html_dl, bar, hist, _, live = outs[-1]
+    assert live == "" and figure(heat)["layout"]["meta"]["routerlab"] == "final"
+    # while streaming the heatmap itself keeps one placeholder (gr.Plot remounts its plot for every new figure);
+    # the frames travel in the last value and the page draws them into that placeholder
+    placeholders = {o[1].plot for o in outs[:-1] if hasattr(o[1], "plot")}
+    assert len(placeholders) == 1 and "routerlab" not in json.loads(placeholders.pop())["layout"].get("meta", {})
     assert "rl-tok" in text and figure(heat)["data"] and figure(bar)["data"] and figure(hist)["data"]
     assert status.startswith("✓ Done")
     assert "live" in [heatmap_kind(o) for o in outs[1:-1]], "the heatmap streams before the end"
@@ -213,7 +225,7 @@ def test_show_last_after_cancel_renders_the_partial_run(res):
         gen.close()  # what a Gradio cancel does to the stream
         held.wait_ended()  # closing the stream asks the run to stop: it lets go of the hold and ends
     view = ui.show_last(res, session)
-    assert len(view) == 9 and "Stopped after 3 tokens" in view[3] and not session.running
+    assert len(view) == 10 and "Stopped after 3 tokens" in view[3] and not session.running
     assert session.trace.meta["stop_reason"] == "stopped"
 
 

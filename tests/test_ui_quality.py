@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_ui import RANDOM, tiny_resources, figure, heatmap_kind, pull_until, run_all
+from test_ui import RANDOM, tiny_resources, figure, heatmap_kind, live_figure, pull_until, run_all
 
 from routerlab import ui
 from routerlab.core.trace import Step, Trace
@@ -63,10 +63,10 @@ def test_live_strip_greys_tokens_not_measured_yet(res):
     with res.engine.hold(after=5, max_new_tokens=40):  # chunks of 16: the first 5 tokens wait for their score
         gen = explore(res, session, max_new=40)
         def strip_cells(out) -> int:
-            return len(trace_named(figure(out[1]), "quality cost")["x"]) if heatmap_kind(out) == "live" else 0
+            return len(trace_named(live_figure(out), "quality cost")["x"]) if heatmap_kind(out) == "live" else 0
 
         live = pull_until(gen, lambda out: strip_cells(out) >= 1)[-1]  # a live heatmap with generated columns
-        fig = figure(live[1])
+        fig = live_figure(live)
         pending = values(trace_named(fig, "not measured yet")["z"])[0]
         assert len(pending) == strip_cells(live) and not np.isnan(pending).any(), "every unscored token is grey"
         assert "mean KL to full model" in live[2]

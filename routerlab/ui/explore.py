@@ -14,7 +14,6 @@ import time
 from typing import Iterator
 
 import gradio as gr
-from gradio.components.plot import PlotData
 
 from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Trace
@@ -53,7 +52,10 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     each generated token against the full model (core/quality.py), shown as the heatmap's strip, the
     text's underline and the stats' mean KL and agreement.
 
-    Yields 9 values: text, heatmap, stats, status, trace file, heatmap html file, layer bar, score histogram, generate button.
+    Yields 10 values: text, heatmap, stats, status, trace file, heatmap html file, layer bar, score histogram, generate button,
+    live heatmap frame. While streaming, the heatmap holds a placeholder and the heatmap's frames (figure JSON,
+    `plots.heatmap_json(live=True)`) go to the last value, which the page draws into the heatmap's plot
+    (layout.LIVE_HEATMAP_JS); the final figure goes to the heatmap itself, and the last value is emptied.
     """
     from routerlab.core.engine import Control
 
@@ -67,7 +69,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         control = Control(config.threshold)
         steps = engine.generate(prompt, routers, config, control)
     except RouterLabError as err:
-        yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
+        yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True), skip
         return
     if session.control is not None:  # one Explore run per session: a new click ends the old one
         session.control.request_stop()
@@ -75,12 +77,14 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     trace = control.trace
     live = routers is not None and routers.config.level == "token"
     note = "" if live else (" (full model: the threshold has no effect)" if routers is None else " (sequence level: decided once per prompt)")
-    yield skip, skip, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False)
+    # the heatmap's placeholder for this run: live frames are drawn into it in the browser (never over a final figure)
+    heat = session.views["heat"] = plot_data(plots.empty_heatmap("Prefilling the prompt: the heatmap draws as tokens arrive."))
+    yield skip, heat, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False), skip
 
     start = next_stats = time.perf_counter()
     decoder = Decoder([steps])
     # Every frame repeats the values it does not change (see plot_data): no gr.skip() while streaming.
-    heat = _shown(session, "heat", lambda: plot_data(plots.empty_heatmap()))
+    live_frame = ""  # the latest heatmap frame (figure JSON); repeated in frames that do not redraw it
     stats = _shown(session, "stats", lambda: plots.stats_html({}))
     bar = _shown(session, "bar", lambda: plot_data(plots.layer_skip_bar(None)))
     hist = _shown(session, "hist", lambda: plot_data(plots.score_histogram(None)))
@@ -96,25 +100,30 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
             if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):
                 continue  # still prefilling
             if draw_plot:
-                heat = session.views["heat"] = PlotData(type="plotly", plot=plots.heatmap_json(snap, live=True, cache=columns))
+                live_frame = plots.heatmap_json(snap, live=True, cache=columns)
                 status = _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}")
                 if time.perf_counter() >= next_stats:
                     next_stats = time.perf_counter() + STATS_INTERVAL
                     stats = session.views["stats"] = plots.stats_html(plots.live_stats(snap, costs), running=True)
-            yield plots.token_html(snap, cache=spans), heat, stats, status, None, None, bar, hist, "Generate"
+            yield plots.token_html(snap, cache=spans), heat, stats, status, None, None, bar, hist, "Generate", live_frame
         decoder.raise_error()
     except RouterLabError as err:
-        yield skip, skip, skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True)
+        yield skip, _no_heatmap(session), skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True), ""
         return
     except Exception as err:  # keep the page alive; the console has the traceback
         log.error("generation failed", exc_info=err)
         gr.Warning(f"Generation failed: {err}")
-        yield skip, skip, skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True)
+        yield skip, _no_heatmap(session), skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
         return
     finally:
         control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled
         session.running = False
     yield (*_final_view(res, session, trace, time.perf_counter() - start),)
+
+
+def _no_heatmap(session: Session):
+    session.views["heat"] = plot_data(plots.empty_heatmap("No heatmap: the generation failed (see the status line)."))
+    return session.views["heat"]
 
 
 def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
@@ -134,6 +143,7 @@ def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> 
         views["bar"],
         views["hist"],
         gr.Button(interactive=True),
+        "",  # no live frame: the heatmap shows the final figure
     )
 
 
@@ -153,7 +163,7 @@ def show_last(res: Resources, session: Session):
     if isinstance(session, Session):
         session.running = False  # the cancelled stream may never reach its own `finally`
     if trace is None or not trace.steps:
-        return (gr.skip(),) * 8 + (gr.Button(interactive=True),)
+        return (gr.skip(),) * 8 + (gr.Button(interactive=True), gr.skip())
     view = list(_final_view(res, session, trace, 0.0))
     view[3] = _status("stop", f"Stopped after {len(trace.generated_steps)} tokens. Move the slider for a what-if view, or regenerate.")
     return tuple(view)

@@ -114,6 +114,31 @@ WHAT_IF_PREVIEW_JS = """
 """
 
 
+# The live heatmap: a stream's heatmap frames come through a hidden gr.HTML (`live_heat`) and are drawn with
+# Plotly.react into the heatmap plot already on the page. Through gr.Plot itself, every new figure remounts the
+# plot (a fresh div and a full Plotly draw, Gradio 6's Plot component), about a third more browser CPU per frame
+# than a react on the plot that is there (docs/method.md, "Streaming overhead"). A run starts by showing a
+# placeholder figure in gr.Plot and ends by sending its final figure there; a frame is never drawn over a
+# final figure (layout.meta.routerlab), so a late frame cannot cover the finished run.
+LIVE_HEATMAP_JS = """
+watch('value', () => {
+  try {
+    const frame = props.value;
+    const gd = document.querySelector('#rl-heatmap .js-plotly-plot');
+    if (!frame || !gd || !window.Plotly) return;
+    const meta = gd.layout && gd.layout.meta;
+    if (meta && meta.routerlab === 'final') return;
+    const fig = JSON.parse(frame);
+    const margin = fig.layout.margin = fig.layout.margin || {};
+    if (fig.layout.title) margin.t = Math.max(100, margin.t || 0);  // as gr.Plot lays out a titled figure under its label
+    margin.autoexpand = true;
+    fig.layout.autosize = true;
+    Plotly.react(gd, fig.data, fig.layout, {responsive: true});
+  } catch (err) { console.warn('RouterLab live heatmap:', err); }
+});
+"""
+
+
 def theme():
     # System fonts only: the app must look right offline (a workshop laptop without network).
     return gr.themes.Soft(
@@ -183,6 +208,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         text = gr.HTML(plots.token_html(None), elem_id="rl-text")
                         stats = gr.HTML(plots.stats_html({}), elem_id="rl-stats")
                         heat = gr.Plot(plots.empty_heatmap(), label="Layers × tokens", elem_id="rl-heatmap")
+                        live_heat = gr.HTML("", html_template="<span></span>", js_on_load=LIVE_HEATMAP_JS, visible="hidden", elem_id="rl-live-heat")
                         with gr.Row():
                             trace_dl = gr.DownloadButton("Download trace (JSON)", visible=False, size="sm", elem_id="rl-dl-trace")
                             html_dl = gr.DownloadButton("Download heatmap (HTML)", visible=False, size="sm", elem_id="rl-dl-html")
@@ -221,7 +247,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         gr.Markdown(ABOUT_MD)
 
         run_inputs = [prompt, threshold, router_label, kv_policy, max_new, temperature, model, session, measure]  # the switch last: API callers may leave it out
-        run_outputs = [text, heat, stats, status, trace_dl, html_dl, l_bar, l_hist, go_btn]
+        run_outputs = [text, heat, stats, status, trace_dl, html_dl, l_bar, l_hist, go_btn, live_heat]
 
         def _explore(*args):
             yield from explore_run(res, *args)
