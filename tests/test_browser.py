@@ -351,13 +351,13 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
         page.locator("#rl-max-new input[type=number]").fill(str(n))
         page.locator("#rl-max-new input[type=number]").press("Enter")
 
-    def direct(quality: bool) -> float:
+    def direct(quality: bool):
         config = res.generate_config(OVERHEAD_TOKENS, 0.0, threshold, policy, quality=quality)
         runs = []
         worker = threading.Thread(target=lambda: runs.append(engine.run(OVERHEAD_PROMPT, routers, config)))
         worker.start()
         worker.join()
-        return runs[0].decode_tokens_per_second()
+        return runs[0]
 
     def streamed(quality: bool):
         page.locator("#rl-quality input[type=checkbox]").set_checked(quality)
@@ -371,12 +371,16 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
 
     conditions = [("direct", False), ("browser", False), ("direct", True), ("browser", True)]
     rates: dict[tuple[str, bool], list[float]] = {c: [] for c in conditions}
+    chunks: dict[str, list[tuple[int, float]]] = {"direct": [], "browser": []}  # quality on: (chunks scored, seconds scoring)
     in_run: dict[bool, list[tuple[float, float]]] = {False: [], True: []}  # (median step streaming, median step quiet)
     try:
         set_tokens(OVERHEAD_TOKENS)
         for r in range(OVERHEAD_ROUNDS):
             for where, quality in conditions[r % 4:] + conditions[: r % 4]:  # the order rotates every round
-                rates[where, quality].append(direct(quality) if where == "direct" else streamed(quality).decode_tokens_per_second())
+                trace = direct(quality) if where == "direct" else streamed(quality)
+                rates[where, quality].append(trace.decode_tokens_per_second())
+                if quality:
+                    chunks[where].append((trace.meta.get("quality_chunks", 0), trace.meta.get("quality_seconds", 0.0)))
 
         # within a run: frames through in even windows, held back in odd ones; each step stamped when recorded
         stamps: dict[int, float] = {}
@@ -423,6 +427,9 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
                   f"streaming overhead {1 - ratio(('browser', q), ('direct', q)):+.1%}")
         print(f"    quality on costs (1 - on/off): direct {1 - ratio(('direct', True), ('direct', False)):+.1%}, "
               f"browser {1 - ratio(('browser', True), ('browser', False)):+.1%}")
+        for where, runs in chunks.items():  # the quality pass's chunks (full, or partial when a token waited 2 s)
+            print(f"    quality on, {where}: chunks scored per run {[n for n, _ in runs]}, seconds per chunk "
+                  f"median {med(t / n for n, t in runs if n):.2f} {[round(t / n, 2) for n, t in runs if n]}")
         print(f"  within a run ({IN_RUN_TOKENS} new tokens, frames let through / held back in turns of {WINDOW_S} s), "
               "median decode step streaming vs quiet [per run]:")
         for q in (False, True):
