@@ -172,6 +172,35 @@ def test_buffered_tokens_wait_at_most_the_refresh_interval():
     assert [s.kl_full for s in steps] == [pytest.approx(0.0, abs=1e-9)] * 2
 
 
+def test_a_chunk_about_to_fill_waits_a_little_past_the_refresh_but_no_longer():
+    """Due on time with 7 of 8 tokens, arrived at 2/7 s each: the chunk fills by 2.29 s, within the 2.5 s grace,
+    so it waits for the full chunk; with 2 of 8 it would take 6 s more, so it is scored at 2 s; and at 2.5 s a
+    partial chunk is scored whatever the pace."""
+    now = [0.0]
+    calls = []
+
+    def full_forward(ids, start, n):
+        calls.append(n)
+        return torch.zeros(n, 8)
+
+    def meter_with(k: int, at: float) -> QualityMeter:
+        meter = QualityMeter([7, 8, 9], full_forward, str, chunk=8, refresh_seconds=2.0, budget=None, clock=lambda: now[0])
+        now[0] = 0.0
+        for p in range(3, 3 + k):
+            meter.add(Step(p, 1, "x", False, [None], [None], 0.5, 0.0), torch.zeros(8))
+        now[0] = at
+        return meter
+
+    assert not meter_with(7, 1.9).due()  # not waited long enough
+    assert not meter_with(7, 2.0).due()  # about to fill: it waits for the whole chunk
+    assert meter_with(2, 2.0).due()  # far from full: scored on time
+    assert meter_with(7, 2.5).due()  # the grace is over: scored, full or not
+    meter = meter_with(7, 2.2)
+    meter.add(Step(10, 1, "x", False, [None], [None], 0.5, 0.0), torch.zeros(8))
+    meter.pump()
+    assert calls == [8], "the chunk it waited for is scored as one"
+
+
 def test_a_slow_chunk_lengthens_the_refresh_to_keep_scoring_within_budget():
     """A chunk that took 1 s makes the next time-triggered one wait 4 s (budget 0.2), not 2; a full chunk never waits."""
     now = [0.0]

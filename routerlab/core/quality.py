@@ -33,6 +33,11 @@ REFRESH_SECONDS = 2.0  # while streaming, buffered tokens wait at most this long
 # 33-44% of decode time on a loaded 2-core VM). A time-triggered chunk then waits until decoding
 # has run (1 - BUDGET) / BUDGET times as long as the last chunk took. Full chunks never wait.
 BUDGET = 0.2
+# A partial chunk due on time waits up to this share of the refresh longer when, at the pace its tokens
+# arrived, the chunk would fill by then: one chunk's fixed cost instead of two. Near 16 tok/s a 32-token
+# chunk fills in about 2 s, and without the grace a run decoding a little slower paid an extra, partial
+# chunk (docs/method.md, "Streaming overhead"). A token still waits at most (1 + FILL_GRACE) x the refresh.
+FILL_GRACE = 0.25
 
 # (ids, start, n) -> the full model's logits (n, V) at the last n of the positions start .. start+len(ids)-1,
 # after appending ids to the full model's own cache.
@@ -64,7 +69,7 @@ class QualityMeter:
     is scored when `chunk` tokens wait, or when the oldest waiting token has waited `refresh_seconds`
     (so a live view refreshes; None: never on time) and at least (1 - budget) / budget times the
     last chunk's scoring time (so refreshing costs at most about `budget` of the run; None: no such
-    floor), or at the flush. Only the waiting tokens' routed logits are held:
+    floor), unless the chunk would fill within FILL_GRACE of that wait, or at the flush. Only the waiting tokens' routed logits are held:
     memory is bounded by `chunk` x vocabulary, whatever the run's length.
 
     With `full_forward=None` the routed model *is* the full model: every KL is 0 by definition, and
@@ -110,7 +115,15 @@ class QualityMeter:
         if len(self.pending) >= self.chunk:
             return True
         wait = self.refresh_wait()
-        return wait is not None and bool(self.pending) and self.clock() - self.since >= wait
+        if wait is None or not self.pending:
+            return False
+        waited, latest = self.clock() - self.since, wait * (1.0 + FILL_GRACE)
+        if waited < wait:
+            return False
+        if waited >= latest:
+            return True
+        fill = (self.chunk - len(self.pending)) * waited / len(self.pending)  # seconds until full, at the pace so far
+        return waited + fill > latest
 
     def pump(self) -> None:
         """Score the waiting tokens if a chunk is full or they have waited long enough."""
