@@ -25,7 +25,7 @@ KL_TOP = 256  # full-depth log-probabilities kept per token for the KL; the rest
 # Tokens scored per full-depth forward. A chunk pays a fixed cost (every weight read once; on CPUs
 # without bf16 units, bf16 weights converted to fp32 for a many-row product) plus a little per token,
 # so bigger chunks are cheaper per token; 32 holds 32 x V routed logits (6 MB for a 49k vocabulary).
-# Chosen by `bench quality` (docs/method.md): on 1 thread of a quiet 2-core VM, 16 cost 33% of decode time, 32 24%, 64 18%.
+# Chosen by `bench quality` (docs/method.md): on 1 thread of a quiet 2-core VM scoring took 29% of decode time at 16, 21% at 32, 16% at 64.
 CHUNK = 32
 REFRESH_SECONDS = 2.0  # while streaming, buffered tokens wait at most this long to be scored...
 # ...unless scoring would then take more than this share of the run's time: on a slow machine a
