@@ -78,7 +78,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     live = routers is not None and routers.config.level == "token"
     note = "" if live else (" (full model: the threshold has no effect)" if routers is None else " (sequence level: decided once per prompt)")
     # the heatmap's placeholder for this run: live frames are drawn into it in the browser (never over a final figure)
-    heat = session.views["heat"] = plot_data(plots.empty_heatmap("Prefilling the prompt: the heatmap draws as tokens arrive."))
+    heat = _heat_note("Prefilling the prompt: the heatmap draws as tokens arrive.")
     yield skip, heat, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False), skip
 
     start = next_stats = time.perf_counter()
@@ -108,12 +108,12 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
             yield plots.token_html(snap, cache=spans), heat, stats, status, None, None, bar, hist, "Generate", live_frame
         decoder.raise_error()
     except RouterLabError as err:
-        yield skip, _no_heatmap(session), skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True), ""
+        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True), ""
         return
     except Exception as err:  # keep the page alive; the console has the traceback
         log.error("generation failed", exc_info=err)
         gr.Warning(f"Generation failed: {err}")
-        yield skip, _no_heatmap(session), skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
+        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
         return
     finally:
         control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled
@@ -121,21 +121,20 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     yield (*_final_view(res, session, trace, time.perf_counter() - start),)
 
 
-def _no_heatmap(session: Session):
-    session.views["heat"] = plot_data(plots.empty_heatmap("No heatmap: the generation failed (see the status line)."))
-    return session.views["heat"]
+def _heat_note(message: str):
+    """An empty heatmap that says `message`: the plot's placeholder while a run streams, or after it failed."""
+    return plot_data(plots.empty_heatmap(message))
 
 
 def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
     trace_file, html_file = _export(session, trace)
     views = session.views
-    views["heat"] = plot_data(plots.heatmap(trace))
     views["stats"] = plots.stats_html(plots.live_stats(trace, res.costs_for(trace.meta.get("model"))))
     views["bar"] = plot_data(plots.layer_skip_bar(trace))
     views["hist"] = plot_data(plots.score_histogram(trace))
     return (
         plots.token_html(trace),
-        views["heat"],
+        plot_data(plots.heatmap(trace)),
         views["stats"],
         _done_status(trace, res, wall),
         gr.DownloadButton(value=trace_file, visible=True),
