@@ -292,3 +292,16 @@ def test_generate_json_has_per_token_quality_and_no_quality_turns_it_off(embedde
     assert off["quality"] is False and off["mean_kl"] is None and off["agreement"] is None
     assert all(t["kl_full"] is None and t["full_top_token"] is None and t["full_top_text"] is None for t in off["tokens"])
     assert off["text"] == out["text"]  # measuring never changes what is generated
+
+
+def test_the_control_says_what_the_quality_pass_does(engine):
+    control = Control(0.5)
+    assert (control.measuring, control.scoring, control.quality_chunks) == (False, False, 0)  # not started
+    generate(engine, routers(engine.model), new=NEW, control=control, quality_chunk=8)
+    assert control.measuring and not control.scoring and control.quality_chunks == 3  # 20 tokens: 8 + 8 + 4
+    off = Control(0.5)
+    generate(engine, routers(engine.model), control=off, quality=False)
+    assert (off.measuring, off.quality_chunks) == (False, 0)
+    full = Control(0.5)
+    generate(engine, None, control=full)  # the full model: KL 0 without a pass
+    assert (full.measuring, full.quality_chunks) == (False, 0)

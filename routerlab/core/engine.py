@@ -42,13 +42,16 @@ from routerlab.core.trace import Step, Trace
 class Control:
     """A handle on one running generation: move its threshold live, or ask it to stop.
 
-    Written by another thread (a UI slider), read by the engine between steps.
+    Written by another thread (a UI slider), read by the engine between steps. The other way, it
+    says what the run's quality pass is doing (`measuring`, `scoring`, `quality_chunks`), so that a
+    UI drawing on the same machine can keep its redraws off the pass's full-depth forwards.
     """
 
     def __init__(self, threshold: float = 0.5):
         self._threshold = check_threshold(threshold)
         self._stop = threading.Event()
         self.trace: Trace | None = None
+        self.meter: QualityMeter | None = None  # the run's quality meter, once the run starts (quality on)
 
     @property
     def threshold(self) -> float:
@@ -64,6 +67,21 @@ class Control:
     @property
     def stop_requested(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def measuring(self) -> bool:
+        """The run scores its tokens with full-depth passes (quality on, with routers)."""
+        return self.meter is not None and self.meter.full_forward is not None
+
+    @property
+    def scoring(self) -> bool:
+        """A full-depth quality pass is running now, on the decoding thread."""
+        return self.meter is not None and self.meter.scoring
+
+    @property
+    def quality_chunks(self) -> int:
+        """Quality passes finished so far: each one wrote new tokens' `kl_full`."""
+        return 0 if self.meter is None else self.meter.chunks
 
 
 @dataclass
@@ -478,7 +496,7 @@ class Engine:
 
     def _loop(self, ids, routers, config, control, trace) -> Iterator[Step]:
         caches = self.new_caches(len(ids) + config.max_new_tokens)
-        meter = self.quality_meter(ids, routers, config)
+        meter = control.meter = self.quality_meter(ids, routers, config)
         try:
             yield from self._steps(ids, routers, config, control, trace, caches, meter)
             if meter is not None:

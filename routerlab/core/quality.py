@@ -89,6 +89,9 @@ class QualityMeter:
         self.chunks = 0
         self.budget, self.clock = budget, clock
         self.last_chunk_seconds = 0.0
+        # True while a chunk is scored (a full-depth forward on the decoding thread), read by other
+        # threads: a UI sharing the machine holds its redraws meanwhile (ui/stream.py).
+        self.scoring = False
 
     def add(self, step: Step, logits: torch.Tensor) -> None:
         """A generated token: `step` (its position follows the last one) and the routed logits it was sampled from."""
@@ -135,8 +138,15 @@ class QualityMeter:
         while self.pending:
             self.score()
 
-    @torch.inference_mode()
     def score(self) -> None:
+        self.scoring = True
+        try:
+            self._score()
+        finally:
+            self.scoring = False
+
+    @torch.inference_mode()
+    def _score(self) -> None:
         t0 = self.clock()
         batch, self.pending = self.pending[: self.chunk], self.pending[self.chunk:]
         if self.pending:

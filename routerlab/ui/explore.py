@@ -93,7 +93,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     spans: dict = {}  # this run's token spans, built once each (plots.token_html)
     costs = res.costs_for(engine.name)
     try:
-        for snap, draw_plot in decoder.frames([trace]):
+        for snap, draw_plot in decoder.frames([trace], runs=[control]):  # frames wait out its quality passes
             snap = snap[0]
             if decoder.done.is_set():
                 break  # the final view below draws everything once

@@ -1,15 +1,17 @@
 """The stream driver: decode in a worker thread, hand the UI consistent snapshots at its own pace.
 
-Owns `Decoder` (runs engine step iterators to the end in a daemon thread) and `snapshot`, and the
-frame rates of text and heatmap updates. Knows nothing about Gradio, sessions, plots or tensors:
-it only advances iterators and copies the step list of a `Trace`.
+Owns `Decoder` (runs engine step iterators to the end in a daemon thread), `Pacer` (when a frame is
+due) and `snapshot`, and the frame rates of text and heatmap updates. Knows nothing about Gradio,
+sessions, plots or tensors: it only advances iterators, copies the step list of a `Trace` and reads
+what a run's `Control` says about its quality pass.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Iterator, Protocol, Sequence
 
 from routerlab.core.trace import Trace
 
@@ -18,6 +20,60 @@ from routerlab.core.trace import Trace
 # laptop's decoder also needs (docs/method.md, "Streaming overhead"): keep frames few and cheap.
 HEATMAP_INTERVAL = 2.0  # seconds between heatmap (and quality strip) redraws while streaming (a redraw: ~0.15 s of browser main thread)
 TEXT_INTERVAL = 0.5  # seconds between text updates while streaming
+# A run that measures its quality redraws the heatmap (and its strip) right after each quality pass,
+# when the strip has new scores; the clock only draws when passes are this many HEATMAP_INTERVALs
+# apart (a slow machine, whose passes the meter spaces out to keep their cost in budget). A redraw
+# timed by the clock alone lands on the next pass as often as not, and a full-depth forward on every
+# core slows down more than decode steps do when the browser takes a core (docs/method.md).
+MEASURED_PLOT_SLACK = 2.0
+POLL = 0.02  # seconds between looks while a frame is due but held: never spin, the decoder needs the GIL
+
+
+class RunState(Protocol):
+    """What the pacer reads of a run (core.engine.Control)."""
+
+    measuring: bool
+    scoring: bool
+    quality_chunks: int
+
+
+@dataclass
+class Pacer:
+    """When the next frame is due, from the clock, the traces' size and the runs' quality passes.
+
+    Text at most every `text_every` s; the plot at most every `plot_every` s when the traces grew. While
+    a run's quality pass is scoring (a full-depth forward on every core) nothing is due: a redraw in the
+    browser would slow the pass down. Right after a pass the plot is due at once (its strip has new
+    scores); with runs that measure quality, the clock draws the plot only after MEASURED_PLOT_SLACK x
+    `plot_every` without a pass.
+    """
+
+    text_every: float
+    plot_every: float
+    next_text: float = 0.0
+    next_plot: float = 0.0
+    text_seen: int = 0
+    plot_seen: int = 0
+    chunks_seen: int = 0
+
+    def due(self, now: float, size: int, runs: Sequence[RunState] = ()) -> bool | None:
+        """None: no frame now. Otherwise a frame is due, and the value says whether it redraws the plot."""
+        if any(r.scoring for r in runs):
+            return None
+        chunks = sum(r.quality_chunks for r in runs)
+        draw = chunks > self.chunks_seen or (size != self.plot_seen and now >= self.next_plot)
+        if not draw and (size == self.text_seen or now < self.next_text):
+            return None
+        self.text_seen, self.next_text = size, now + self.text_every
+        if draw:
+            slack = MEASURED_PLOT_SLACK if any(r.measuring for r in runs) else 1.0
+            self.plot_seen, self.chunks_seen, self.next_plot = size, chunks, now + slack * self.plot_every
+        return draw
+
+    def wait(self, now: float) -> float:
+        """Seconds to sleep before the next look: until the next frame may be due, or POLL once one is
+        (nothing new yet, or held by a quality pass)."""
+        return max(POLL, min(self.next_text, self.next_plot) - now)
 
 
 class Decoder:
@@ -49,34 +105,25 @@ class Decoder:
         finally:
             self.done.set()
 
-    def frames(self, traces: list[Trace], text_every: float | None = None, plot_every: float | None = None) -> Iterator[tuple[list[Trace], bool]]:
-        """Yield (snapshots, draw_plot) when a trace grew: at most every `text_every` s for text, and
-        draw_plot=True at most every `plot_every` s when it grew since the last plot.
+    def frames(self, traces: list[Trace], text_every: float | None = None, plot_every: float | None = None,
+               runs: Sequence[RunState] = ()) -> Iterator[tuple[list[Trace], bool]]:
+        """Yield (snapshots, draw_plot) when a trace grew, paced by `Pacer` (with `runs`, the Controls
+        of the traces' runs, it keeps frames off their quality passes).
 
         The last frame, after decoding ended, always has draw_plot=True.
         """
-        text_every = TEXT_INTERVAL if text_every is None else text_every
-        plot_every = HEATMAP_INTERVAL if plot_every is None else plot_every
-        next_text = next_plot = time.perf_counter()
-        text_seen = plot_seen = 0
+        now = time.perf_counter()
+        pacer = Pacer(TEXT_INTERVAL if text_every is None else text_every, HEATMAP_INTERVAL if plot_every is None else plot_every,
+                      next_text=now, next_plot=now)
         while True:
-            now = time.perf_counter()
-            ahead = [t for t in (next_text, next_plot) if t > now]
-            # sleep until the next frame may be due; poll gently while one is due but nothing new arrived
-            finished = self.done.wait(min(ahead) - now if ahead else 0.02)  # never spin: the decoder needs the GIL
-            now = time.perf_counter()
+            finished = self.done.wait(pacer.wait(time.perf_counter()))
             snaps = [snapshot(t) for t in traces]
-            size = sum(len(t.steps) for t in snaps)
             if finished:
                 yield snaps, True
                 return
-            draw = size != plot_seen and now >= next_plot
-            if not draw and (size == text_seen or now < next_text):
-                continue
-            text_seen, next_text = size, now + text_every
-            if draw:
-                plot_seen, next_plot = size, now + plot_every
-            yield snaps, draw
+            draw = pacer.due(time.perf_counter(), sum(len(t.steps) for t in snaps), runs)
+            if draw is not None:
+                yield snaps, draw
 
     def raise_error(self) -> None:
         self._thread.join(timeout=5.0)

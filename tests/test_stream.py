@@ -1,0 +1,71 @@
+"""When a streamed frame is due (ui/stream.Pacer), on a fake clock: no threads, no timing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from routerlab.core.quality import QualityMeter
+from routerlab.core.trace import Step
+from routerlab.ui.stream import MEASURED_PLOT_SLACK, POLL, Pacer
+
+
+def run(measuring=True, scoring=False, chunks=0):
+    return SimpleNamespace(measuring=measuring, scoring=scoring, quality_chunks=chunks)
+
+
+def test_text_and_plot_frames_follow_the_clock_when_nothing_is_measured():
+    p = Pacer(text_every=0.5, plot_every=2.0)
+    assert p.due(0.0, 10) is True  # the first frame draws everything
+    assert p.due(0.1, 12) is None  # text not due yet
+    assert p.due(0.6, 12) is False  # text only
+    assert p.due(1.2, 12) is None  # nothing new
+    assert p.due(2.1, 14) is True  # the plot's turn
+    assert p.wait(2.1) == pytest.approx(0.5)
+
+
+def test_no_frame_while_a_quality_pass_runs_and_the_plot_right_after_it():
+    p, r = Pacer(text_every=0.5, plot_every=2.0), run()
+    assert p.due(0.0, 10, [r]) is True
+    r.scoring = True
+    assert p.due(1.0, 20, [r]) is None  # text was due: held while the pass runs
+    assert p.due(1.5, 24, [r]) is None
+    assert p.wait(1.5) == POLL  # a held frame is looked at again soon
+    r.scoring, r.quality_chunks = False, 1
+    assert p.due(1.6, 24, [r]) is True  # the strip has new scores: the plot now, not at 2.0
+    assert p.due(2.2, 30, [r]) is False  # text only
+
+
+def test_the_clock_draws_a_measured_run_only_after_a_long_wait_for_its_next_pass():
+    p, r = Pacer(text_every=0.5, plot_every=2.0), run()
+    assert p.due(0.0, 10, [r]) is True
+    assert p.due(2.5, 40, [r]) is False  # a plain run would redraw here; this one waits for its pass
+    late = MEASURED_PLOT_SLACK * 2.0
+    assert p.due(late - 0.1, 50, [r]) is False
+    assert p.due(late + 0.1, 60, [r]) is True  # no pass for that long (a slow machine): the clock draws
+
+
+def test_a_finished_pass_redraws_even_without_new_tokens():
+    p, r = Pacer(text_every=0.5, plot_every=2.0), run()
+    assert p.due(0.0, 10, [r]) is True
+    r.quality_chunks = 1  # e.g. scored while the run was held: same steps, new scores
+    assert p.due(0.1, 10, [r]) is True
+    assert p.due(0.2, 10, [r]) is None
+
+
+def test_the_meter_says_it_is_scoring_only_during_its_full_depth_forward():
+    seen = []
+
+    def full_forward(ids, start, n):
+        seen.append(meter.scoring)
+        raise RuntimeError("the forward failed")
+
+    meter = QualityMeter([1, 2, 3], full_forward, str, chunk=2, refresh_seconds=None)
+    for pos, tok in ((3, 4), (4, 5)):
+        meter.add(Step(pos, tok, "x", False, [0.5], [True], 0.5, 0.01), torch.zeros(8))
+    assert meter.scoring is False
+    with pytest.raises(RuntimeError):
+        meter.pump()
+    assert seen == [True] and meter.scoring is False  # cleared even when the pass fails
