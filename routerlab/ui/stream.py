@@ -22,9 +22,10 @@ HEATMAP_INTERVAL = 2.0  # seconds between heatmap (and quality strip) redraws wh
 TEXT_INTERVAL = 0.5  # seconds between text updates while streaming
 # A run that measures its quality redraws the heatmap (and its strip) right after each quality pass,
 # when the strip has new scores; the clock only draws when passes are this many HEATMAP_INTERVALs
-# apart (a slow machine, whose passes the meter spaces out to keep their cost in budget). A redraw
-# timed by the clock alone lands on the next pass as often as not, and a full-depth forward on every
-# core slows down more than decode steps do when the browser takes a core (docs/method.md).
+# apart (a slow machine, whose passes the meter spaces out to keep their cost in budget). Passes come
+# about every 2 s, so a redraw timed by the clock would come shortly before or after one: before, the
+# browser draws while the pass runs (a full-depth forward on every core, which slows down more than
+# decode steps do when the browser takes a core); after, it is a second redraw for nothing new.
 MEASURED_PLOT_SLACK = 2.0
 POLL = 0.02  # seconds between looks while a frame is due but held: never spin, the decoder needs the GIL
 
