@@ -201,6 +201,22 @@ def test_a_chunk_about_to_fill_waits_a_little_past_the_refresh_but_no_longer():
     assert calls == [8], "the chunk it waited for is scored as one"
 
 
+def test_the_meter_says_it_is_scoring_only_during_its_full_depth_forward():
+    seen = []
+
+    def full_forward(ids, start, n):
+        seen.append(meter.scoring)
+        raise RuntimeError("the forward failed")
+
+    meter = QualityMeter([1, 2, 3], full_forward, str, chunk=2, refresh_seconds=None)
+    for pos, tok in ((3, 4), (4, 5)):
+        meter.add(Step(pos, tok, "x", False, [0.5], [True], 0.5, 0.01), torch.zeros(8))
+    assert meter.scoring is False
+    with pytest.raises(RuntimeError):
+        meter.pump()
+    assert seen == [True] and meter.scoring is False  # cleared even when the pass fails
+
+
 def test_a_slow_chunk_lengthens_the_refresh_to_keep_scoring_within_budget():
     """A chunk that took 1 s makes the next time-triggered one wait 4 s (budget 0.2), not 2; a full chunk never waits."""
     now = [0.0]

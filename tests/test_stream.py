@@ -5,10 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from routerlab.core.quality import QualityMeter
-from routerlab.core.trace import Step
 from routerlab.ui.stream import MEASURED_PLOT_SLACK, POLL, Pacer
 
 
@@ -54,18 +51,3 @@ def test_a_finished_pass_redraws_even_without_new_tokens():
     assert p.due(0.1, 10, [r]) is True
     assert p.due(0.2, 10, [r]) is None
 
-
-def test_the_meter_says_it_is_scoring_only_during_its_full_depth_forward():
-    seen = []
-
-    def full_forward(ids, start, n):
-        seen.append(meter.scoring)
-        raise RuntimeError("the forward failed")
-
-    meter = QualityMeter([1, 2, 3], full_forward, str, chunk=2, refresh_seconds=None)
-    for pos, tok in ((3, 4), (4, 5)):
-        meter.add(Step(pos, tok, "x", False, [0.5], [True], 0.5, 0.01), torch.zeros(8))
-    assert meter.scoring is False
-    with pytest.raises(RuntimeError):
-        meter.pump()
-    assert seen == [True] and meter.scoring is False  # cleared even when the pass fails
