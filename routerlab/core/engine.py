@@ -30,12 +30,13 @@ from torch.nn import functional as F
 
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.errors import RouterLabError
-from routerlab.core.kernels import linear, rope, wants_upcast
+from routerlab.core.kernels import rope
 from routerlab.core.precision import describe, dtype_name
 from routerlab.core.quality import QualityMeter
 from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
 from routerlab.core.router import RouterSet
 from routerlab.core.trace import Step, Trace
+from routerlab.core.weights import LowBitPlan, wants_upcast
 
 
 # -- per-request state ---------------------------------------------------------------------------
@@ -179,18 +180,23 @@ def _kv(a: AttentionParts, y: torch.Tensor, table) -> tuple[torch.Tensor, torch.
 
 
 def project_q(a: AttentionParts, x: torch.Tensor, table) -> torch.Tensor:
-    return rope(_heads(linear(x, *a.q_weight(), a.upcast), a.q_norm, a.head_dim), table)
+    return rope(_heads(a.q(x, a.upcast), a.q_norm, a.head_dim), table)
 
 
 def project_kv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, torch.Tensor]:
-    return _kv(a, linear(x, *a.kv_weight(), a.upcast), table)
+    return _kv(a, a.kv(x, a.upcast), table)
 
 
 def project_qkv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, ...]:
-    """Queries, keys and values of the same tokens from one fused product."""
-    y = linear(x, a.qkv_weight, a.qkv_bias, a.upcast)  # (1, T, q_size + 2 * kv_size)
-    q = rope(_heads(y[..., : a.q_size], a.q_norm, a.head_dim), table)
-    return (q, *_kv(a, y[..., a.q_size :], table))
+    """Queries, keys and values of the same tokens from one fused product (and, without per-head
+    norms, one rotary pass over the query and key heads together)."""
+    y = a.qkv(x, a.upcast)  # (1, T, q_size + 2 * kv_size)
+    if a.q_norm is not None or a.k_norm is not None:
+        q = rope(_heads(y[..., : a.q_size], a.q_norm, a.head_dim), table)
+        return (q, *_kv(a, y[..., a.q_size :], table))
+    heads = _heads(y, None, a.head_dim)  # (1, Hq + 2 * Hkv, T, hd)
+    qk = rope(heads[:, : a.n_heads + a.n_kv_heads], table)
+    return qk[:, : a.n_heads], qk[:, a.n_heads :], heads[:, a.n_heads + a.n_kv_heads :]
 
 
 def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor,
@@ -202,6 +208,14 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
     """
     _, hq, tq, hd = q.shape
     g = hq // a.n_kv_heads
+    dtype = q.dtype
+    if wants_upcast(tq, a.upcast):  # long inputs: fp32 attention (see weights.linear)
+        q, k, v = q.float(), k.float(), v.float()
+    if tq > 1 and k.shape[2] == tq and not (later_keys or a.sliding_window):
+        # The keys are these very queries, in order (a prefill; or a drop layer's running tokens):
+        # the causal kernel, no mask built.
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.scaling, enable_gqa=g > 1)
+        return a.o(out.to(dtype).transpose(1, 2).reshape(1, tq, hq * hd), a.upcast)  # (1, Tq, D)
     mask = None
     if tq > 1 or a.sliding_window or later_keys:
         mask = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk)
@@ -210,13 +224,12 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
         mask = mask.repeat(g, 1)  # rows ordered (group, query) to match the folded heads below
     # Fold the query heads of each KV group into the query axis: no repeat_kv copy of the cache.
     qg = q.reshape(1, a.n_kv_heads, g * tq, hd)  # (1, Hkv, G*Tq, hd)
-    dtype = q.dtype
-    if wants_upcast(tq, a.upcast):  # long inputs: fp32 attention (see kernels)
-        qg, k, v = qg.float(), k.float(), v.float()
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling).to(dtype)
-    out = out.view(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
-    o = a.o_proj
-    return linear(out.reshape(1, tq, hq * hd), o.weight, o.bias, a.upcast)  # (1, Tq, D)
+    if mask is None and tq == 1:  # a decode step: two small products beat the fused kernel's set-up
+        out = torch.matmul(torch.matmul(qg, k.transpose(-1, -2)).mul_(a.scaling).softmax(dim=-1), v)  # (1, Hkv, G, hd)
+    else:
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
+    out = out.to(dtype).view(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
+    return a.o(out.reshape(1, tq, hq * hd), a.upcast)  # (1, Tq, D)
 
 
 # -- one layer -------------------------------------------------------------------------------
@@ -319,9 +332,8 @@ def run_mlp(parts: LayerParts, x: torch.Tensor) -> torch.Tensor:
     """The MLP on x (1, T, D): gated MLPs as one fused gate|up product, others (MoE) by their own forward."""
     if parts.gate_up is None:
         return parts.mlp(x)
-    gate, up = linear(x, parts.gate_up, None, parts.upcast).chunk(2, dim=-1)  # (1, T, I) each
-    down = parts.mlp.down_proj
-    return linear(parts.mlp.act_fn(gate) * up, down.weight, down.bias, parts.upcast)  # (1, T, D)
+    gate, up = parts.gate_up(x, parts.upcast).chunk(2, dim=-1)  # (1, T, I) each
+    return parts.down(parts.mlp.act_fn(gate) * up, parts.upcast)  # (1, T, D)
 
 
 def mlp_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate, standin=None) -> torch.Tensor:
@@ -388,17 +400,24 @@ def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Genera
 class Engine:
     """One loaded model, shared by every request. `generate` yields Steps; requests share nothing."""
 
-    def __init__(self, model: nn.Module, tokenizer=None, name: str = ""):
+    def __init__(self, model: nn.Module, tokenizer=None, name: str = "", lowbit: LowBitPlan | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", "") or model.config.model_type
-        self.anatomy = Anatomy(model)
+        self.anatomy = Anatomy(model, lowbit)
         self.n_layers = self.anatomy.n_layers
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.precision = describe(self.dtype, str(self.device))  # e.g. "bfloat16 weights, long inputs computed in float32 ..."
+        # which weights a decode step reads: e.g. "the file's own Q4_1 and Q8_0 codes at decode (...)"
+        self.weights = self.anatomy.lowbit.label if self.anatomy.lowbit is not None else f"{dtype_name(self.dtype)} weights"
         self.max_context = int(getattr(self.anatomy.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids()
+
+    @classmethod
+    def from_loaded(cls, loaded) -> Engine:
+        """The engine of a models.LoadedModel, with the low-bit weights it was loaded with."""
+        return cls(loaded.model, loaded.tokenizer, loaded.name, getattr(loaded, "lowbit", None))
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -455,6 +474,7 @@ class Engine:
             "kv_policy_effective": effective,
             "dtype": dtype_name(self.dtype),
             "precision": self.precision,
+            "weights": self.weights,
             "threshold_start": config.threshold,
             "quality": config.quality,
             "costs": self.costs(routers),

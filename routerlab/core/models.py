@@ -28,6 +28,7 @@ import transformers
 
 from routerlab.core.errors import RouterLabError
 from routerlab.core.precision import resolve_dtype
+from routerlab.core.weights import FORMATS, Codes, LowBitPlan
 
 # -- tiny random-init models, one per supported architecture (tests, no downloads) --------------
 TINY_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2_moe", "mixtral")
@@ -102,6 +103,7 @@ class LoadedModel:
     name: str
     source: str  # "embedded-gguf" (first run), "embedded-cache", "local" or "hub"
     seconds: float = 0.0  # wall time of the load, for the UI and the report
+    lowbit: LowBitPlan | None = None  # low-bit copies for decode steps (engine.Engine.from_loaded uses them)
 
     @property
     def has_chat_template(self) -> bool:
@@ -194,11 +196,17 @@ def load_model(
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
     dtype: str | torch.dtype | None = "auto",
+    quantize: str | None = "auto",
 ) -> LoadedModel:
     """Load a frozen causal LM + tokenizer: None/"embedded" -> the embedded default, a folder, or a hub id.
 
     `dtype` is "auto" (bf16 where the device computes it natively, else fp32; see precision.py),
     "float32" or "bfloat16".
+
+    `quantize` chooses the weights a decode step reads (prefill always uses the dense ones): "auto"
+    takes the embedded model's own 4-bit codes on a CPU (the int4 kernels are CPU ones) and keeps
+    16-bit weights elsewhere; "int4" / "int8" requantise any other model's weights (the embedded one
+    keeps its file's codes under "int4"); "16bit" adds no low-bit copy.
 
     `cache_dir` is the root of RouterLab's cache (default `$ROUTERLAB_CACHE`, else
     `~/.cache/routerlab`); the embedded model's converted copy lives in `embedded-<key>` under it.
@@ -207,15 +215,21 @@ def load_model(
     """
     device = device or default_device()
     dtype = resolve_dtype(dtype, device)
+    quantize = check_quantize(quantize)
     start = time.perf_counter()
+    lowbit = None
     if spec is None or spec.strip() in ("", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID):
         model, tokenizer, name, source = _load_embedded(device, dtype, cache_dir)
+        if quantize in ("auto", "int4") and str(device).startswith("cpu"):
+            lowbit = LowBitPlan("int4", codes=embedded_codes(model.config, cache_dir))
     elif Path(spec).expanduser().exists() or spec.startswith(("/", ".", "~")):
         model, tokenizer, name, source = _load_local(Path(spec).expanduser(), device, dtype, trust_remote_code)
     else:
         model, tokenizer, name, source = _load_hub(spec, device, dtype, trust_remote_code)
+    if lowbit is None and quantize in ("int4", "int8"):
+        lowbit = LowBitPlan(quantize)
     _freeze(model)
-    loaded = LoadedModel(model, tokenizer, name, source, time.perf_counter() - start)
+    loaded = LoadedModel(model, tokenizer, name, source, time.perf_counter() - start, lowbit)
     log.info("loaded %s from %s in %.1f s", loaded.name, loaded.source, loaded.seconds)
     return loaded
 
@@ -322,6 +336,128 @@ def _remove_stale_tmp(folder: Path) -> None:
     for tmp in folder.parent.glob(f".{folder.name}.tmp-*"):
         if time.time() - tmp.stat().st_mtime > _STALE_TMP_SECONDS:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- the embedded model's own low-bit codes, read from the GGUF once, then cached -----------------
+_CODES_FILE = "lowbit-codes-v1.safetensors"  # beside the dense copy; bump the version when the layout changes
+_GGUF_NAMES = {  # GGUF tensor (per block) -> transformers parameter, for the llama architecture
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def check_quantize(value: str | None) -> str:
+    """A --quantize / ROUTERLAB_QUANTIZE value; None or '' means auto."""
+    v = str(value or "auto").strip().lower()
+    if v not in ("auto", *FORMATS):
+        raise RouterLabError(f"Unknown weight format {value!r}.", f"Choose one of: auto, {', '.join(FORMATS)}.")
+    return v
+
+
+def embedded_codes(config, cache_dir: Path | None = None) -> dict[str, Codes]:
+    """The embedded model's linear weights as the GGUF's own codes, by transformers parameter name.
+
+    Read from the file the first time (~5 s) and kept in the cache beside the dense copy; an
+    unwritable cache only means reading the file again next time.
+    """
+    gguf = embedded_gguf_path(cache_dir)
+    path = _embedded_cache_dir(gguf, cache_dir) / _CODES_FILE
+    if path.exists():
+        try:
+            return _load_codes(path)
+        except Exception as err:  # a damaged cache file: read the GGUF again and rewrite it
+            log.warning("ignoring the damaged codes cache %s (%s)", path, err)
+    start = time.perf_counter()
+    codes = read_gguf_codes(gguf, config)
+    log.info("read the low-bit codes of %s in %.1f s", gguf.name, time.perf_counter() - start)
+    try:
+        _save_codes(codes, path)
+    except OSError as err:
+        log.warning("cannot write the codes cache %s (%s); reading the GGUF each time", path, err)
+    return codes
+
+
+def read_gguf_codes(gguf: Path, config) -> dict[str, Codes]:
+    """Q4_1 and Q8_0 tensors of a llama-architecture GGUF as Codes named as transformers names them.
+
+    llama.cpp's converter interleaves the rows of q and k per head (for its rotary layout);
+    transformers' loader puts them back, and so do we, so the codes dequantise to its weights exactly.
+    """
+    from gguf import GGUFReader
+
+    from routerlab.core.weights import read_q4_1, read_q8_0
+
+    readers = {"Q4_1": read_q4_1, "Q8_0": read_q8_0}
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    out: dict[str, Codes] = {}
+    for t in GGUFReader(gguf).tensors:
+        kind = t.tensor_type.name
+        parts = t.name.split(".")
+        if kind not in readers or parts[-1] != "weight":
+            continue
+        if parts[0] == "blk" and parts[2] in _GGUF_NAMES:
+            name = f"model.layers.{parts[1]}.{_GGUF_NAMES[parts[2]]}.weight"
+        elif parts[0] in ("token_embd", "output"):
+            name = "model.embed_tokens.weight" if parts[0] == "token_embd" else "lm_head.weight"
+        else:
+            continue
+        codes = readers[kind](t.data)
+        if parts[0] == "blk" and parts[2] in heads:
+            codes = codes.permute_rows(_unpermute_order(codes.shape[0], heads[parts[2]]))
+        out[name] = codes
+    if "lm_head.weight" not in out and getattr(config, "tie_word_embeddings", False) and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]  # tied: the head reads the embedding's codes
+    return out
+
+
+def _unpermute_order(rows: int, n_head: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (transformers' reverse_permute_weights)."""
+    return torch.arange(rows).view(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def _save_codes(codes: dict[str, Codes], path: Path) -> None:
+    """Codes as safetensors: nibble pairs in one byte, fp32 scales and minimums, layouts in the metadata."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors, layouts, seen = {}, {}, {}
+    for name, c in codes.items():
+        if id(c) in seen:  # a tied head: stored once
+            layouts[name] = {"alias": seen[id(c)]}
+            continue
+        seen[id(c)] = name
+        tensors[f"{name}.codes"] = (c.codes[:, 0::2] | (c.codes[:, 1::2] << 4)).contiguous()
+        tensors[f"{name}.scale"], tensors[f"{name}.minimum"] = c.scale.contiguous(), c.minimum.contiguous()
+        layouts[name] = {"group": c.group, "tiles": c.tiles, "source": c.source}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp), metadata={"layouts": json.dumps(layouts)})
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load_codes(path: Path) -> dict[str, Codes]:
+    import json
+
+    from safetensors import safe_open
+
+    out: dict[str, Codes] = {}
+    with safe_open(str(path), framework="pt") as f:
+        layouts = json.loads(f.metadata()["layouts"])
+        for name, lay in layouts.items():
+            if "alias" in lay:
+                continue
+            pairs = f.get_tensor(f"{name}.codes")
+            codes = torch.stack([pairs & 0x0F, pairs >> 4], dim=-1).flatten(1)  # (N, K): even, odd columns
+            out[name] = Codes(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.minimum"), lay["group"],
+                              lay["tiles"], lay["source"])
+        for name, lay in layouts.items():
+            if "alias" in lay:
+                out[name] = out[lay["alias"]]
+    return out
 
 
 # -- a local folder or a hub id -----------------------------------------------------------------

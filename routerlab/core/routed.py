@@ -11,21 +11,48 @@ attribute names, the `(output, weights)` return of attention, the `cache` keywor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from routerlab.core.errors import RouterLabError
-from routerlab.core.kernels import fuse_linears, linear, rope_tables
+from routerlab.core.kernels import rope_tables
 from routerlab.core.precision import needs_upcast
 from routerlab.core.router import Router, RouterSet
+from routerlab.core.weights import LowBitPlan, Weight, fuse_linears
 
 # Families whose decoder layer is pre-norm: h += attn(ln1(h)); h += mlp(ln2(h)).
 PRE_NORM = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "mixtral"}
 # Gemma 3 adds a norm after each sub-layer too ("sandwich" norms).
 SANDWICH = {"gemma3_text", "gemma3"}
 SUPPORTED = PRE_NORM | SANDWICH
+
+
+class RMSNorm:
+    """A pre-norm family's RMSNorm as one fused op (transformers' forward takes eight): weight * x / rms(x).
+
+    transformers normalises in fp32, rounds to the input dtype, then scales; `F.rms_norm` scales
+    before it rounds (one rounding instead of two: within one bf16 step of it, equal in fp32).
+    """
+
+    def __init__(self, module: nn.Module):
+        self.module = module  # the original, for print() and the HF forward
+        self.weight, self.eps = module.weight, module.variance_epsilon
+        self.shape = tuple(module.weight.shape)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
+
+
+def fast_norm(module: nn.Module | None, family: str):
+    """The norm as the engine calls it: a fused RMSNorm for the pre-norm families (x * w / rms(x));
+    the module itself elsewhere (Gemma 3 scales by 1 + w, in its own order of roundings)."""
+    if module is None or family not in PRE_NORM or not hasattr(module, "variance_epsilon"):
+        return module
+    return RMSNorm(module)
 
 
 def base_of(module: nn.Module) -> nn.Module:
@@ -39,50 +66,51 @@ def base_of(module: nn.Module) -> nn.Module:
 class AttentionParts:
     """One attention sub-layer, as the engine computes it (no HF forward involved).
 
-    `qkv_weight` stacks the query, key and value projections (rows: q, then k, then v), so a token
-    that runs attention costs one product; the original modules' weights are views of it.
+    `qkv` stacks the query, key and value projections (rows: q, then k, then v), so a token that
+    runs attention costs one product; the original modules' weights are views of its dense weight.
+    `q` and `kv` are its parts (a token that skips under `kv` pays only for keys and values); each
+    holds its own low-bit copy when the model has them (weights.py).
     """
 
-    qkv_weight: torch.Tensor  # (q_size + 2 * kv_size, D)
-    qkv_bias: torch.Tensor | None
+    qkv: Weight  # (q_size + 2 * kv_size, D)
+    q: Weight  # (q_size, D)
+    kv: Weight  # (2 * kv_size, D)
+    o: Weight  # (D, q_size)
     q_size: int  # n_heads * head_dim
     kv_size: int  # n_kv_heads * head_dim
-    o_proj: nn.Linear
-    q_norm: nn.Module | None
-    k_norm: nn.Module | None
+    q_norm: Callable | None  # per-head norms (Qwen 3, Gemma 3): fast_norm of the module
+    k_norm: Callable | None
     n_heads: int
     n_kv_heads: int
     head_dim: int
     scaling: float
     sliding_window: int | None
     rope_key: str  # which rotary table this layer uses ("default", or Gemma 3's layer type)
-    upcast: bool  # compute long inputs in fp32 (kernels.linear): bf16 weights on a CPU without bf16 units
-
-    def q_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        b = self.qkv_bias
-        return self.qkv_weight[: self.q_size], None if b is None else b[: self.q_size]
-
-    def kv_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        b = self.qkv_bias
-        return self.qkv_weight[self.q_size :], None if b is None else b[self.q_size :]
+    upcast: bool  # compute long inputs in fp32 (weights.linear): bf16 weights on a CPU without bf16 units
 
 
 @dataclass(frozen=True)
 class LayerParts:
     attn: AttentionParts
-    attn_norm: nn.Module  # the norm in front of attention (router input for attention and block)
+    attn_norm: Callable  # the norm in front of attention (router input for attention and block)
     attn_post_norm: nn.Module | None  # Gemma 3: norm applied to the attention output
     mlp: nn.Module  # the original MLP; called as is when it is not a plain gated MLP (MoE)
-    mlp_norm: nn.Module  # the norm in front of the MLP (router input for mlp)
+    mlp_norm: Callable  # the norm in front of the MLP (router input for mlp)
     mlp_post_norm: nn.Module | None
-    gate_up: torch.Tensor | None  # (2 * I, D) gate rows then up rows, for gated MLPs: down(act(gate x) * up x)
+    gate_up: Weight | None  # (2 * I, D) gate rows then up rows, for gated MLPs: down(act(gate x) * up x)
+    down: Weight | None  # (D, I), for gated MLPs
     upcast: bool
 
 
 class Anatomy:
-    """The pieces of a decoder-only causal LM that the engine runs, resolved once."""
+    """The pieces of a decoder-only causal LM that the engine runs, resolved once.
 
-    def __init__(self, model: nn.Module):
+    `lowbit` (weights.LowBitPlan) gives each linear map a low-bit copy for decode steps: the model
+    file's own codes, or a requantisation of the dense weights. The kernels are CPU ones: on another
+    device the plan is not used (`self.lowbit` is None then).
+    """
+
+    def __init__(self, model: nn.Module, lowbit: LowBitPlan | None = None):
         self.model = model
         text = model.config.get_text_config()
         self.config = text
@@ -96,33 +124,53 @@ class Anatomy:
             raise RouterLabError("Attention logit soft-capping (Gemma 2) is not supported.")
         inner = model.model
         self.embed = inner.embed_tokens
-        self.final_norm = inner.norm
+        self.final_norm = fast_norm(inner.norm, model.config.get_text_config().model_type)
         self.lm_head = model.lm_head
         self.rotary = inner.rotary_emb
+        self.dynamic_rope = "dynamic" in str(getattr(self.rotary, "rope_type", "default"))
+        self._rope_full: dict[torch.dtype, tuple[int, dict]] = {}  # dtype -> (n, kind -> tables of positions 0..n-1)
         self.final_softcap = getattr(text, "final_logit_softcapping", None)
         self.layer_types = list(getattr(text, "layer_types", None) or ["default"] * text.num_hidden_layers)
         self.per_type_rope = self.family in SANDWICH
         param = next(model.parameters())
         self.dtype = param.dtype
         self.upcast = needs_upcast(param.dtype, str(param.device))
+        self.lowbit = lowbit if lowbit is not None and param.device.type == "cpu" else None
+        # parameter names of the bare model (wrappers add '.base' to a path), to find a weight's low-bit codes
+        self._module_names = {id(m): n.replace(".base", "") for n, m in model.named_modules()}
         self.layers = [self._parts(base_of(layer), i) for i, layer in enumerate(inner.layers)]
+        head = self.lm_head
+        self.head = self._weight([self._name(head)], head.weight.detach(), head.bias)
         self.n_layers = len(self.layers)
         self.hidden_size = text.hidden_size
+
+    def _name(self, module: nn.Module) -> str:
+        """The parameter name of a module's weight, e.g. 'model.layers.0.self_attn.q_proj.weight'."""
+        return f"{self._module_names.get(id(module), '?')}.weight"
+
+    def _weight(self, names: list[str], dense: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
+        low = self.lowbit.low(names, dense) if self.lowbit is not None else None
+        return Weight(dense, None if bias is None else bias.detach(), low)
 
     def _parts(self, layer: nn.Module, index: int) -> LayerParts:
         attn = base_of(layer.self_attn)
         cfg = self.config
         head_dim = attn.head_dim
         window = getattr(attn, "sliding_window", None) if hasattr(attn, "sliding_window") else getattr(cfg, "sliding_window", None)
+        q_name, k_name, v_name, o_name = (self._name(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
         qkv_weight, qkv_bias = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+        qkv = self._weight([q_name, k_name, v_name], qkv_weight, qkv_bias)
+        q_size = attn.q_proj.out_features
+        q, kv = qkv.rows(0, q_size), qkv.rows(q_size, qkv_weight.shape[0])
         parts = AttentionParts(
-            qkv_weight=qkv_weight,
-            qkv_bias=qkv_bias,
-            q_size=attn.q_proj.out_features,
+            qkv=qkv,
+            q=replace(q, low=self._weight([q_name], q.dense).low),
+            kv=replace(kv, low=self._weight([k_name, v_name], kv.dense).low),
+            o=self._weight([o_name], attn.o_proj.weight.detach(), attn.o_proj.bias),
+            q_size=q_size,
             kv_size=attn.k_proj.out_features,
-            o_proj=attn.o_proj,
-            q_norm=getattr(attn, "q_norm", None),
-            k_norm=getattr(attn, "k_norm", None),
+            q_norm=fast_norm(getattr(attn, "q_norm", None), self.family),
+            k_norm=fast_norm(getattr(attn, "k_norm", None), self.family),
             n_heads=cfg.num_attention_heads,
             n_kv_heads=cfg.num_key_value_heads,
             head_dim=head_dim,
@@ -134,26 +182,49 @@ class Anatomy:
         sandwich = self.family in SANDWICH
         mlp = base_of(layer.mlp)
         gated = all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+        gate_up = down = None
+        if gated:
+            names = [self._name(mlp.gate_proj), self._name(mlp.up_proj)]
+            gate_up = self._weight(names, fuse_linears([mlp.gate_proj, mlp.up_proj])[0])
+            down = self._weight([self._name(mlp.down_proj)], mlp.down_proj.weight.detach(), mlp.down_proj.bias)
         return LayerParts(
             attn=parts,
-            attn_norm=layer.input_layernorm,
+            attn_norm=fast_norm(layer.input_layernorm, self.family),
             attn_post_norm=layer.post_attention_layernorm if sandwich else None,
             mlp=mlp,
-            mlp_norm=layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
+            mlp_norm=layer.pre_feedforward_layernorm if sandwich else fast_norm(layer.post_attention_layernorm, self.family),
             mlp_post_norm=layer.post_feedforward_layernorm if sandwich else None,
-            gate_up=fuse_linears([mlp.gate_proj, mlp.up_proj])[0] if gated else None,
+            gate_up=gate_up,
+            down=down,
             upcast=self.upcast,
         )
 
     def rope(self, h: torch.Tensor, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Rotary tables for `positions` (T,) in `kernels.rope_tables` form, one per rotary kind used."""
-        pos = positions.view(1, -1)
-        if not self.per_type_rope:
-            return {"default": rope_tables(*self.rotary(h, pos))}
-        return {kind: rope_tables(*self.rotary(h, pos, kind)) for kind in set(self.layer_types)}
+        """Rotary tables for `positions` (T,) in `kernels.rope_tables` form, one per rotary kind used.
+
+        Cut from tables of positions 0..n-1 computed once by the model's own rotary module (n doubles
+        when a position goes past it), so a decode step indexes instead of recomputing; exact, since
+        the module computes each position on its own. Rotary kinds whose frequencies depend on the
+        sequence length ("dynamic") are computed per forward.
+        """
+        if self.dynamic_rope:
+            pos = positions.view(1, -1)
+            if not self.per_type_rope:
+                return {"default": rope_tables(*self.rotary(h, pos))}
+            return {kind: rope_tables(*self.rotary(h, pos, kind)) for kind in set(self.layer_types)}
+        need = int(positions[-1]) + 1  # positions of one forward increase
+        full = self._rope_full.get(h.dtype)
+        if full is None or full[0] < need:
+            n = max(need, 2 * full[0] if full else 256)
+            pos = torch.arange(n, device=h.device).view(1, -1)
+            kinds = ["default"] if not self.per_type_rope else sorted(set(self.layer_types))
+            args = [(kind,) if self.per_type_rope else () for kind in kinds]
+            full = (n, {kind: rope_tables(*self.rotary(h, pos, *a)) for kind, a in zip(kinds, args)})
+            self._rope_full[h.dtype] = full  # one assignment: a request on another thread sees old or new
+        return {kind: (cos.index_select(2, positions), sin.index_select(2, positions)) for kind, (cos, sin) in full[1].items()}
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = linear(self.final_norm(h), self.lm_head.weight, self.lm_head.bias, self.upcast)
+        logits = self.head(self.final_norm(h), self.upcast)
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

@@ -49,7 +49,7 @@ def run_all(args, log=print) -> dict:
             from routerlab.core.models import load_model
 
             loaded = load_model(device="cpu")
-            server = serve(Engine(loaded.model, loaded.tokenizer, name=loaded.name))
+            server = serve(Engine.from_loaded(loaded))
         else:
             server = spawn(env=env, log_path=Path(tempfile.gettempdir()) / "routerlab-loadtest-server.log")
     finally:

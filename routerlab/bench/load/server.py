@@ -250,7 +250,7 @@ def _serve_forever(port: int) -> int:
     from routerlab.core.models import load_model
 
     loaded = load_model(device="cpu")
-    server = serve(Engine(loaded.model, loaded.tokenizer, name=loaded.name), port=port)
+    server = serve(Engine.from_loaded(loaded), port=port)
     print(READY, server.url, flush=True)
     try:
         while True:

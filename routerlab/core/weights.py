@@ -1,0 +1,285 @@
+"""Weight formats and the products of linear maps: the one place that knows how a weight is stored.
+
+A decode step reads every weight once, so the bytes a weight occupies bound its speed. A `Weight`
+holds a linear map's dense weight in the model's dtype (prefill, training, long inputs: products of
+many rows are compute-bound, and there torch's weight-only int4 kernel is slower than a dense one)
+and, optionally, a low-bit copy used for products of at most `FEW_ROWS` rows (a decode step):
+
+- `Codes`: 4-bit codes in groups along the input, w = code * scale + minimum (GGUF's Q4_1 layout).
+  They come straight from a GGUF file's Q4_1 blocks (`read_q4_1`: the file's own codes, no
+  requantisation), from its Q8_0 blocks (`read_q8_0`: each 8-bit code split into two 4-bit halves,
+  w = d * (16 * hi + lo - 128), one product over the input tiled twice: exact for Q8_0's per-group
+  scales), or from requantising a dense weight (`quantize_int4`). `Codes.pack()` makes an `Int4`.
+- `Int4`: torch's CPU weight-only int4 kernel (`_weight_int4pack_mm_for_cpu`). It computes in bf16
+  (its fp32 path is ~17x slower), so activations are rounded to bf16 for the product and the result
+  returned in the caller's dtype; scales and zero points are held in bf16, as the kernel requires.
+- `Int8`: per-output-channel symmetric int8 (`_weight_int8pack_mm`), requantised from a dense weight.
+
+Also the dense products under the precision policy (`linear`, `wants_upcast`: long inputs computed
+in fp32 where bf16 is only emulated) and the fusion of maps that share an input (`fuse_linears`).
+
+Knows nothing about transformers' module paths (routed.Anatomy and models.py name the weights),
+routers, KV policies or files other than a GGUF tensor's raw blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+UPCAST_MIN_TOKENS = 8  # rows from which an fp32 product beats the emulated bf16 one (see bench speed)
+FEW_ROWS = 4  # products of at most this many rows use a low-bit copy: a decode step (int4 loses to dense beyond)
+KERNEL_DTYPE = torch.bfloat16  # the int4 / int8 CPU kernels' fast path
+FORMATS = ("16bit", "int4", "int8")  # what --quantize accepts (16bit: no low-bit copy)
+
+
+# -- dense products ------------------------------------------------------------------------------
+def wants_upcast(n_tokens: int, upcast: bool) -> bool:
+    return upcast and n_tokens >= UPCAST_MIN_TOKENS
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, upcast: bool = False) -> torch.Tensor:
+    """x @ weight.T + bias, computed in fp32 for long inputs when `upcast`: bf16 weights on a CPU without
+    native bf16 units, where torch's many-row bf16 products fall back to a slow path (measured: a
+    512-token prefill 6.6x slower than fp32), while one-row products stay fast."""
+    if wants_upcast(x.shape[-2], upcast):
+        b = bias.float() if bias is not None else None
+        return F.linear(x.float(), weight.float(), b).to(x.dtype)
+    return F.linear(x, weight, bias)
+
+
+def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linear maps of the same input, stacked by output rows.
+
+    The originals' parameters are re-pointed to views of the fused tensor, so no weight is held
+    twice and the modules (and transformers' own forward) compute exactly as before. Biases are
+    fused when every map has one (Qwen 2), else left to the modules (none of the supported
+    families mixes them).
+    """
+    weight = torch.cat([lin.weight.detach() for lin in linears])  # (sum(out), in)
+    for lin, part in zip(linears, weight.split([lin.out_features for lin in linears])):
+        lin.weight.data = part
+    bias = None
+    if all(lin.bias is not None for lin in linears):
+        bias = torch.cat([lin.bias.detach() for lin in linears])
+        for lin, part in zip(linears, bias.split([lin.out_features for lin in linears])):
+            lin.bias.data = part
+    elif any(lin.bias is not None for lin in linears):
+        raise ValueError("cannot fuse linear maps where only some have a bias")
+    return weight, bias
+
+
+# -- low-bit kernels -----------------------------------------------------------------------------
+INT4_GROUPS = (32, 64, 128, 256)  # group sizes the CPU int4 kernel takes
+
+
+def int4_packable(n: int, k: int, group: int) -> bool:
+    """The CPU int4 kernel's shape rules: output rows in multiples of 16, whole groups of a size it takes."""
+    return n % 16 == 0 and group in INT4_GROUPS and k % group == 0
+
+
+@dataclass(frozen=True)
+class Int4:
+    """Packed int4 weight for torch's CPU kernel: w = (code - 8) * scale + zero, per group of the input."""
+
+    packed: torch.Tensor  # (N, K * tiles / 2) uint8, the kernel's layout
+    scales_zeros: torch.Tensor  # (K * tiles / group, N, 2) bf16
+    group: int
+    tiles: int = 1  # the input is repeated this many times along K (Q8_0 as two 4-bit halves)
+    label: str = "int4"
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        """x (n, K) -> (n, N) in bf16."""
+        x = x.to(KERNEL_DTYPE)
+        if self.tiles > 1:
+            x = x.repeat(1, self.tiles)  # (n, tiles * K)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+
+@dataclass(frozen=True)
+class Int8:
+    """Per-output-channel symmetric int8: w = code * scale."""
+
+    codes: torch.Tensor  # (N, K) int8
+    scales: torch.Tensor  # (N,) bf16
+    label: str = "int8 per channel (requantised)"
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x.to(KERNEL_DTYPE), self.codes, self.scales)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + 2 * self.scales.numel()
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8:
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(KERNEL_DTYPE)  # (N,), as the kernel will hold them
+    codes = (w / scales.float()[:, None]).round().clamp(-128, 127).to(torch.int8)
+    return Int8(codes.contiguous(), scales)
+
+
+# -- 4-bit codes: from a GGUF file or a dense weight ---------------------------------------------
+@dataclass(frozen=True)
+class Codes:
+    """4-bit codes with a scale and a minimum per group along the input: w = code * scale + minimum.
+
+    With `tiles` > 1 the input is tiled: the weight is the sum of `tiles` blocks of K columns each.
+    Rows are output features; `cat` stacks maps of the same input, `permute_rows` reorders them.
+    """
+
+    codes: torch.Tensor  # (N, tiles * K) uint8 in 0..15
+    scale: torch.Tensor  # (N, tiles * K / group) float32
+    minimum: torch.Tensor  # (N, tiles * K / group) float32
+    group: int
+    tiles: int = 1
+    source: str = "int4"  # what made them, for labels: "Q4_1", "Q8_0", "int4 g32 (requantised)"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, k = self.codes.shape
+        return n, k // self.tiles
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight (N, K) the codes stand for."""
+        n, k = self.codes.shape
+        w = self.codes.float().view(n, -1, self.group) * self.scale[..., None] + self.minimum[..., None]
+        return w.view(n, self.tiles, k // self.tiles).sum(dim=1)
+
+    def permute_rows(self, order: torch.Tensor) -> Codes:
+        return replace(self, codes=self.codes[order], scale=self.scale[order], minimum=self.minimum[order])
+
+    @staticmethod
+    def cat(parts: list[Codes]) -> Codes:
+        first = parts[0]
+        if any((p.group, p.tiles, p.shape[1]) != (first.group, first.tiles, first.shape[1]) for p in parts):
+            raise ValueError("cannot stack codes of different layouts")
+        return replace(first, codes=torch.cat([p.codes for p in parts]), scale=torch.cat([p.scale for p in parts]),
+                       minimum=torch.cat([p.minimum for p in parts]))
+
+    def pack(self) -> Int4:
+        n, k = self.codes.shape
+        if not int4_packable(n, k, self.group):
+            raise ValueError(f"a ({n}, {k}) weight in groups of {self.group} does not fit the int4 kernel")
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes.to(torch.int32).contiguous(), 1)
+        zero = self.minimum + 8 * self.scale  # the kernel's form: (code - 8) * scale + zero
+        scales_zeros = torch.stack([self.scale, zero], dim=-1).transpose(0, 1).contiguous()  # (K/g, N, 2)
+        label = f"{self.source} codes as int4 (group {self.group})"
+        return Int4(packed, scales_zeros.to(KERNEL_DTYPE), self.group, self.tiles, label)
+
+
+def quantize_int4(weight: torch.Tensor, group: int = 32) -> Codes:
+    """Requantise a dense (N, K) weight to 4-bit codes, asymmetric per group of `group` inputs (as Q4_1)."""
+    w = weight.detach().float()
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"input size {k} is not a multiple of the group size {group}")
+    g = w.view(n, k // group, group)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # (N, K/g)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    codes = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).view(n, k)
+    return Codes(codes, scale, lo, group, source=f"int4 g{group} (requantised)")
+
+
+_Q4_1_BLOCK, _Q8_0_BLOCK, _QK = 20, 34, 32  # bytes per block of 32 weights: Q4_1 d, m (fp16) + 16 B; Q8_0 d + 32 B
+
+
+def read_q4_1(raw: np.ndarray) -> Codes:
+    """GGUF Q4_1 rows (N, K / 32 * 20) uint8 -> Codes: per block, fp16 d and m, then 16 bytes whose low
+    nibbles are weights 0-15 and high nibbles weights 16-31; w = q * d + m."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, _Q4_1_BLOCK)  # (N, K/32, 20)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    qs = blocks[..., 4:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)  # (N, K)
+    return Codes(torch.from_numpy(codes), torch.from_numpy(d.astype(np.float32)), torch.from_numpy(m.astype(np.float32)),
+                 _QK, source="Q4_1")
+
+
+def read_q8_0(raw: np.ndarray) -> Codes:
+    """GGUF Q8_0 rows (N, K / 32 * 34) uint8 -> Codes over the input tiled twice: per block an fp16 d and
+    32 int8 q; q + 128 = 16 * hi + lo, so w = d * q = (16 d) * hi - 128 d  +  d * lo, exactly."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, _Q8_0_BLOCK)  # (N, K/32, 34)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, K/32)
+    q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, -1)  # (N, K) in 0..255
+    codes = np.concatenate([q >> 4, q & 0x0F], axis=1)  # (N, 2K): hi block, then lo block
+    scale = np.concatenate([16 * d, d], axis=1)
+    minimum = np.concatenate([-128 * d, np.zeros_like(d)], axis=1)
+    return Codes(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(minimum), _QK, tiles=2, source="Q8_0")
+
+
+# -- a linear map as the engine sees it --------------------------------------------------------------
+@dataclass(frozen=True)
+class Weight:
+    """A linear map: its dense weight (N, K) and bias, and a low-bit copy for products of few rows."""
+
+    dense: torch.Tensor
+    bias: torch.Tensor | None = None
+    low: Int4 | Int8 | None = None
+
+    def __call__(self, x: torch.Tensor, upcast: bool = False) -> torch.Tensor:
+        """x (..., T, K) -> (..., T, N): the low-bit copy for a decode step's few rows, else the dense weight."""
+        if self.low is None or x.shape[:-1].numel() > FEW_ROWS:
+            return linear(x, self.dense, self.bias, upcast)
+        y = self.low.mm(x.reshape(-1, x.shape[-1])).to(x.dtype).view(*x.shape[:-1], -1)
+        return y if self.bias is None else y + self.bias
+
+    def rows(self, start: int, stop: int) -> Weight:
+        """Rows start:stop (dense only): a part of a fused map whose low-bit copy is held separately."""
+        b = None if self.bias is None else self.bias[start:stop]
+        return Weight(self.dense[start:stop], b)
+
+    @property
+    def label(self) -> str:
+        return self.low.label if self.low is not None else str(self.dense.dtype).removeprefix("torch.")
+
+
+# -- which low-bit copies a model gets ---------------------------------------------------------------
+@dataclass(frozen=True)
+class LowBitPlan:
+    """How the linear maps of a model get their low-bit copies for decode steps.
+
+    `codes` (parameter name -> Codes): a model file's own codes (the embedded GGUF); maps whose names
+    are all there are packed from them, stacked in the order given (a fused q|k|v), others keep only
+    their dense weight. Without `codes`, every map is requantised from its dense weight to `format`.
+    """
+
+    format: str  # "int4" | "int8"
+    codes: dict[str, Codes] | None = None
+    group: int = 32  # requantised int4 only
+
+    def __post_init__(self):
+        if self.format not in FORMATS[1:]:
+            raise ValueError(f"unknown low-bit format {self.format!r}; choose from {FORMATS[1:]}")
+
+    def low(self, names: list[str], dense: torch.Tensor) -> Int4 | Int8 | None:
+        """The low-bit copy of the map made of `names` (stacked), or None where it keeps only its dense weight."""
+        if self.codes is not None:
+            if not all(n in self.codes for n in names):
+                return None
+            codes = Codes.cat([self.codes[n] for n in names])
+            return codes.pack() if int4_packable(*codes.codes.shape, codes.group) else None
+        if self.format == "int8":
+            return quantize_int8(dense)
+        n, k = dense.shape
+        return quantize_int4(dense, self.group).pack() if int4_packable(n, k, self.group) else None
+
+    @property
+    def label(self) -> str:
+        """One line for logs, trace meta and the UI."""
+        if self.codes is not None:
+            sources = sorted({c.source for c in self.codes.values()})
+            return f"the file's own {' and '.join(sources)} codes at decode (int4 kernel, group 32), 16-bit prefill"
+        if self.format == "int8":
+            return "int8 per channel (requantised) at decode, 16-bit prefill"
+        return f"int4 group {self.group} (requantised) at decode, 16-bit prefill"
