@@ -19,14 +19,15 @@ import time
 
 from routerlab import ui
 from routerlab.core.errors import RouterLabError
+from routerlab.core.models import check_quantize
 from routerlab.core.precision import check_dtype, env_dtype
 
 
-def load_engine(spec: str | None, dtype: str = "auto"):
+def load_engine(spec: str | None, dtype: str = "auto", quantize: str = "auto"):
     from routerlab.core.engine import Engine
     from routerlab.core.models import load_model
 
-    loaded = load_model(spec, dtype=dtype)
+    loaded = load_model(spec, dtype=dtype, quantize=quantize)
     return Engine.from_loaded(loaded), loaded
 
 
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     parser.add_argument("--model", default=os.environ.get("ROUTERLAB_MODEL") or None, help="hub id or folder (default: the embedded model)")
     parser.add_argument("--dtype", default=None, help="auto, float32 or bfloat16 (default: $ROUTERLAB_DTYPE, else auto)")
+    parser.add_argument("--quantize", default=None, help="weights a decode step reads: auto (the embedded model's own 4-bit "
+                        "codes on a CPU), 16bit, int4 or int8 (requantised, weight-only; default: $ROUTERLAB_QUANTIZE, else auto)")
     parser.add_argument("--no-warmup", action="store_true", help="skip measuring the per-layer costs at start-up (Explore then shows no estimated speedup)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -45,19 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         dtype = check_dtype(args.dtype) if args.dtype else env_dtype()
-        engine, loaded = load_engine(args.model, dtype)
+        quantize = check_quantize(args.quantize or os.environ.get("ROUTERLAB_QUANTIZE"))
+        engine, loaded = load_engine(args.model, dtype, quantize)
     except RouterLabError as err:
         print(f"RouterLab: cannot load the model. {err}", file=sys.stderr)
         return 1
     print(f"RouterLab: {engine.name} ready ({engine.n_layers} layers, {engine.precision}, from {loaded.source}) "
           f"in {time.perf_counter() - start:.1f} s", flush=True)
+    print(f"RouterLab: decode reads {engine.weights}", flush=True)
 
     limits = ui.Limits.from_env()
     res = ui.Resources(
         engine,
         limits,
-        model_loader=lambda name: load_engine(name, dtype)[0],
-        status=f"Model **{engine.name}** loaded ({engine.n_layers} layers, {loaded.source}). Pick a prompt and press **Generate**.",
+        model_loader=lambda name: load_engine(name, dtype, quantize)[0],
+        status=f"Model **{engine.name}** loaded ({engine.n_layers} layers, {loaded.source}; decode reads {engine.weights}). "
+               "Pick a prompt and press **Generate**.",
     )
     if not args.no_warmup:
         print("RouterLab: measuring per-layer costs on this machine (Explore's estimated speedup) …", flush=True)

@@ -15,6 +15,7 @@ from routerlab.core.config import DECAYS, GRANULARITIES, KV_POLICIES
 from routerlab.tuning.data import SPLITS
 from routerlab.core.errors import RouterLabError
 from routerlab.core.precision import CHOICES as DTYPE_CHOICES
+from routerlab.core.weights import FORMATS as WEIGHT_FORMATS
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -23,7 +24,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--granularity", default="attention-token", help=f"one of {', '.join(GRANULARITIES)}")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     _add_dtype(p)
+    _add_quantize(p)
     p.add_argument("--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)")
+
+
+def _add_quantize(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantize", default="auto", choices=("auto", *WEIGHT_FORMATS),
+                   help="weights a decode step reads (prefill keeps 16-bit ones): auto = the embedded model's own 4-bit "
+                        "codes on a CPU, 16-bit elsewhere; int4 / int8 requantise another model's weights (weight-only); "
+                        "16bit = none")
 
 
 def _add_dtype(p: argparse.ArgumentParser, default: str = "auto", why: str = "") -> None:
@@ -55,9 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = bench.add_parser("speed", help="decode tokens/s: transformers generate vs the engine, KV policies side by side")
     s.add_argument("--model", default=None)
     _add_dtype(s)
+    _add_quantize(s)
     s.add_argument("--prompt-tokens", type=int, default=512)
     s.add_argument("--new-tokens", type=int, default=128)
-    s.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
+    s.add_argument("--long-context", type=int, default=2048, help="also decode at this many tokens of context (0: skip)")
+    s.add_argument("--ttft-tokens", type=int, default=2048, help="prompt length of the time-to-first-token figures (0: skip)")
+    s.add_argument("--no-peers", action="store_true", help="leave llama.cpp out even when llama-cpp-python imports")
+    s.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--save", default=None, help="also write the JSON result to this file (make bench: assets/bench/speed.json)")
@@ -98,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--limit", type=int, default=None)
     pr.add_argument("--granularity", default="attention-token")
     pr.add_argument("--routers", default=None, help="router folder (default: the shipped set of --granularity)")
+    _add_quantize(pr)
     pr.add_argument("--save", default=None, help="also write the JSON result here (assets/bench/precision.json)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=_bench_precision)
@@ -278,7 +292,8 @@ def _generate(args) -> int:
         RoutingConfig.from_granularity(args.granularity)
     GenerateConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                            threshold=0.5 if args.threshold is None else args.threshold, kv_policy=args.kv_policy or "kv")
-    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
+    loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code, dtype=args.dtype,
+                        quantize=args.quantize)
     routers, defaults = resolve_routers(args.routers, args.granularity, loaded.model)
     config = GenerateConfig(
         max_new_tokens=args.max_new_tokens,
@@ -338,7 +353,9 @@ def _bench_speed(args) -> int:
     if args.prompt_tokens < 1 or args.new_tokens < 2 or args.rounds < 1:
         raise RouterLabError("--prompt-tokens and --rounds must be >= 1, --new-tokens >= 2.")
     result = speed_benchmark(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                             rounds=args.rounds, threads=args.threads, dtype=args.dtype)
+                             rounds=args.rounds, threads=args.threads, dtype=args.dtype, quantize=args.quantize,
+                             long_context=args.long_context, ttft_tokens=args.ttft_tokens, peers=not args.no_peers,
+                             log=lambda *a: print(*a, file=sys.stderr))
     if args.save:
         Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1) if args.json else format_speed(result))
@@ -408,7 +425,7 @@ def _bench_precision(args) -> int:
     from routerlab.bench.precision import format_precision, precision_report
 
     result = precision_report(args.model, args.data, args.split, args.limit, args.granularity, args.routers,
-                              log=lambda m: print(m, file=sys.stderr, flush=True))
+                              quantize=args.quantize, log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.save:
         Path(args.save).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1) if args.json else format_precision(result))

@@ -6,20 +6,27 @@ from routerlab.bench.speed import format_speed, ideal_speedup, speed_benchmark
 
 
 def test_speed_report_has_ratios_and_ideals(embedded):
-    r = speed_benchmark(prompt_tokens=24, new_tokens=4, rounds=1, loaded=embedded, ttft_tokens=40, ttft_rounds=1)
-    for key in ("generate", "engine", "engine_never_skip", "deep_off_mask", "deep_off_kv", "deep_off_drop"):
+    r = speed_benchmark(prompt_tokens=24, new_tokens=4, rounds=1, loaded=embedded, long_context=48, ttft_tokens=40,
+                        ttft_rounds=1, peers=False, log=lambda *_: None)
+    for key in ("generate", "engine", "engine_never_skip", "deep_off_mask", "deep_off_kv", "deep_off_drop", "engine_16bit"):
         assert r["tokens_per_second"][key] > 0
     assert math.isfinite(r["engine_vs_generate"]) and math.isfinite(r["drop_speedup"])
-    assert r["dtype"] in ("float32", "bfloat16") and math.isfinite(r["engine_vs_fp32_engine"])
-    assert ("engine_fp32" in r["tokens_per_second"]) == (r["dtype"] != "float32")
-    # SmolLM2-135M ties its head to the embedding: a step reads every weight once, ~135M parameters
+    assert math.isfinite(r["engine_vs_16bit_engine"]) and r["engine_vs_llama_cpp"] is None  # peers off
+    assert "Q4_1" in r["weights"] and r["cpu_model"]
+    # SmolLM2-135M ties its head to the embedding: a step reads every weight once, ~135M parameters; the default
+    # path reads the file's 4-bit codes (5 bits a weight with scales and zero points; the head's 8-bit codes as two halves)
+    b = r["bytes_per_step"]
     per_param = 2 if r["dtype"] == "bfloat16" else 4
-    assert 120e6 * per_param < r["decode_weight_bytes"] < 140e6 * per_param
+    assert 120e6 * per_param < b["engine_16bit"] == b["generate"] < 140e6 * per_param
+    assert 60e6 < b["engine"] < 110e6 and r["decode_weight_bytes"] == b["engine"]
     assert r["bandwidth_bound_tokens_per_second"] > 0 and 0 < r["fraction_of_bandwidth_bound"] < 1.5
-    assert r["ttft_seconds"]["prompt_tokens"] == 40 and r["ttft_seconds"]["engine"] > 0 and r["ttft_seconds"]["generate"] > 0
+    f = r["ttft_seconds"]
+    assert f["prompt_tokens"] == 40 and f["engine"] > 0 and f["generate"] > 0 and f["llama_cpp"] is None
+    assert r["long_context"]["context_tokens"] == 48 and r["long_context"]["tokens_per_second"]["engine"] > 0
     assert r["ideal_speedup"]["mask"] == 1.0
     assert r["skipped_layers"] == list(range(15, 30)) and math.isfinite(r["routing"])
-    assert "engine_vs_generate" in format_speed(r)
+    text = format_speed(r)
+    assert "engine_vs_generate" in text and "llama.cpp: not measured" in text
 
 
 def test_ideal_speedup_removes_exactly_the_skipped_work():

@@ -134,3 +134,26 @@ def test_sweep_scores_tuned_random_and_static_on_the_same_tokens_and_logs_kl(set
     assert len(lines) == 4 and all("KL " in line and "ppl " in line for line in lines)
     assert lines[0].startswith("tuned t=0.2000") and lines[2].startswith("random p=0.5000")
     assert lines[3].startswith(f"static k=1 {out['static'][0]['dropped_layers']}")
+
+
+@pytest.mark.parametrize("granularity,policy", [("attention-token", "kv"), ("attention-token", "drop"), ("attention-sequence", "kv")])
+def test_stepwise_forward_matches_the_teacher_forced_forward(granularity, policy):
+    """One decode step per response token computes what one teacher-forced forward does (fp32, dense)."""
+    from routerlab.core.config import RoutingConfig
+    from routerlab.core.engine import Plan
+    from routerlab.core.models import tiny_model
+    from routerlab.core.routed import Anatomy
+    from routerlab.core.router import RouterSet
+    from routerlab.tuning.forward import stepwise_forward, student_forward
+
+    model = tiny_model("llama")
+    routers = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, (1, 2)))
+    with torch.no_grad():
+        for layer in (1, 2):
+            routers.get(layer).proj.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(layer))
+    anatomy, ids = Anatomy(model), torch.tensor([[(5 * i + 2) % 128 for i in range(14)]])
+    with torch.no_grad():
+        a_logits, a_scores = student_forward(anatomy, ids, 6, Plan(routers, 0.5, policy))
+        b_logits, b_scores = stepwise_forward(anatomy, ids, 6, Plan(routers, 0.5, policy))
+    assert a_logits.shape == b_logits.shape == (1, 8, 128)
+    assert torch.allclose(a_logits, b_logits, atol=1e-4) and torch.allclose(a_scores, b_scores, atol=1e-5, equal_nan=True)

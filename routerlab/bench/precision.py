@@ -1,10 +1,14 @@
-"""`bench precision`: the same routers on the same held-out answers with the base in float32 and in bfloat16.
+"""`bench precision`: the same routers on the same held-out answers with the base in float32, in bfloat16, and
+on the default path (bfloat16 with the model's low-bit weights at decode, every response token a decode step).
 
 Reports, for each precision, the full and routed model's perplexity, KL from that precision's own
 full model and the skip rate at the routers' default threshold, and how many routing decisions
 bfloat16 flips: (a) scored at full depth (only the router inputs differ), (b) as the routed model
 runs (a flip early in a sequence also changes what later layers see). The bf16 model is the fp32
-one rounded, so the comparison isolates precision. Writes assets/bench/precision.json with --save.
+one rounded, so the comparison isolates precision. The default path is scored as it generates (one
+decode step per response token, `stepwise_forward`), against the float32 model: its perplexity, its KL
+from the float32 model, and the routing decisions it flips as routed. Writes assets/bench/precision.json
+with --save.
 
 Knows nothing about the UI.
 """
@@ -22,29 +26,31 @@ from routerlab.core.precision import describe, dtype_name
 from routerlab.core.routed import Anatomy
 from routerlab.tuning.checkpoint import resolve_routers
 from routerlab.tuning.data import encode_all, load_records
-from routerlab.tuning.evaluate import evaluate_examples
-from routerlab.tuning.forward import student_forward
+from routerlab.tuning.evaluate import evaluate_examples, full_depth
+from routerlab.tuning.forward import stepwise_forward, student_forward
 
 DEFAULT_DATA = "assets/data/selfdistill_extra.jsonl"
 
 
 @torch.no_grad()
-def decisions(anatomy, routers, examples, threshold: float, policy: str, routed: bool) -> torch.Tensor:
+def decisions(anatomy, routers, examples, threshold: float, policy: str, routed: bool, stepwise: bool = False) -> torch.Tensor:
     """1 where a routed response cell runs, 0 where it skips (flat over examples, unrouted cells dropped)."""
     out = []
     device = anatomy.embed.weight.device
+    run = stepwise_forward if stepwise else student_forward
     for ex in examples:
         ids = torch.tensor([ex.ids], device=device)
         plan = Plan(routers, threshold if routed else 0.0, policy)  # threshold 0: nothing skips, scores at full depth
-        _, scores = student_forward(anatomy, ids, ex.start, plan, logits=False)
+        _, scores = run(anatomy, ids, ex.start, plan, logits=False)
         s = scores[ex.start:].flatten().float().cpu()
         out.append(s[~torch.isnan(s)] >= threshold)
     return torch.cat(out)
 
 
 def precision_report(model_spec: str | None = None, data: str = DEFAULT_DATA, split: str = "heldout", limit: int | None = None,
-                     granularity: str = "attention-token", routers_path: str | None = None, log=print) -> dict:
-    fp32 = load_model(model_spec, device="cpu", dtype="float32")
+                     granularity: str = "attention-token", routers_path: str | None = None, quantize: str = "auto",
+                     log=print) -> dict:
+    fp32 = load_model(model_spec, device="cpu", dtype="float32", quantize=quantize)
     models = {"float32": fp32.model, "bfloat16": copy.deepcopy(fp32.model).to(torch.bfloat16)}
     examples = encode_all(load_records(data, split), fp32.tokenizer)[:limit]
     out = {"model": fp32.name, "data": data, "split": split, "examples": len(examples), "granularity": granularity}
@@ -77,7 +83,40 @@ def precision_report(model_spec: str | None = None, data: str = DEFAULT_DATA, sp
         out[f"decisions_flipped_{kind}"] = float((x[:n] != y[:n]).float().mean())
         out["routed_cells"] = n
     out["dtype_names"] = [dtype_name(torch.float32), dtype_name(torch.bfloat16)]
+    if fp32.lowbit is not None:
+        out["default"] = default_path(models["bfloat16"], fp32.lowbit, models["float32"], examples, routers_path, granularity,
+                                      found["float32"]["routed"], log)
     return out
+
+
+def default_path(model, lowbit, fp32_model, examples, routers_path, granularity: str, fp32_routed: torch.Tensor, log) -> dict:
+    """The bf16 model with its low-bit weights at decode, scored one decode step per response token,
+    against the float32 model (teacher-forced: the same numbers a float32 generation computes)."""
+    anatomy = Anatomy(model, lowbit)
+    reference = full_depth(Anatomy(fp32_model), examples)
+    t0 = time.perf_counter()
+    own = evaluate_examples(anatomy, examples, None, full=reference, stepwise=True)  # no routers: the model vs fp32
+    routers, defaults = resolve_routers(routers_path, granularity, model)
+    threshold, policy = defaults["threshold"], defaults["kv_policy"]
+    routed = evaluate_examples(anatomy, examples, routers, threshold, policy, stepwise=True)
+    runs = decisions(anatomy, routers, examples, threshold, policy, routed=True, stepwise=True)
+    n = min(len(runs), len(fp32_routed))
+    result = {
+        "weights": lowbit.label,
+        "seconds": time.perf_counter() - t0,
+        "perplexity_full": own["perplexity_routed"],
+        "perplexity_full_fp32": own["perplexity_full"],
+        "perplexity_full_vs_fp32": own["perplexity_routed"] / own["perplexity_full"] - 1.0,
+        "kl_from_fp32": own["kl_full"],
+        "agreement_with_fp32": own["agreement"],
+        **{k: routed[k] for k in ("perplexity_routed", "perplexity_increase", "kl_full", "agreement", "skip_rate",
+                                  "skip_rate_all_layers", "tokens", "threshold")},
+        "decisions_flipped_routed": float((runs[:n] != fp32_routed[:n]).float().mean()),
+    }
+    log(f"default path ({lowbit.label}): full ppl {result['perplexity_full']:.4f} ({result['perplexity_full_vs_fp32']:+.2%} vs "
+        f"fp32), KL from fp32 {result['kl_from_fp32']:.4f}, routed ppl {result['perplexity_routed']:.4f} "
+        f"({result['perplexity_increase']:+.2%}), decisions flipped {result['decisions_flipped_routed']:.2%}, {result['seconds']:.0f} s")
+    return result
 
 
 def format_precision(r: dict) -> str:
@@ -90,4 +129,10 @@ def format_precision(r: dict) -> str:
     lines.append(f"  bf16 vs fp32: full ppl {r['perplexity_full_bf16_vs_fp32']:+.2%}, routed ppl {r['perplexity_routed_bf16_vs_fp32']:+.2%}; "
                  f"decisions flipped {r['decisions_flipped_full']:.2%} (scored at full depth), "
                  f"{r['decisions_flipped_routed']:.2%} (as routed) of {r['routed_cells']} routed cells")
+    d = r.get("default")
+    if d:
+        lines.append(f"  default path ({d['weights']}; every response token a decode step): full ppl {d['perplexity_full']:.4f} "
+                     f"({d['perplexity_full_vs_fp32']:+.2%} vs float32), KL from float32 {d['kl_from_fp32']:.4f}, top-1 agreement "
+                     f"{d['agreement_with_fp32']:.2%}; routed ppl {d['perplexity_routed']:.4f} ({d['perplexity_increase']:+.2%}), "
+                     f"skip {d['skip_rate_all_layers']:.2%} of all layers; decisions flipped vs float32 {d['decisions_flipped_routed']:.2%} (as routed)")
     return "\n".join(lines)

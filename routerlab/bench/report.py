@@ -187,35 +187,60 @@ def _matrix(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _peer_rows(r: dict) -> list[str]:
+    """The reference rows of a speed result: the engine's 16-bit path, transformers, llama.cpp (rates, bytes)."""
+    tps, b = r["tokens_per_second"], r.get("bytes_per_step", {})
+
+    def mb(key: str) -> str:
+        return f"{b[key] / 1e6:.0f}" if key in b else "-"
+
+    rows = [f"| transformers `generate` ({r.get('dtype', 'bare model')}) | {tps['generate']:.2f} | {mb('generate')} | "
+            f"{_num(r['engine_vs_generate'])}x | - | - |"]
+    if "engine_16bit" in tps:
+        rows.insert(0, f"| engine, 16-bit weights, no routers | {tps['engine_16bit']:.2f} | {mb('engine_16bit')} | "
+                       f"{_num(r['engine_vs_16bit_engine'])}x | - | - |")
+    if tps.get("llama_cpp") is not None:
+        rows.append(f"| llama.cpp {r.get('llama_cpp_version') or ''} on the same GGUF | {tps['llama_cpp']:.2f} | {mb('llama_cpp')} | "
+                    f"{_num(r['engine_vs_llama_cpp'])}x | - | - |")
+    return rows
+
+
 def speed_markdown(r: dict) -> list[str]:
     tps, speedup, ideal = r["tokens_per_second"], r["speedup"], r["ideal_speedup"]
     routed, deep = r["routed_layers"], r["skipped_layers"]
-    lines = [f"{r['model']} on {r['device']} ({r['threads']} threads), prompt of {r['prompt_tokens']} tokens, "
-             f"{r['new_tokens']} new tokens, {r['rounds']} interleaved rounds. Tokens/s are medians; each speedup is "
-             "the median of per-round ratios to the engine without routers, decoding in lockstep.", "",
-             "| configuration | tokens/s | speedup | ideal speedup | of ideal |", "|---|---|---|---|---|",
-             f"| transformers `generate` (bare model{', ' + r['dtype'] if 'dtype' in r else ''}) | {tps['generate']:.2f} | - | - | - |",
-             f"| engine, no routers{' (' + r['dtype'] + ')' if 'dtype' in r else ''} | {tps['engine']:.2f} | 1.000 (baseline) | - | - |",
-             *([f"| engine, no routers (float32, reference) | {tps['engine_fp32']:.2f} | - | - | - |"] if "engine_fp32" in tps else []),
-             f"| engine, routers on layers {routed[0]}-{routed[-1]}, never skipping | {tps['engine_never_skip']:.2f} "
+    b = r.get("bytes_per_step", {})
+    lines = [f"{r['model']} on {r['device']} ({r.get('cpu_model', 'CPU')}, {r['threads']} threads, vector unit {r.get('cpu', '?')}), "
+             f"prompt of {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['rounds']} interleaved rounds. Tokens/s are "
+             "medians; each ratio is the median of per-round ratios (the engine's rows decode in lockstep with the engine "
+             "without routers; transformers and llama.cpp run between its rounds).", "",
+             f"Weights a decode step reads: {r.get('weights', r.get('precision', 'not recorded'))}. Precision: {r.get('precision', 'not recorded')}.", "",
+             "| configuration | tokens/s | MB read a step | default path vs it / speedup | ideal speedup | of ideal |",
+             "|---|---|---|---|---|---|",
+             f"| **engine, no routers (default path)** | {tps['engine']:.2f} | {b['engine'] / 1e6:.0f} | 1.000 (baseline) | - | - |"
+             if "engine" in b else f"| engine, no routers | {tps['engine']:.2f} | - | 1.000 (baseline) | - | - |",
+             *_peer_rows(r),
+             f"| engine, routers on layers {routed[0]}-{routed[-1]}, never skipping | {tps['engine_never_skip']:.2f} | - "
              f"| {_num(r['routing'])} (the cost of routing) | 1.000 | - |"]
     for p in ("mask", "kv", "drop"):
         if f"deep_off_{p}" in tps:
-            lines.append(f"| engine, attention off on layers {deep[0]}-{deep[-1]}, KV policy {p} | {tps['deep_off_' + p]:.2f} "
+            lines.append(f"| engine, attention off on layers {deep[0]}-{deep[-1]}, KV policy {p} | {tps['deep_off_' + p]:.2f} | - "
                          f"| {_num(speedup[p])} | {_num(ideal[p])} | {100 * speedup[p] / ideal[p]:.0f}% |")
-    lines += ["", f"The engine without routers decodes {_num(r['engine_vs_generate'])}x as fast as transformers "
-              "`generate` on the same model" + (" in the same precision" if "dtype" in r else "") + "."]
-    if "dtype" in r:
-        lines += ["", f"- Precision: {r['precision']} (`--dtype auto` on this machine; CPU vector unit {r.get('cpu', '?')}).",
-                  f"- Against the float32 engine, decoding in lockstep: {_num(r['engine_vs_fp32_engine'])}x.",
-                  f"- Memory-bandwidth bound: {r['decode_weight_bytes'] / 1e6:.0f} MB of weights per decode step at "
-                  f"{r['read_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s read (best of 5 sums over 1 GiB, all threads, same run) "
-                  f"= {r['bandwidth_bound_tokens_per_second']:.1f} tokens/s; the engine reaches "
-                  f"{r['fraction_of_bandwidth_bound']:.2f} of it."]
-        if r.get("ttft_seconds"):
-            f = r["ttft_seconds"]
-            lines.append(f"- Time to first token at a {f['prompt_tokens']}-token prompt: engine {f['engine']:.2f} s, "
-                         f"transformers `generate` {f['generate']:.2f} s.")
+    lines.append("")
+    if "decode_weight_bytes" in r:
+        lines.append(f"- Memory-bandwidth bound of the default path: {r['decode_weight_bytes'] / 1e6:.0f} MB of weights per decode step at "
+                     f"{r['read_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s read (best of 5 sums over 1 GiB, all threads, same run) "
+                     f"= {r['bandwidth_bound_tokens_per_second']:.1f} tokens/s; the engine reaches {r['fraction_of_bandwidth_bound']:.2f} of it.")
+    lc = r.get("long_context")
+    if lc:
+        t = lc["tokens_per_second"]
+        peer = f", llama.cpp {t['llama_cpp']:.2f} (engine {_num(lc['engine_vs_llama_cpp'])}x)" if t.get("llama_cpp") else ""
+        sixteen = f", the engine's 16-bit path {t['engine_16bit']:.2f}" if t.get("engine_16bit") else ""
+        lines.append(f"- At {lc['context_tokens']} tokens of context: the engine decodes {t['engine']:.2f} tokens/s{sixteen}{peer}.")
+    if r.get("ttft_seconds"):
+        f = r["ttft_seconds"]
+        peer = f", llama.cpp {f['llama_cpp']:.2f} s" if f.get("llama_cpp") is not None else ""
+        lines.append(f"- Time to first token at a {f['prompt_tokens']}-token prompt: engine {f['engine']:.2f} s, "
+                     f"transformers `generate` {f['generate']:.2f} s{peer}.")
     lines += ["", costs_line(r["cost_seconds"]), ""]
     return lines
 

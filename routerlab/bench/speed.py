@@ -174,12 +174,12 @@ def decode_weight_bytes(model) -> int:
     return total
 
 
-def ttft(engine: Engine, model, ids: list[int], rounds: int) -> dict[str, float]:
-    """Seconds from prompt to first token: the engine's prefill and transformers' generate of one
-    token, alternating, medians."""
+def ttft(engine: Engine, model, ids: list[int], rounds: int, peer=None) -> dict[str, float | None]:
+    """Seconds from prompt to first token: the engine's prefill, transformers' generate of one token and
+    the peer's (llama.cpp), alternating, medians."""
     config = GenerateConfig(max_new_tokens=1, ignore_eos=True, max_new_tokens_cap=max(4096, len(ids) + 1))
     x = torch.tensor([ids], device=model.device)
-    engine_s, generate_s = [], []
+    engine_s, generate_s, peer_s = [], [], []
     for _ in range(rounds):
         control = Control(0.5)
         for _step in engine.generate_ids(ids, None, config, control):
@@ -189,27 +189,44 @@ def ttft(engine: Engine, model, ids: list[int], rounds: int) -> dict[str, float]
         with torch.inference_mode():
             model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False, pad_token_id=0)
         generate_s.append(time.perf_counter() - t0)
-    return {"engine": statistics.median(engine_s), "generate": statistics.median(generate_s), "prompt_tokens": len(ids)}
+        if peer is not None:
+            peer_s.append(peer.ttft(ids))
+    return {"engine": statistics.median(engine_s), "generate": statistics.median(generate_s),
+            "llama_cpp": statistics.median(peer_s) if peer_s else None, "prompt_tokens": len(ids)}
 
 
-def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, new_tokens: int = 128, rounds: int = 5,
-                    threads: int | None = None, loaded=None, dtype: str = "auto", ttft_tokens: int = 2048,
-                    ttft_rounds: int = 2, reference=None) -> dict:
-    """The whole story in one run: the engine in the default dtype against transformers' generate in that
-    dtype and against the engine in fp32 (lockstep), the memory-bandwidth bound, time to first token, and
-    the skip configurations against their ideal speedups. `reference`: an fp32 LoadedModel to reuse."""
+def _llama_cpp(loaded, context: int, log):
+    """llama.cpp on the embedded model's GGUF, or None (another model, or llama-cpp-python not installed)."""
+    from routerlab.bench.peers import LlamaCpp, llama_cpp_available
+    from routerlab.core.models import EMBEDDED_NAME, embedded_gguf_path
+
+    if loaded.name != EMBEDDED_NAME:
+        return None
+    if not llama_cpp_available():
+        log("llama-cpp-python is not installed (`make bench-peers` builds it): no llama.cpp figures")
+        return None
+    return LlamaCpp(embedded_gguf_path(fetch=False), context, torch.get_num_threads())
+
+
+def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, new_tokens: int = 128, rounds: int = 3,
+                    threads: int | None = None, loaded=None, dtype: str = "auto", quantize: str = "auto",
+                    long_context: int = 2048, ttft_tokens: int = 2048, ttft_rounds: int = 2, peers: bool = True,
+                    log=print) -> dict:
+    """The whole story in one run, on one machine: the engine's default path against its own 16-bit path
+    (lockstep), transformers' generate in the same dtype and llama.cpp on the same GGUF (between the
+    engine's rounds), at `prompt_tokens` and at `long_context` tokens of context; the bytes each reads per
+    step and the memory-bandwidth bound; time to first token; the skip configurations against their
+    ideal speedups."""
     if threads:
         torch.set_num_threads(threads)
-    loaded = loaded or load_model(model_spec, dtype=dtype)
+    loaded = loaded or load_model(model_spec, dtype=dtype, quantize=quantize)
     model, tok = loaded.model, loaded.tokenizer
-    engine = Engine(model, tok, loaded.name)
-    if engine.dtype == torch.float32:
-        fp32 = engine
-    else:  # the same weights in fp32, for reference (the default's dtype may round them)
-        ref = reference or load_model(model_spec, dtype="float32", device=str(engine.device))
-        fp32 = Engine(ref.model, ref.tokenizer, ref.name)
+    engine = Engine.from_loaded(loaded)
+    sixteen = Engine(model, tok, loaded.name) if engine.anatomy.lowbit is not None else None  # the same model, dense weights
     n = engine.n_layers
     ids = bench_prompt(tok, prompt_tokens)
+    long_ids = bench_prompt(tok, long_context) if long_context else None
+    peer = _llama_cpp(loaded, max(prompt_tokens, long_context, ttft_tokens) + new_tokens + 8, log) if peers else None
     never = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", default_layers(n)))
     deep = tuple(range(n // 2, n))  # the deeper half of all layers
     forced = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", deep))
@@ -217,71 +234,130 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "engine_never_skip": (never, 0.0, "kv"),
         **{f"deep_off_{p}": (forced, 1.0, p) for p in ("mask", "kv", "drop")},
     }
-    if fp32 is not engine:
-        configs["engine_fp32"] = (None, 0.5, "kv", fp32)
+    dense_only = {"engine_16bit": (None, 0.5, "kv", sixteen)} if sixteen is not None else {}
+    configs.update(dense_only)
     measure_speed(engine, [ids[:64]], configs, 4, 1, log=lambda *_: None)  # warm-up
-    generate, engine_runs = [], []
-    for _ in range(rounds):  # transformers' generate cannot run in lockstep: it runs between the engine's rounds
+    generate, peer_rates, engine_runs, long_runs, long_peer = [], [], [], [], []
+    for r in range(rounds):  # generate and llama.cpp cannot run in lockstep: they run between the engine's rounds
         generate.append(generate_rate(model, ids, new_tokens))
+        if peer is not None:
+            peer_rates.append(peer.decode_rate(ids, new_tokens))
         engine_runs.append(measure_speed(engine, [ids], configs, new_tokens, 1, log=lambda *_: None))
+        if long_ids:
+            long_runs.append(measure_speed(engine, [long_ids], dense_only, new_tokens, 1, log=lambda *_: None))
+            if peer is not None:
+                long_peer.append(peer.decode_rate(long_ids, new_tokens))
+        log(f"speed round {r + 1}/{rounds} done")
     costs = cost_breakdown(engine, ids, prompt_tokens + new_tokens // 2)
     bandwidth = read_bandwidth()
-    weight_bytes = decode_weight_bytes(model)
-    first = ttft(engine, model, bench_prompt(tok, ttft_tokens), ttft_rounds) if ttft_tokens else None
+    first = ttft(engine, model, bench_prompt(tok, ttft_tokens), ttft_rounds, peer) if ttft_tokens else None
 
-    def med(name: str, key: str) -> float:
-        return statistics.median(run[name][key] for run in engine_runs)
+    def med(name: str, key: str, runs=engine_runs) -> float:
+        return statistics.median(run[name][key] for run in runs)
+
+    def ratio(runs: list[dict], others: list[float]) -> float | None:
+        return statistics.median(run["full"]["tokens_per_second"] / o for run, o in zip(runs, others)) if others else None
 
     rates = {"generate": statistics.median(generate), "engine": med("full", "tokens_per_second"),
+             "llama_cpp": statistics.median(peer_rates) if peer_rates else None,
              **{name: med(name, "tokens_per_second") for name in configs}}
-    bound = bandwidth / weight_bytes
+    step_bytes = {"engine": engine.anatomy.decode_weight_bytes(), "engine_16bit": decode_weight_bytes(model),
+                  "generate": decode_weight_bytes(model)}
+    if peer is not None:
+        from routerlab.bench.peers import gguf_weight_bytes
+
+        step_bytes["llama_cpp"] = gguf_weight_bytes(peer.path)
     result = {
         "model": loaded.name,
         "device": str(engine.device),
         "dtype": dtype_name(engine.dtype),
         "precision": engine.precision,
+        "weights": engine.weights,
         "cpu": cpu_vector_unit(),
+        "cpu_model": cpu_model(),
         "threads": torch.get_num_threads(),
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
         "rounds": rounds,
+        "llama_cpp_version": peer.version if peer is not None else None,
         "routed_layers": list(default_layers(n)),
         "skipped_layers": list(deep),
         "tokens_per_second": rates,
-        "engine_vs_generate": statistics.median(run["full"]["tokens_per_second"] / g for run, g in zip(engine_runs, generate)),
-        "engine_vs_fp32_engine": 1.0 if fp32 is engine else 1.0 / med("engine_fp32", "speedup"),
+        "engine_vs_generate": ratio(engine_runs, generate),
+        "engine_vs_llama_cpp": ratio(engine_runs, peer_rates),
+        "engine_vs_16bit_engine": 1.0 / med("engine_16bit", "speedup") if sixteen is not None else 1.0,
         "read_bandwidth_bytes_per_second": bandwidth,
-        "decode_weight_bytes": weight_bytes,
-        "bandwidth_bound_tokens_per_second": bound,
-        "fraction_of_bandwidth_bound": rates["engine"] / bound,
+        "bytes_per_step": step_bytes,
+        "decode_weight_bytes": step_bytes["engine"],
+        "bandwidth_bound_tokens_per_second": bandwidth / step_bytes["engine"],
+        "fraction_of_bandwidth_bound": rates["engine"] * step_bytes["engine"] / bandwidth,
         "ttft_seconds": first,
         "routing": med("engine_never_skip", "speedup"),
         "speedup": {p: med(f"deep_off_{p}", "speedup") for p in ("mask", "kv", "drop")},
         "ideal_speedup": {p: ideal_speedup(costs, len(deep), p) for p in ("mask", "kv", "drop")},
         "cost_seconds": costs,
     }
+    if long_runs:
+        result["long_context"] = {
+            "context_tokens": long_context,
+            "tokens_per_second": {"engine": med("full", "tokens_per_second", long_runs),
+                                  "engine_16bit": med("engine_16bit", "tokens_per_second", long_runs) if sixteen is not None else None,
+                                  "llama_cpp": statistics.median(long_peer) if long_peer else None},
+            "engine_vs_llama_cpp": ratio(long_runs, long_peer),
+        }
     result["drop_speedup"] = result["speedup"]["drop"]
     result["fraction_of_ideal"] = {p: result["speedup"][p] / result["ideal_speedup"][p] for p in result["speedup"]}
     return result
 
 
+def cpu_model() -> str:
+    """The processor's name as the OS reports it (benchmark notes say which machine they ran on)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.lower().startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _rate(x: float | None) -> str:
+    return f"{x:7.2f}" if x is not None else "    n/a"
+
+
 def format_speed(r: dict) -> str:
     tps = r["tokens_per_second"]
+    b = r["bytes_per_step"]
     lines = [
-        f"bench speed: {r['model']} on {r['device']} ({r['threads']} threads, {r.get('cpu', '?')}), {r['precision']}; "
-        f"prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['rounds']} interleaved rounds (medians)",
-        f"  transformers generate ({r['dtype']})          {tps['generate']:7.2f} tok/s",
-        f"  engine, no routers ({r['dtype']})             {tps['engine']:7.2f} tok/s   engine_vs_generate {r['engine_vs_generate']:.3f}",
+        f"bench speed: {r['model']} on {r['device']} ({r.get('cpu_model', '?')}, {r['threads']} threads, {r.get('cpu', '?')}), "
+        f"{r['precision']}; prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['rounds']} rounds (medians)",
+        f"  weights at decode: {r['weights']}",
+        f"  engine, no routers (default path)       {tps['engine']:7.2f} tok/s   reads {b['engine'] / 1e6:5.0f} MB a step",
     ]
-    if "engine_fp32" in tps:
-        lines.append(f"  engine, no routers (float32, reference) {tps['engine_fp32']:7.2f} tok/s   "
-                     f"engine_vs_fp32_engine {r['engine_vs_fp32_engine']:.3f}")
-    lines.append(f"  memory-bandwidth bound                  {r['bandwidth_bound_tokens_per_second']:7.2f} tok/s   "
-                 f"({r['decode_weight_bytes'] / 1e6:.0f} MB of weights a step at {r['read_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s "
-                 f"read); fraction reached {r['fraction_of_bandwidth_bound']:.2f}")
+    if "engine_16bit" in tps:
+        lines.append(f"  engine, 16-bit weights (reference)      {tps['engine_16bit']:7.2f} tok/s   reads {b['engine_16bit'] / 1e6:5.0f} MB"
+                     f"   engine_vs_16bit_engine {r['engine_vs_16bit_engine']:.3f}")
+    lines.append(f"  transformers generate ({r['dtype']})          {tps['generate']:7.2f} tok/s   reads {b['generate'] / 1e6:5.0f} MB"
+                 f"   engine_vs_generate {r['engine_vs_generate']:.3f}")
+    if r.get("engine_vs_llama_cpp") is not None:
+        lines.append(f"  llama.cpp {r.get('llama_cpp_version', '?'):<8} on the same GGUF       {tps['llama_cpp']:7.2f} tok/s   "
+                     f"reads {b['llama_cpp'] / 1e6:5.0f} MB   engine_vs_llama_cpp {r['engine_vs_llama_cpp']:.3f}")
+    else:
+        lines.append("  llama.cpp: not measured (llama-cpp-python not installed: `make bench-peers`; or not the embedded model)")
+    lines.append(f"  memory-bandwidth bound of the engine     {r['bandwidth_bound_tokens_per_second']:7.2f} tok/s   "
+                 f"({r['read_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s read); fraction reached {r['fraction_of_bandwidth_bound']:.2f}")
+    if r.get("long_context"):
+        lc = r["long_context"]
+        t = lc["tokens_per_second"]
+        vs = f"   engine_vs_llama_cpp {lc['engine_vs_llama_cpp']:.3f}" if lc.get("engine_vs_llama_cpp") is not None else ""
+        lines.append(f"  at {lc['context_tokens']} tokens of context: engine {_rate(t['engine'])}, 16-bit {_rate(t['engine_16bit'])}, "
+                     f"llama.cpp {_rate(t['llama_cpp'])} tok/s{vs}")
     if r.get("ttft_seconds"):
         f = r["ttft_seconds"]
-        lines.append(f"  time to first token, {f['prompt_tokens']}-token prompt: engine {f['engine']:.2f} s, generate {f['generate']:.2f} s")
+        peer = f", llama.cpp {f['llama_cpp']:.2f} s" if f.get("llama_cpp") is not None else ""
+        lines.append(f"  time to first token, {f['prompt_tokens']}-token prompt: engine {f['engine']:.2f} s, generate {f['generate']:.2f} s{peer}")
     lines.append(f"  engine, routers on layers {r['routed_layers'][0]}-{r['routed_layers'][-1]}, never skip {tps['engine_never_skip']:7.2f} tok/s   "
                  f"speedup {r['routing']:.3f} (the cost of routing)")
     for p in ("mask", "kv", "drop"):

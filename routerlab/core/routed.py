@@ -229,6 +229,16 @@ class Anatomy:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
 
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step of the full model reads: each linear map's low-bit copy where it
+        has one, else its dense weight (the embedding's one-row lookup and the norms are left out)."""
+        maps = [self.head] + [w for p in self.layers for w in (p.attn.qkv, p.attn.o, p.gate_up, p.down) if w is not None]
+        total = sum(w.nbytes for w in maps)
+        for p in self.layers:
+            if p.gate_up is None:  # a MoE block: its own modules, dense
+                total += sum(t.numel() * t.element_size() for t in p.mlp.parameters())
+        return total
+
     # -- cost figures, for savings() and the ideal-speedup estimate ------------------------------
     def costs(self, dtype_bytes: int) -> dict[str, float]:
         """Per-token FLOPs of one layer's pieces (2 x multiply-adds) and one token's KV bytes per layer."""

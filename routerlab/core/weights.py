@@ -243,6 +243,12 @@ class Weight:
     def label(self) -> str:
         return self.low.label if self.low is not None else str(self.dense.dtype).removeprefix("torch.")
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes a decode step reads for this map: the low-bit copy where there is one."""
+        dense = self.dense.numel() * self.dense.element_size()
+        return (self.low.nbytes if self.low is not None else dense) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
 
 # -- which low-bit copies a model gets ---------------------------------------------------------------
 @dataclass(frozen=True)
@@ -279,7 +285,7 @@ class LowBitPlan:
         """One line for logs, trace meta and the UI."""
         if self.codes is not None:
             sources = sorted({c.source for c in self.codes.values()})
-            return f"the file's own {' and '.join(sources)} codes at decode (int4 kernel, group 32), 16-bit prefill"
+            return f"the file's own {' + '.join(sources)} codes at decode (int4 kernel), 16-bit prefill"
         if self.format == "int8":
             return "int8 per channel (requantised) at decode, 16-bit prefill"
         return f"int4 group {self.group} (requantised) at decode, 16-bit prefill"

@@ -163,15 +163,20 @@ def kl_to_full(full: _Full, logp: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def full_depth(anatomy, examples, top: int = KL_TOP) -> list[_Full]:
+def full_depth(anatomy, examples, top: int = KL_TOP, stepwise: bool = False) -> list[_Full]:
+    """The full model's figures on each example; `stepwise`: one decode step per response token
+    (tuning.forward.stepwise_forward), as generation computes them."""
     from routerlab.core.engine import Plan, forward
-    from routerlab.tuning.forward import response_slice
+    from routerlab.tuning.forward import response_slice, stepwise_forward
 
     out = []
     for ex in examples:
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
-        logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
-                            logits_at=response_slice(ex.start))
+        if stepwise:
+            logits, _ = stepwise_forward(anatomy, ids, ex.start, Plan(None))
+        else:
+            logits, _ = forward(anatomy, ids, torch.arange(ids.shape[1], device=ids.device), None, Plan(None),
+                                logits_at=response_slice(ex.start))
         logp = torch.log_softmax(logits[0].float(), dim=-1)
         labels = ids[0, ex.start:]
         top_logp, top_ids = logp.topk(min(top, logp.shape[-1]), dim=-1)
@@ -181,21 +186,24 @@ def full_depth(anatomy, examples, top: int = KL_TOP) -> list[_Full]:
 
 @torch.no_grad()
 def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_policy: str = "kv",
-                      full: list[_Full] | None = None) -> dict:
-    """Full vs routed on tokenized examples. `routers` may be a RouterSet, a baseline set, or None."""
+                      full: list[_Full] | None = None, stepwise: bool = False) -> dict:
+    """Full vs routed on tokenized examples. `routers` may be a RouterSet, a baseline set, or None.
+    `stepwise`: every response token as its own decode step, as generation computes it (the low-bit
+    weights, where the model has them); else one teacher-forced forward per example."""
     from routerlab.core.engine import Plan
-    from routerlab.tuning.forward import student_forward
+    from routerlab.tuning.forward import stepwise_forward, student_forward
 
     check_threshold(threshold)
     check_kv_policy(kv_policy)
-    full = full if full is not None else full_depth(anatomy, examples)
+    full = full if full is not None else full_depth(anatomy, examples, stepwise=stepwise)
+    run = stepwise_forward if stepwise else student_forward
     nll_full = nll_routed = kl = 0.0
     agree = tokens = skipped = routed_cells = prompt_skipped = prompt_cells = 0
     per_layer_skip = torch.zeros(anatomy.n_layers, dtype=torch.float64)
     for ex, f in zip(examples, full):
         ids = torch.tensor([ex.ids], device=anatomy.embed.weight.device)
         plan = Plan(routers, threshold, kv_policy)
-        logits, scores = student_forward(anatomy, ids, ex.start, plan)
+        logits, scores = run(anatomy, ids, ex.start, plan)
         logp = torch.log_softmax(logits[0].float(), dim=-1)
         labels = ids[0, ex.start:]
         nll_routed += float(-logp.gather(1, labels[:, None]).sum())

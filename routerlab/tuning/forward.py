@@ -28,6 +28,25 @@ def student_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool =
     return forward(anatomy, ids, positions, None, plan, logits_at=response_slice(start) if logits else None)
 
 
+def stepwise_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool = True):
+    """`student_forward`'s outputs as generation computes them: the prompt in one forward, then each
+    response token as its own decode step through the KV cache, so a model with low-bit weights
+    (core/weights.py) uses them as it does when it generates. Slower (one forward per token)."""
+    from routerlab.core.engine import LayerCache
+
+    t = ids.shape[1]
+    positions = torch.arange(t, device=ids.device)
+    caches = [LayerCache(p.attn, t, anatomy.dtype, ids.device) for p in anatomy.layers]
+    out, scores = forward(anatomy, ids[:, :start], positions[:start], caches, plan)  # predicts ids[start]
+    outs, rows = [out], [scores]
+    for p in range(start, t):  # the last token's step only adds its scores
+        out, scores = forward(anatomy, ids[:, p : p + 1], positions[p : p + 1], caches, plan)
+        rows.append(scores)
+        if p < t - 1:
+            outs.append(out)
+    return (torch.cat(outs, dim=1) if logits else outs[-1]), torch.cat(rows)
+
+
 @torch.no_grad()
 def teacher_logits(anatomy, ids: torch.Tensor, start: int) -> torch.Tensor:
     """Full-depth logits of the response predictions (R, V): the same model with no routers."""
