@@ -260,6 +260,14 @@ def precision_markdown(r: dict) -> list[str]:
               f"{_pct(r['perplexity_routed_bf16_vs_fp32'], sign=True)}. Routing decisions bf16 flips: "
               f"{_pct(r['decisions_flipped_full'])} of {r['routed_cells']} routed cells scored at full depth, "
               f"{_pct(r['decisions_flipped_routed'])} as the routed model runs.", ""]
+    d = r.get("default")
+    if d:
+        lines += [f"The default path ({d['weights']}), every response token scored as its own decode step, against the "
+                  f"float32 model: full-model perplexity {d['perplexity_full']:.4f} ({_pct(d['perplexity_full_vs_fp32'], sign=True)}), "
+                  f"KL from float32 {d['kl_from_fp32']:.4f}, top-1 agreement {_pct(d['agreement_with_fp32'])}; routed perplexity "
+                  f"{d['perplexity_routed']:.4f} ({_pct(d['perplexity_increase'], sign=True)} over its own full model, KL "
+                  f"{d['kl_full']:.4f}), skipping {_pct(d['skip_rate_all_layers'])} of all layers; routing decisions it flips "
+                  f"against float32, as routed: {_pct(d['decisions_flipped_routed'])}.", ""]
     return lines
 
 

@@ -224,10 +224,7 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
         mask = mask.repeat(g, 1)  # rows ordered (group, query) to match the folded heads below
     # Fold the query heads of each KV group into the query axis: no repeat_kv copy of the cache.
     qg = q.reshape(1, a.n_kv_heads, g * tq, hd)  # (1, Hkv, G*Tq, hd)
-    if mask is None and tq == 1:  # a decode step: two small products beat the fused kernel's set-up
-        out = torch.matmul(torch.matmul(qg, k.transpose(-1, -2)).mul_(a.scaling).softmax(dim=-1), v)  # (1, Hkv, G, hd)
-    else:
-        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
     out = out.to(dtype).view(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
     return a.o(out.reshape(1, tq, hq * hd), a.upcast)  # (1, Tq, D)
 

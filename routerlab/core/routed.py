@@ -32,19 +32,24 @@ SUPPORTED = PRE_NORM | SANDWICH
 
 
 class RMSNorm:
-    """A pre-norm family's RMSNorm as one fused op (transformers' forward takes eight): weight * x / rms(x).
+    """A pre-norm family's RMSNorm, x / rms(x) * w, as one fused LayerNorm kernel.
 
-    transformers normalises in fp32, rounds to the input dtype, then scales; `F.rms_norm` scales
-    before it rounds (one rounding instead of two: within one bf16 step of it, equal in fp32).
+    torch's CPU rms_norm runs about ten small ops (18 us a call here, 61 calls a decode step); a
+    LayerNorm is one kernel. The LayerNorm of [x, -x] has mean 0 and variance mean(x^2), so the
+    first half of its output is x / sqrt(mean(x^2) + eps): the RMSNorm, scaled by the first half of
+    its weight. transformers normalises in fp32, rounds, then scales; this rounds once (within one
+    bf16 step of it, equal in fp32). The module's weight is read when the engine is built.
     """
 
     def __init__(self, module: nn.Module):
         self.module = module  # the original, for print() and the HF forward
-        self.weight, self.eps = module.weight, module.variance_epsilon
-        self.shape = tuple(module.weight.shape)
+        w = module.weight.detach()
+        self.size, self.eps = w.shape[-1], module.variance_epsilon
+        self.weight = torch.cat([w, torch.zeros_like(w)])  # (2 D,): the second half's output is dropped
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.shape, self.weight, self.eps)
+        d = self.size
+        return F.layer_norm(torch.cat([x, -x], dim=-1), (2 * d,), self.weight, None, self.eps)[..., :d]  # (..., D), strided
 
 
 def fast_norm(module: nn.Module | None, family: str):

@@ -100,7 +100,9 @@ class Router(nn.Module):
         attention that skipping saves on short contexts). The calibration is two float operations.
         """
         c = self.calibration
-        return sigmoid(c.scale * torch.dot(x.reshape(-1).float(), self.proj.weight.reshape(-1).float()).item() + c.shift)
+        w = self.proj.weight[0]  # (D,) a view; routers keep fp32 weights
+        z = torch.dot(x[0, 0].float(), w if w.dtype == torch.float32 else w.float()).item()  # x[0, 0]: a view, even strided
+        return sigmoid(c.scale * z + c.shift)
 
 
 def sigmoid(z: float) -> float:

@@ -94,7 +94,8 @@ class Int4:
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
         """x (n, K) -> (n, N) in bf16."""
-        x = x.to(KERNEL_DTYPE)
+        if x.dtype != KERNEL_DTYPE:
+            x = x.to(KERNEL_DTYPE)
         if self.tiles > 1:
             x = x.repeat(1, self.tiles)  # (n, tiles * K)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
@@ -113,7 +114,7 @@ class Int8:
     label: str = "int8 per channel (requantised)"
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x.to(KERNEL_DTYPE), self.codes, self.scales)
+        return torch.ops.aten._weight_int8pack_mm(x if x.dtype == KERNEL_DTYPE else x.to(KERNEL_DTYPE), self.codes, self.scales)
 
     @property
     def nbytes(self) -> int:
@@ -228,10 +229,14 @@ class Weight:
     low: Int4 | Int8 | None = None
 
     def __call__(self, x: torch.Tensor, upcast: bool = False) -> torch.Tensor:
-        """x (..., T, K) -> (..., T, N): the low-bit copy for a decode step's few rows, else the dense weight."""
-        if self.low is None or x.shape[:-1].numel() > FEW_ROWS:
+        """x (..., T, K) -> (..., T, N): the low-bit copy for a decode step's few rows (x of shape (1, T, K),
+        as the engine passes them), else the dense weight."""
+        if self.low is None or x.dim() != 3 or x.shape[0] != 1 or x.shape[1] > FEW_ROWS:
             return linear(x, self.dense, self.bias, upcast)
-        y = self.low.mm(x.reshape(-1, x.shape[-1])).to(x.dtype).view(*x.shape[:-1], -1)
+        y = self.low.mm(x[0])  # (T, N) in the kernel's dtype
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        y = y[None]  # (1, T, N)
         return y if self.bias is None else y + self.bias
 
     def rows(self, start: int, stop: int) -> Weight:

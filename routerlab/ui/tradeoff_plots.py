@@ -253,9 +253,8 @@ def time_split(speed: dict | None) -> go.Figure:
         f"One decode step of the full model: {1000 * step:.1f} ms ({html.escape(where)}, measured)",
         "Speed ceiling if every layer skipped it for every token: step / (step − what skipping saves)"))
     for (name, seconds), color in zip(pieces, PIECE_COLORS):
-        routing = name.startswith("routing")
-        if routing and seconds <= 0:
-            continue  # below the noise: said in the note under the bar
+        if name.startswith("routing"):
+            continue  # not a piece of the full model's step: said in the note under the bar
         share = seconds / step
         fig.add_trace(go.Bar(
             y=["decode step"], x=[1000 * seconds], orientation="h", name=html.escape(name), marker=dict(color=color, line=dict(color="white", width=1)),
@@ -265,9 +264,11 @@ def time_split(speed: dict | None) -> go.Figure:
             hovertemplate=f"<b>{html.escape(name)}</b><br>%{{x:.2f}} ms per step ({share:.1%})<extra></extra>",
         ), row=1, col=1)
     routing = dict(pieces)["routing (routers on every layer)"]
+    over = _num(costs["overhead"])
     note = ("attention: queries, scores, output projection · the rest: embedding, norms, residual adds, Python\nrouting: "
             + (f"{1000 * routing:+.1f} ms measured (routers on every layer), within the noise" if routing <= 0
-               else f"+{1000 * routing:.1f} ms per step with routers on every layer (the last segment)"))
+               else f"+{1000 * routing:.1f} ms per step with routers on every layer (on top of this step)")
+            + (f"\nthe pieces, each measured inside whole steps, add up to {1000 * -over:.1f} ms more than the step: noise" if over < 0 else ""))
     fig.add_annotation(text=html.escape(note).replace("\n", "<br>"), showarrow=False, x=0, y=-0.3, align="left", yanchor="top", xref="x domain", yref="y domain", xanchor="left", font=dict(size=11, color="#6b7280"), row=1, col=1)
     names, values = [t[0] for t in tops], [t[1] for t in tops]
     fig.add_trace(go.Bar(
