@@ -51,9 +51,10 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install -q --no-cache-dir $(LLAMA_CPP)
 
-# The same routers with the base in float32 and bfloat16: perplexities and routing decisions flipped.
+# The same routers with the base in float32, bfloat16 and the default path (the file's own 4-bit codes at decode,
+# scored one decode step per response token): perplexities, KL and routing decisions flipped. ~15 min on 2 cores.
 precision: setup
-	$(BIN)/python -m routerlab bench precision --save assets/bench/precision.json
+	$(BIN)/python -m routerlab bench precision --limit 64 --save assets/bench/precision.json
 
 # The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~30 minutes on two CPU cores.
 # Measured with the float32 base (the committed files are); --dtype auto measures the default precision.

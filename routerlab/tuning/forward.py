@@ -32,7 +32,7 @@ def stepwise_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool 
     """`student_forward`'s outputs as generation computes them: the prompt in one forward, then each
     response token as its own decode step through the KV cache, so a model with low-bit weights
     (core/weights.py) uses them as it does when it generates. Slower (one forward per token)."""
-    from routerlab.core.engine import LayerCache
+    from routerlab.core.cache import LayerCache
 
     t = ids.shape[1]
     positions = torch.arange(t, device=ids.device)
