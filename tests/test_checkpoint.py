@@ -83,3 +83,36 @@ def test_a_failed_save_leaves_the_old_checkpoint_whole(saved, monkeypatch):
     with pytest.raises(OSError):
         save_routers(routers, folder, model, threshold=0.9)
     assert read_config(folder) == before and [p for p in folder.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def _hub_cache(root, repo_id: str, folder) -> None:
+    """A Hugging Face Hub cache holding `folder`'s files as repo `repo_id`, laid out as huggingface_hub lays it."""
+    import shutil
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(folder, repo / "snapshots" / commit)
+
+
+def test_a_hub_repo_id_loads_from_the_cache_offline_and_decides_as_the_folder(saved, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from routerlab.core.config import GenerateConfig
+    from routerlab.core.engine import Engine
+
+    model, _, folder = saved
+    _hub_cache(tmp_path / "hub", "someone/my-routers", folder)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from_hub, defaults = resolve_routers("someone/my-routers", "attention-token", model)
+    from_folder, _ = resolve_routers(str(folder), "attention-token", model)
+    assert defaults["source"] == "someone/my-routers"
+    engine = Engine(model)
+    config = GenerateConfig(max_new_tokens=8, ignore_eos=True, quality=False, threshold=0.5)
+    ids = [(3 * i + 1) % 128 for i in range(10)]
+    runs = [[s.executed for s in engine.generate_ids(ids, r, config)] for r in (from_hub, from_folder)]
+    assert runs[0] == runs[1]
+    with pytest.raises(RouterLabError, match="neither a folder nor in the Hugging Face cache"):
+        resolve_routers("someone/not-there", "attention-token", model)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -201,8 +202,35 @@ def shipped_routers() -> dict[str, Path]:
     return found
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HUB_FILES = [CONFIG, WEIGHTS, "README.md", "report.json"]
+
+
+def routers_folder(spec: str | Path) -> Path:
+    """The folder of a router set given as a folder, or as a Hugging Face Hub repo id (OWNER/NAME).
+
+    A repo id is fetched with huggingface_hub's cache (only the set's own files); offline
+    (`HF_HUB_OFFLINE=1`, or the Hub unreachable) only the cache is asked. A path that exists, or
+    starts like one, is a folder.
+    """
+    text = str(spec).strip()
+    if Path(text).expanduser().exists() or text.startswith(("/", ".", "~")) or not _HUB_ID.match(text):
+        return Path(text).expanduser()
+    from huggingface_hub import snapshot_download
+
+    from routerlab.core.models import _hub_reachable
+
+    try:
+        return Path(snapshot_download(repo_id=text, allow_patterns=_HUB_FILES, local_files_only=not _hub_reachable()))
+    except Exception as err:  # huggingface_hub raises its own types for offline, missing and gated repos
+        reason = type(err).__name__
+        raise RouterLabError(f"Router set '{text}' is neither a folder nor in the Hugging Face cache ({reason}).",
+                             "Connect to the network once to fetch it, or download the set and pass its folder.") from None
+
+
 def resolve_routers(path: str | None, granularity: str, model: torch.nn.Module) -> tuple[RouterSet | None, dict[str, Any]]:
-    """Routers for the CLI and the app: a given folder, else the shipped ones, else fresh (never-skipping) ones.
+    """Routers for the CLI and the app: a given folder or Hub repo id, else the shipped ones, else fresh
+    (never-skipping) ones.
 
     Returns (routers, defaults) where defaults holds threshold, kv_policy and `source`.
     """
@@ -217,5 +245,6 @@ def resolve_routers(path: str | None, granularity: str, model: torch.nn.Module) 
         n = model.config.get_text_config().num_hidden_layers
         routers = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, default_layers(n)))
         return routers, {"threshold": 0.5, "kv_policy": "kv", "source": "untrained (fresh routers never skip at 0.5)"}
-    routers, config = load_routers(path, model)
+    folder = routers_folder(path)
+    routers, config = load_routers(folder, model)
     return routers, {"threshold": config["threshold"], "kv_policy": config["kv_policy"], "source": str(path), "config": config}
