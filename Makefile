@@ -57,9 +57,9 @@ precision: setup
 	$(BIN)/python -m routerlab bench precision --limit 64 --save assets/bench/precision.json
 
 # The committed trade-off run: writes assets/bench/ (CSV, JSON, HTML, PNG); ~30 minutes on two CPU cores.
-# Measured with the float32 base (the committed files are); --dtype auto measures the default precision.
+# Measured in the default path (bf16 where native, the file's own 4-bit codes at decode; the files record it).
 tradeoff: dev chromium
-	$(BIN)/python -m routerlab bench tradeoff --dtype float32 --limit 24 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
+	$(BIN)/python -m routerlab bench tradeoff --limit 24 --prompts 1 --new-tokens 32 --rounds 3 --contexts 256,1024,2048
 
 # The built-in self-distilled data (assets/data/selfdistill.jsonl); resumes where it stopped.
 data: setup

@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--data", default=None, help="JSONL (default: the built-in held-out split)")
     o.add_argument("--limit", type=int, default=40, help="held-out examples for perplexity")
     o.add_argument("--thresholds", default=None, help="comma-separated, for the main curve (default: where its routers skip 2%%..30%% of routed cells)")
+    _add_quantize(o)
     o.add_argument("--new-tokens", type=int, default=48, help="tokens generated per timed run")
     o.add_argument("--prompts", type=int, default=2, help="held-out prompts timed per configuration and round")
     o.add_argument("--rounds", type=int, default=2)
@@ -447,7 +448,7 @@ def _bench_tradeoff(args) -> int:
     except ValueError:
         raise RouterLabError("--thresholds and --contexts take comma-separated numbers.", "For example --thresholds 0.4,0.5,0.6.") from None
     records = load_records(args.data, "heldout" if args.data is None else "all")
-    loaded = load_model(args.model, dtype=args.dtype)
+    loaded = load_model(args.model, dtype=args.dtype, quantize=args.quantize)
     shipped = shipped_routers()
     wanted = args.granularities.split(",") if args.granularities else list(shipped)
     missing = [g for g in wanted if g not in shipped]

@@ -86,8 +86,9 @@ def tradeoff_parts(result: dict, level: int = 2) -> list[str]:
 
 
 def tradeoff_conditions(result: dict) -> str:
+    weights = f" Precision: {result['precision']}; decode reads {result['weights']}." if result.get("weights") else ""
     return (f"{result['examples']} held-out examples ({result['tokens']} response tokens), {result['new_tokens']} new "
-            f"tokens per timed run, {result['rounds']} rounds, {result.get('seconds', 0) / 60:.1f} minutes.")
+            f"tokens per timed run, {result['rounds']} rounds, {result.get('seconds', 0) / 60:.1f} minutes.{weights}")
 
 
 def markdown(result: dict) -> str:

@@ -210,7 +210,7 @@ def _llama_cpp(loaded, context: int, log):
 
 def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, new_tokens: int = 128, rounds: int = 3,
                     threads: int | None = None, loaded=None, dtype: str = "auto", quantize: str = "auto",
-                    long_context: int = 2048, ttft_tokens: int = 2048, ttft_rounds: int = 2, peers: bool = True,
+                    long_context: int = 2048, ttft_tokens: int = 2048, ttft_rounds: int = 3, peers: bool = True,
                     log=print) -> dict:
     """The whole story in one run, on one machine: the engine's default path against its own 16-bit path
     (lockstep), transformers' generate in the same dtype and llama.cpp on the same GGUF (between the

@@ -54,7 +54,7 @@ def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=
     `thresholds` (for the main curve) default to the quantiles of its scores at MAIN_SKIPS; the
     other granularities are swept at their own TABLE_SKIPS quantiles."""
     model, tok = loaded.model, loaded.tokenizer
-    engine = Engine(model, tok, loaded.name)
+    engine = Engine.from_loaded(loaded)
     an = engine.anatomy
     n = an.n_layers
     t0 = time.perf_counter()
@@ -103,7 +103,8 @@ def run_tradeoff(loaded, router_sets: dict[str, tuple], examples, *, thresholds=
     rows.append(_full_row(full_q, speed["full"], context))
     result = {"model": loaded.name, "rows": rows, "costs": costs, "importance": importance,
               "per_layer_skip": {name: quality[name]["skip_rate_per_layer"] for name in quality if name.startswith("tuned-kv@")},
-              "examples": len(examples), "tokens": full_q["tokens"], "new_tokens": new_tokens, "rounds": rounds}
+              "examples": len(examples), "tokens": full_q["tokens"], "new_tokens": new_tokens, "rounds": rounds,
+              "precision": engine.precision, "weights": engine.weights}
     result["context_scaling"] = context_scaling(engine, main, routers, examples, contexts, new_tokens, rounds, log=log)
     result["seconds"] = time.perf_counter() - t0
     return result
