@@ -100,8 +100,8 @@ class Router(nn.Module):
         attention that skipping saves on short contexts). The calibration is two float operations.
         """
         c = self.calibration
-        w = self.proj.weight[0]  # (D,) a view; routers keep fp32 weights
-        z = torch.dot(x[0, 0].float(), w if w.dtype == torch.float32 else w.float()).item()  # x[0, 0]: a view, even strided
+        w = self.proj.weight.view(-1)  # (D,); routers keep fp32 weights
+        z = torch.dot(x.view(-1).float(), w if w.dtype == torch.float32 else w.float()).item()  # x.view(-1): a view, even strided
         return sigmoid(c.scale * z + c.shift)
 
 
