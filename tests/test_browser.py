@@ -310,6 +310,12 @@ def test_what_if_redraw_latency_for_300_tokens(browser, long_run_url, capsys):
 
 OVERHEAD_PROMPT = "Write a long story about a dragon who learns to read. Describe every chapter in detail."
 OVERHEAD_TOKENS = 96
+# A run is over when the status says Done: after the Generate button was seen busy. Comparing the status with
+# the one before is not enough: two runs of the same tokens can end with the very same status line.
+WATCH_BUSY = """() => { window.__rlBusy = false; const b = document.querySelector('#rl-generate');
+  new MutationObserver(() => { if (b.disabled) window.__rlBusy = true; }).observe(b, {attributes: true}); }"""
+DONE_AFTER_BUSY = """(before) => { const s = document.querySelector('#rl-status').innerText;
+  return (s !== before || window.__rlBusy) && s.includes('Done:') && !document.querySelector('#rl-generate').disabled; }"""
 OVERHEAD_ROUNDS = int(os.environ.get("ROUTERLAB_OVERHEAD_ROUNDS", "8"))  # more rounds: a tighter median, a longer run
 IN_RUN_TOKENS, IN_RUN_RUNS = 192, 4
 WINDOW_S, EDGE_S = 1.5, 0.25  # within-run windows: frames through / held back in turns; steps this near an edge are left out
@@ -363,10 +369,10 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
         page.locator("#rl-quality input[type=checkbox]").set_checked(quality)
         before = page.locator("#rl-status").inner_text()
         with engine.hold(after=10**9, prompt=OVERHEAD_PROMPT, quality=quality) as run:  # never held: it only hands us the run's trace
+            page.evaluate(WATCH_BUSY)
             page.get_by_role("button", name="Generate", exact=True).click()
             run.wait_ended(timeout=300)
-        page.wait_for_function("(before) => { const s = document.querySelector('#rl-status').innerText;"
-                               " return s !== before && s.includes('Done:') && !document.querySelector('#rl-generate').disabled; }", arg=before)
+        page.wait_for_function(DONE_AFTER_BUSY, arg=before)
         return run.trace
 
     conditions = [("direct", False), ("browser", False), ("direct", True), ("browser", True)]
@@ -502,10 +508,10 @@ def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypat
             before = page.locator("#rl-status").inner_text()
             with engine.hold(after=10**9, prompt=OVERHEAD_PROMPT) as run:  # never held: it tells when decoding ended
                 c0, t0 = _chromium_seconds(), time.perf_counter()
+                page.evaluate(WATCH_BUSY)
                 page.get_by_role("button", name="Generate", exact=True).click()
                 run.wait_ended(timeout=300)
-            page.wait_for_function("(before) => { const s = document.querySelector('#rl-status').innerText;"
-                                   " return s !== before && s.includes('Done:') && !document.querySelector('#rl-generate').disabled; }", arg=before)
+            page.wait_for_function(DONE_AFTER_BUSY, arg=before)
             runs.setdefault(name, []).append((_chromium_seconds() - c0) / (time.perf_counter() - t0))
         monkeypatch.setattr(stream.Decoder, "frames", frames)
 
