@@ -290,7 +290,7 @@ class LowBitPlan:
         """One line for logs, trace meta and the UI."""
         if self.codes is not None:
             sources = sorted({c.source for c in self.codes.values()})
-            return f"the file's own {' + '.join(sources)} codes at decode (int4 kernel), 16-bit prefill"
+            return f"the file's own {' + '.join(sources)} codes (int4 kernel); 16-bit weights for prefill"
         if self.format == "int8":
-            return "int8 per channel (requantised) at decode, 16-bit prefill"
-        return f"int4 group {self.group} (requantised) at decode, 16-bit prefill"
+            return "int8 per channel, requantised; 16-bit weights for prefill"
+        return f"int4 group {self.group}, requantised; 16-bit weights for prefill"
