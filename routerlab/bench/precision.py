@@ -54,13 +54,14 @@ def precision_report(model_spec: str | None = None, data: str = DEFAULT_DATA, sp
     models = {"float32": fp32.model, "bfloat16": copy.deepcopy(fp32.model).to(torch.bfloat16)}
     examples = encode_all(load_records(data, split), fp32.tokenizer)[:limit]
     out = {"model": fp32.name, "data": data, "split": split, "examples": len(examples), "granularity": granularity}
-    found = {}
+    found, fulls = {}, {}
     for name, model in models.items():
         routers, defaults = resolve_routers(routers_path, granularity, model)
         anatomy = Anatomy(model)
         threshold, policy = defaults["threshold"], defaults["kv_policy"]
         t0 = time.perf_counter()
-        result = evaluate_examples(anatomy, examples, routers, threshold, policy)
+        fulls[name] = full_depth(anatomy, examples)
+        result = evaluate_examples(anatomy, examples, routers, threshold, policy, full=fulls[name])
         found[name] = {
             "full": decisions(anatomy, routers, examples, threshold, policy, routed=False),
             "routed": decisions(anatomy, routers, examples, threshold, policy, routed=True),
@@ -84,16 +85,15 @@ def precision_report(model_spec: str | None = None, data: str = DEFAULT_DATA, sp
         out["routed_cells"] = n
     out["dtype_names"] = [dtype_name(torch.float32), dtype_name(torch.bfloat16)]
     if fp32.lowbit is not None:
-        out["default"] = default_path(models["bfloat16"], fp32.lowbit, models["float32"], examples, routers_path, granularity,
+        out["default"] = default_path(models["bfloat16"], fp32.lowbit, fulls["float32"], examples, routers_path, granularity,
                                       found["float32"]["routed"], log)
     return out
 
 
-def default_path(model, lowbit, fp32_model, examples, routers_path, granularity: str, fp32_routed: torch.Tensor, log) -> dict:
+def default_path(model, lowbit, reference, examples, routers_path, granularity: str, fp32_routed: torch.Tensor, log) -> dict:
     """The bf16 model with its low-bit weights at decode, scored one decode step per response token,
     against the float32 model (teacher-forced: the same numbers a float32 generation computes)."""
-    anatomy = Anatomy(model, lowbit)
-    reference = full_depth(Anatomy(fp32_model), examples)
+    anatomy = Anatomy(model, lowbit)  # `reference`: the float32 model's full_depth figures
     t0 = time.perf_counter()
     own = evaluate_examples(anatomy, examples, None, full=reference, stepwise=True)  # no routers: the model vs fp32
     routers, defaults = resolve_routers(routers_path, granularity, model)
