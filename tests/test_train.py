@@ -150,3 +150,32 @@ def test_a_training_gate_below_half_keeps_fresh_routers_clear_of_it():
     on = train_routers(model, _examples(4), TrainConfig(**cfg), progress=False).log
     clear = train_routers(model, _examples(4), TrainConfig(**cfg, threshold=0.45), progress=False).log
     assert on[-1]["skip"] > 0.0 and clear[-1]["skip"] == 0.0
+
+
+def test_on_step_sees_every_step_and_should_stop_keeps_what_was_trained():
+    model = tiny_model("llama")
+    seen = []
+    stop_after = 3
+    result = train_routers(model, _examples(), TrainConfig(steps=10, batch_size=2, lr=1e-2, lm_weight=1.0),
+                           progress=False, on_step=lambda row, routers: seen.append(row),
+                           should_stop=lambda: len(seen) >= stop_after)
+    assert [r["step"] for r in seen] == [1, 2, 3]
+    assert result.report["stopped"] is True and result.report["steps"] == 3
+    routed = result.report["layers"]
+    assert all(len(r["layer_skip"]) == len(routed) and all(0.0 <= v <= 1.0 for v in r["layer_skip"]) for r in seen)
+    # the per-layer shares average to the step's skip share (every routed layer sees the same number of cells)
+    assert all(abs(sum(r["layer_skip"]) / len(routed) - r["skip"]) < 1e-3 for r in seen)
+
+
+def test_a_time_budget_plans_the_steps_from_the_first_steps_and_caps_them():
+    from routerlab.tuning.train import PLAN_STEPS, planned_steps
+
+    cfg = TrainConfig(steps=100)
+    assert planned_steps(cfg, 1, 2.0, 60.0) == 30  # 60 s at 2 s a step
+    assert planned_steps(cfg, 1, 0.1, 60.0) == 100  # never more than cfg.steps
+    assert planned_steps(cfg, 3, 50.0, 60.0) == 4  # at least one more than done
+    assert planned_steps(cfg, 1, 2.0, None) == 100
+    # a tiny budget: the loop plans few steps from the measured ones and ends (a stalled clock cannot make it run on)
+    model = tiny_model("llama")
+    result = train_routers(model, _examples(), TrainConfig(steps=50, batch_size=1), progress=False, seconds=1e-6)
+    assert 1 <= result.report["steps"] <= PLAN_STEPS and result.report["stopped"] is False

@@ -30,7 +30,7 @@ import os
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -219,9 +219,28 @@ def router_parameters_only(model: torch.nn.Module, routers: RouterSet, optimizer
     assert not any(p.requires_grad for p in model.parameters()), "the base model must be frozen"
 
 
+def planned_steps(cfg: TrainConfig, done: int, step_seconds: float, seconds: float | None) -> int:
+    """How many steps fit a time budget of `seconds`, `done` steps in at `step_seconds` each (at most cfg.steps)."""
+    if seconds is None or step_seconds <= 0:
+        return cfg.steps
+    return max(done + 1, min(cfg.steps, int(seconds / step_seconds)))
+
+
+PLAN_STEPS = 4  # a time budget is turned into a number of steps from the first steps' mean time; then it is fixed
+
+
 def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, accelerator=None,
-                  log_path: str | Path | None = None, progress: bool = True, data_name: str = "") -> TrainResult:
-    """Train fresh routers for `model` on tokenized `examples` (data.Example). Returns routers + report."""
+                  log_path: str | Path | None = None, progress: bool = True, data_name: str = "",
+                  seconds: float | None = None, on_step=None, should_stop=None) -> TrainResult:
+    """Train fresh routers for `model` on tokenized `examples` (data.Example). Returns routers + report.
+
+    `seconds`: a time budget. `cfg.steps` is then a cap: after each of the first PLAN_STEPS steps the number of
+    steps is set to what the budget allows at their mean time (the target ramp and learning-rate schedule follow
+    the new count), and the loop also ends when the budget is spent (time spent in `on_step` counts).
+    `on_step(row, routers)`: called after every optimizer step with the logged row (plus `layer_skip`, each routed
+    layer's skip share in that step) and the routers being trained. `should_stop()`: checked before every step;
+    True ends training with the routers as they are (report["stopped"]).
+    """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
@@ -255,20 +274,31 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     # Shard the examples across processes (each process sees a disjoint, shuffled slice).
     order = list(range(len(examples)))
     rank, world = accelerator.process_index, accelerator.num_processes
+    if seconds is not None and world > 1:
+        raise RouterLabError("A time budget needs a single process (each would plan its own number of steps).",
+                             "Pass --steps instead of --minutes with `accelerate launch`.")
     rng = random.Random(cfg.seed)
     log_rows: list[dict] = []
     log_file = open(log_path, "w") if (log_path and accelerator.is_main_process) else None
-    bar = tqdm(range(cfg.steps), desc=f"router-tuning {cfg.granularity}", disable=not (progress and accelerator.is_local_main_process))
+    bar = tqdm(total=cfg.steps, desc=f"router-tuning {cfg.granularity}", disable=not (progress and accelerator.is_local_main_process))
     layer_exec_sum = torch.zeros(len(layers), device=accelerator.device)
     layer_exec_n = 0
     start_time = time.perf_counter()
     cursor, shard = 0, []
-    for step in bar:
+    step, stopped, train_seconds = 0, False, 0.0
+    while step < cfg.steps:
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+        if seconds is not None and step > 0 and time.perf_counter() - start_time >= seconds:
+            break
+        step_start = time.perf_counter()
         target = cfg.target_at(step)
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr_at(step) * group["scale"]  # stand-ins follow the same schedule at their own rate
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "lm": 0.0, "kd": 0.0, "budget": 0.0, "skip": 0.0}
+        step_exec = torch.zeros(len(layers), device=accelerator.device)
         for _ in range(cfg.batch_size):
             if cursor >= len(shard):
                 rng.shuffle(order)
@@ -282,8 +312,9 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
             for k in sums:
                 if k in out:
                     sums[k] += float(out[k].detach()) / cfg.batch_size
-            layer_exec_sum += out["layer_exec"]
+            step_exec += out["layer_exec"] / cfg.batch_size
             layer_exec_n += 1
+        layer_exec_sum += step_exec * cfg.batch_size
         if world > 1:  # average router gradients over processes (17k numbers)
             for p in routers.parameters():
                 if p.grad is None:
@@ -293,11 +324,21 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         stats = {k: float(accelerator.reduce(torch.tensor(v, device=accelerator.device), reduction="mean")) for k, v in sums.items()}
         row = {"step": step + 1, "target": round(target, 4), "seconds": round(time.perf_counter() - start_time, 2),
                **{k: round(v, 5) for k, v in stats.items()}}
+        row["layer_skip"] = [round(1.0 - float(e), 4) for e in step_exec]
         log_rows.append(row)
         if log_file:
             log_file.write(json.dumps(row) + "\n")
             log_file.flush()
+        bar.update(1)
         bar.set_postfix(loss=f"{stats['loss']:.4f}", skip=f"{stats['skip']:.1%}")
+        step += 1
+        train_seconds += time.perf_counter() - step_start
+        if seconds is not None and step <= PLAN_STEPS:
+            cfg = replace(cfg, steps=planned_steps(cfg, step, train_seconds / step, seconds))
+            bar.total = cfg.steps
+        if on_step is not None:
+            on_step(row, routers)
+    bar.close()
     if log_file:
         log_file.close()
     seconds = time.perf_counter() - start_time
@@ -310,7 +351,8 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         "data": data_name,
         "examples": len(examples),
         "response_tokens": sum(e.n_response for e in examples),
-        "steps": cfg.steps,
+        "steps": len(log_rows),
+        "stopped": stopped,
         "processes": world,
         "device": str(accelerator.device),
         "seconds": round(seconds, 1),
