@@ -256,39 +256,53 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
     partial = out.with_suffix(out.suffix + ".partial")
     done = _answers_to_resume(out, partial, _decoding(temperature, seed))
     todo = [r for r in rows if r["prompt"] not in done]
-    encoded = {r["prompt"]: tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
-                                                     add_generation_prompt=True) for r in todo}
-    todo.sort(key=lambda r: len(encoded[r["prompt"]]))  # similar lengths together: little padding
-    eos = tok.eos_token_id
     start, tokens = time.perf_counter(), 0
-    side, tok.padding_side = tok.padding_side, "left"
-    try:
-        with partial.open("a") as f:
-            for b in range(0, len(todo), batch_size):
-                batch = todo[b : b + batch_size]
-                enc = tok([encoded[r["prompt"]] for r in batch], return_tensors="pt", padding=True, add_special_tokens=False)
-                with torch.inference_mode():
-                    gen = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens, **sampling,
-                                         pad_token_id=tok.pad_token_id or eos, eos_token_id=eos)
-                for row, seq in zip(batch, gen[:, enc["input_ids"].shape[1]:].tolist()):
-                    finished = eos in seq
-                    seq = seq[: seq.index(eos)] if finished else seq
-                    tokens += len(seq)
-                    prompt = row["prompt"]
-                    rec = {"messages": [{"role": "user", "content": prompt},
-                                        {"role": "assistant", "content": tok.decode(seq, skip_special_tokens=True).strip()}],
-                           "category": row.get("category", ""), "split": split_of(prompt), "finished": finished}
-                    rec.update(_decoding(temperature, seed))
-                    f.write(json.dumps(rec) + "\n")
-                    done[prompt] = rec
-                f.flush()
+    with partial.open("a") as f:
+        for k, answer, finished, n_tokens in answer_prompts(model, tok, [[{"role": "user", "content": r["prompt"]}] for r in todo],
+                                                            max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling):
+            row, tokens = todo[k], tokens + n_tokens
+            prompt = row["prompt"]
+            rec = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
+                   "category": row.get("category", ""), "split": split_of(prompt), "finished": finished}
+            rec.update(_decoding(temperature, seed))
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            done[prompt] = rec
+            if len(done) % batch_size == 0:
                 log.info("data build: %d/%d prompts answered, %.1f tokens/s", len(done), len(rows),
                          tokens / max(1e-9, time.perf_counter() - start))
-    finally:
-        tok.padding_side = side
     ordered = [done[r["prompt"]] for r in rows if r["prompt"] in done]
     tmp = out.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in ordered))
     os.replace(tmp, out)
     partial.unlink(missing_ok=True)
     return out
+
+
+def answer_prompts(model, tok, prompts: list[list[dict]], *, max_new_tokens: int = 100, batch_size: int = 16,
+                   sampling: dict | None = None):
+    """Answer chat prompts with the full-depth model: yields (index, answer, finished, tokens) as each batch ends.
+
+    Left-padded `generate` of the base model in batches of similar length (the same full-depth model the engine
+    runs with no routers, ~5x the throughput of batch-1 decoding on CPU); greedy unless `sampling` says otherwise.
+    """
+    import torch
+
+    sampling = sampling or {"do_sample": False}
+    encoded = [tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda k: len(encoded[k]))  # similar lengths together: little padding
+    eos = tok.eos_token_id
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        for b in range(0, len(order), batch_size):
+            batch = order[b : b + batch_size]
+            enc = tok([encoded[k] for k in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.inference_mode():
+                gen = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens, **sampling,
+                                     pad_token_id=tok.pad_token_id or eos, eos_token_id=eos)
+            for k, seq in zip(batch, gen[:, enc["input_ids"].shape[1]:].tolist()):
+                finished = eos in seq
+                seq = seq[: seq.index(eos)] if finished else seq
+                yield k, tok.decode(seq, skip_special_tokens=True).strip(), finished, len(seq)
+    finally:
+        tok.padding_side = side

@@ -238,7 +238,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     steps is set to what the budget allows at their mean time (the target ramp and learning-rate schedule follow
     the new count), and the loop also ends when the budget is spent (time spent in `on_step` counts).
     `on_step(row, routers)`: called after every optimizer step with the logged row (plus `layer_skip`, each routed
-    layer's skip share in that step) and the routers being trained. `should_stop()`: checked before every step;
+    layer's skip share in that step, and `steps_planned`) and the routers being trained. `should_stop()`: checked before every step;
     True ends training with the routers as they are (report["stopped"]).
     """
     from accelerate import Accelerator
@@ -337,7 +337,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
             cfg = replace(cfg, steps=planned_steps(cfg, step, train_seconds / step, seconds))
             bar.total = cfg.steps
         if on_step is not None:
-            on_step(row, routers)
+            on_step(dict(row, steps_planned=cfg.steps), routers)
     bar.close()
     if log_file:
         log_file.close()

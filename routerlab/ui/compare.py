@@ -68,7 +68,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
         ladder = ladder_thresholds(thresholds)
         engine = res.engine_for(model_name)
         label = router_label if router_label not in (None, "", FULL) else UNTRAINED
-        routers = res.routers_for(engine, label)
+        routers = res.routers_for(engine, label, session.router_sets)
         seed = 0 if float(temperature or 0) > 0 else None  # the same samples in every column when sampling
         config = dataclasses.replace(res.generate_config(max_new_tokens, temperature, ladder[0], kv_policy, seed=seed), quality=True)
         configs = [config] + [dataclasses.replace(config, threshold=t) for t in ladder]

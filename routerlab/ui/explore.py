@@ -64,7 +64,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     try:
         res.check_prompt(prompt)
         engine = res.engine_for(model_name)
-        routers = res.routers_for(engine, router_label)
+        routers = res.routers_for(engine, router_label, session.router_sets)
         config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy, quality=True if quality is None else bool(quality))
         control = Control(config.threshold)
         steps = engine.generate(prompt, routers, config, control)

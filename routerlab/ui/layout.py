@@ -14,7 +14,7 @@ import math
 
 import gradio as gr
 
-from routerlab.core.config import KV_POLICIES
+from routerlab.core.config import GRANULARITIES, KV_POLICIES
 from routerlab.core.paths import ASSETS
 from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
@@ -22,6 +22,8 @@ from routerlab.ui.compare import HEAT_EMPTY, LADDER, RUNGS, column_html, compare
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.resources import UNTRAINED, Resources
 from routerlab.ui.session import Session, _delete_session, _status
+from routerlab.ui import train_plots
+from routerlab.ui.train_tab import BUILT_IN, OWN, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 CSS_FILE = ASSETS / "css" / "app.css"
@@ -42,9 +44,11 @@ class NumberSlider(gr.Slider):
         return "slider"  # the browser draws it with gr.Slider's own component
 
 
-def router_set_chosen(res: Resources, label: str):
-    """A shipped router set was chosen: start from its calibrated threshold and the KV policy it was trained for."""
-    info = next((r for r in res.router_sets if r.label == label), None)
+def router_set_chosen(res: Resources, label: str, session: Session | None = None):
+    """A router set was chosen (shipped, or trained or uploaded in this session): start from its calibrated
+    threshold and the KV policy it was trained for."""
+    own = own_set(session, label)
+    info = own[0] if own else next((r for r in res.router_sets if r.label == label), None)
     if info is None or info.path is None:
         return gr.skip(), gr.skip(), gr.skip()
     threshold, policy = float(info.meta.get("threshold", 0.5)), info.meta.get("kv_policy", "kv")
@@ -238,6 +242,38 @@ def build_demo(res: Resources) -> gr.Blocks:
                         table = bench_table(results["df"])
                         t_table = gr.Dataframe(table, interactive=False, wrap=True, max_height=420, column_widths=column_widths(table), elem_id="rl-t-table")
                         t_btn = gr.Button("Run a quick sweep on the Explore prompt (about a minute)", elem_id="rl-sweep")
+                    with gr.Tab("Train", id="train", elem_id="rl-tab-train"):
+                        gr.Markdown(TRAIN_INTRO if limits.training else "Training is turned off on this server (ROUTERLAB_TRAINING=off).")
+                        with gr.Row(equal_height=True):
+                            tr_gran = gr.Dropdown(list(GRANULARITIES), value="attention-token", label="What to route", elem_id="rl-tr-gran",
+                                                  info="target x level, as the shipped sets")
+                            tr_skip = NumberSlider(5, 50, value=15, step=1, label="Skip target (% of routed cells)", elem_id="rl-tr-skip")
+                            tr_minutes = NumberSlider(0.5, limits.training_minutes, value=min(3.0, limits.training_minutes), step=0.5,
+                                                      label="Time budget (minutes)", info="the whole job: data, training, evaluation", elem_id="rl-tr-minutes")
+                        tr_source = gr.Radio([BUILT_IN, OWN], value=BUILT_IN, label="Data", elem_id="rl-tr-source",
+                                             info="built-in: the shipped prompts answered by the full model; yours: pasted or uploaded below")
+                        with gr.Row():
+                            tr_text = gr.Textbox(label="Your text: paragraphs separated by blank lines, or JSON lines (messages / instruction / prompt / text)",
+                                                 lines=4, max_lines=12, elem_id="rl-tr-text")
+                            tr_file = gr.File(label="… or a .txt / .jsonl file", file_types=[".txt", ".jsonl"], type="filepath", elem_id="rl-tr-file")
+                        with gr.Accordion("Advanced", open=False):
+                            with gr.Row():
+                                tr_lr = gr.Number(3e-3, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
+                                tr_kd = gr.Number(1.0, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
+                                tr_lm = gr.Number(1.0, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
+                                tr_steps = gr.Number(400, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")
+                        with gr.Row():
+                            tr_start = gr.Button("Start training", variant="primary", interactive=limits.training, elem_id="rl-tr-start")
+                            tr_stop = gr.Button("Stop", variant="stop", elem_id="rl-tr-stop")
+                        tr_progress = gr.HTML(train_plots.progress_html(None, 1.0), elem_id="rl-tr-progress")
+                        tr_curves = gr.Plot(train_plots.curves(None), label="Learning curves", elem_id="rl-tr-curves")
+                        tr_layers = gr.Plot(train_plots.layer_map(None), label="Which layers it learns to skip", elem_id="rl-tr-layers")
+                        tr_result = gr.Markdown("", elem_id="rl-tr-result")
+                        with gr.Row():
+                            tr_download = gr.DownloadButton("Download (zip)", visible=False, elem_id="rl-tr-download")
+                            tr_upload = gr.File(label="Upload a router set: its zip, or router.json + routers.safetensors", file_count="multiple",
+                                                file_types=[".zip", ".json", ".safetensors", ".md"], elem_id="rl-tr-upload")
+                        tr_timer = gr.Timer(2.0, active=False)
                     with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers"):
                         gr.Markdown("Per-layer view of the last Explore run (follows the what-if threshold after a run).")
                         l_bar = gr.Plot(plots.layer_skip_bar(None), label="Skip rate per layer", elem_id="rl-layer-bar")
@@ -261,8 +297,8 @@ def build_demo(res: Resources) -> gr.Blocks:
         def _compare(prompt, *args):
             yield from compare_run(res, prompt, list(args[:RUNGS]), *args[RUNGS:])
 
-        def _sweep(p, r, k, m, progress=gr.Progress()):
-            return tradeoff_sweep(res, p, r, k, m, progress)
+        def _sweep(p, r, k, m, s, progress=gr.Progress()):
+            return tradeoff_sweep(res, p, r, k, m, progress, s.router_sets if isinstance(s, Session) else None)
 
         limit = max(1, limits.concurrency)
         gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
@@ -278,7 +314,13 @@ def build_demo(res: Resources) -> gr.Blocks:
         cmp_evt = c_btn.click(_compare, [c_prompt, *c_thresholds, router_label, kv_policy, max_new, temperature, model, session], [*c_columns, c_stats, c_heat, status],
                               api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
         c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)  # every column ends; the stream shows them
-        router_label.input(lambda label: router_set_chosen(res, label), [router_label], [threshold, kv_policy, status], api_name=False)
+        router_label.input(lambda label, s: router_set_chosen(res, label, s), [router_label, session], [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
-        t_btn.click(_sweep, [prompt, router_label, kv_policy, model], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
+        t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
+        tr_start.click(lambda s, *a: train_start(res, s, *a), [session, tr_gran, tr_skip, tr_minutes, tr_lr, tr_kd, tr_lm, tr_steps, tr_source, tr_text, tr_file],
+                       [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, tr_start], api_name="train", concurrency_limit=None)
+        tr_timer.tick(lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
+                      api_name=False, concurrency_limit=None, show_progress="hidden")
+        tr_stop.click(train_stop, [session], [status], api_name="stop_training", queue=False)
+        tr_upload.upload(lambda f, s: upload_set(res, s, f), [tr_upload, session], [status, router_label], api_name=False, concurrency_limit=None)
     return demo

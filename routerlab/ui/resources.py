@@ -55,6 +55,10 @@ class Limits:
     queue_size: int = 16
     concurrency: int = 2  # generations running at once (each Compare runs two models in turn)
     allowed_models: tuple[str, ...] = ()
+    training: bool = True  # the Train tab (ROUTERLAB_TRAINING=on|off)
+    training_minutes: float = 10.0  # the longest training a visitor may ask for
+    training_max_chars: int = 1_000_000  # the most text a visitor may train on
+    training_threads: int = 0  # torch threads of the training worker (0: torch's default)
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -65,6 +69,10 @@ class Limits:
             queue_size=_env_int("ROUTERLAB_QUEUE_SIZE", 16),
             concurrency=_env_int("ROUTERLAB_CONCURRENCY", 2),
             allowed_models=allowed,
+            training=os.environ.get("ROUTERLAB_TRAINING", "on").strip().lower() not in ("off", "0", "false", "no"),
+            training_minutes=float(_env_int("ROUTERLAB_TRAINING_MINUTES", 10)),
+            training_max_chars=_env_int("ROUTERLAB_TRAINING_MAX_CHARS", 1_000_000),
+            training_threads=_env_int("ROUTERLAB_TRAINING_THREADS", 0, low=0),
         )
 
 
@@ -152,6 +160,11 @@ class Resources:
         self._engines = {engine.name: engine}
         self._routers: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+        self.trainer = None  # tuning.runner.TrainingRunner: one training at a time (None: training is off)
+        if self.limits.training:
+            from routerlab.tuning.runner import TrainingRunner
+
+            self.trainer = TrainingRunner(self.limits.training_threads or None)
 
     # -- models and routers ----------------------------------------------------------------
     @property
@@ -173,10 +186,15 @@ class Resources:
     def router_labels(self) -> list[str]:
         return [FULL] + [r.label for r in self.router_sets]
 
-    def routers_for(self, engine, label: str):
-        """The RouterSet for dropdown `label` on `engine` (None for the full model); built or loaded once."""
+    def routers_for(self, engine, label: str, own: dict | None = None):
+        """The RouterSet for dropdown `label` on `engine` (None for the full model); built or loaded once.
+        `own`: a session's trained or uploaded sets (label -> (RouterSetInfo, RouterSet)), made for the default model."""
         if label in (None, "", FULL):
             return None
+        if own and label in own:
+            if engine is not self.engine:
+                raise RouterLabError(f"{label} was made for {self.default_model}, not {engine.name}.", f"Pick {self.default_model} as the model.")
+            return own[label][1]
         info = next((r for r in self.router_sets if r.label == label), None)
         if info is None:
             raise RouterLabError(f"Unknown router set {label!r}.", "Pick one from the granularity list.")

@@ -35,6 +35,8 @@ class Session:
         self.compare: tuple[Trace | None, ...] = (None, None)  # the last Compare: the full model's trace, then one per threshold
         self.running = False
         self.views: dict[str, Any] = {}  # what the page shows now (serialized once), repeated by streams
+        self.job = None  # the Train tab's running tuning.job.TrainJob, if any
+        self.router_sets: dict[str, tuple[Any, Any]] = {}  # label -> (RouterSetInfo, RouterSet): sets trained or uploaded here
         self._dir: str | None = None
 
     def workdir(self) -> Path:
@@ -53,6 +55,8 @@ def _delete_session(session: Session | None) -> None:
             session.control.request_stop()
         if session.compare_control is not None:
             session.compare_control.request_stop()
+        if session.job is not None:  # a visitor who closes the tab stops their training
+            session.job.stop()
         session.cleanup()
 
 

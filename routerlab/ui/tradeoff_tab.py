@@ -219,7 +219,7 @@ def tradeoff_pick(df, evt: gr.SelectData):
     return gr.Slider(value=value), gr.Tabs(selected="explore"), _status("ok", f"Threshold set to {value:.2f} from the trade-off table.")
 
 
-def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, progress=gr.Progress()):
+def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, progress=gr.Progress(), own: dict | None = None):
     """A quick sweep when no benchmark results ship: tokens/s and agreement with the full model per threshold."""
     import pandas as pd
 
@@ -229,7 +229,7 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
         res.check_prompt(prompt)
         engine = res.engine_for(model_name)
         label = router_label if router_label not in (None, "", FULL) else UNTRAINED
-        routers = res.routers_for(engine, label)
+        routers = res.routers_for(engine, label, own)
         config = res.generate_config(min(32, res.limits.max_new_tokens), 0.0, 0.5, kv_policy)
     except RouterLabError as err:
         return plots.tradeoff_curve(None), None, _warn(err)

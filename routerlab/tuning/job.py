@@ -1,0 +1,257 @@
+"""One training from the Train tab: data -> routers (the CLI's own loop) -> calibrated, compared, saved set.
+
+A `TrainJob` runs in a worker thread (`runner.py` runs one at a time per server) and keeps a snapshot
+of its progress that the page polls: the phase, each step's logged row (losses, skip share, each routed
+layer's skip share), held-out checkpoints (skip share and KL to the full model on the held-out slice, a
+few times during training), and at the end the comparison on that slice with the shipped set of the same
+granularity and with random skipping at the same share. The time budget covers the whole job: training
+gets what is left after the data and a reserve for the evaluations, measured from the first full-depth
+pass. `stop()` ends training at the next step and keeps what was learned.
+
+The finished set is written like any checkpoint (checkpoint.save_routers) into the job's folder; its
+calibration puts 0.5 at the training gate (what it was trained to skip) and 0.7 at 4x that skip share,
+as `calibrate` does for the shipped sets. Knows nothing about Gradio.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from routerlab.core.config import GRANULARITIES, RoutingConfig, default_layers
+from routerlab.core.errors import RouterLabError
+
+PHASES = ("queued", "data", "answering", "training", "evaluating", "done", "stopped", "failed", "cancelled")
+FINAL = ("done", "stopped", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What a visitor chose (validated): what to route, how much to skip, how long, and the advanced knobs."""
+
+    granularity: str = "attention-token"
+    skip: float = 0.15  # share of routed cells the budget term aims to skip (TrainConfig.target = 1 - skip)
+    minutes: float = 3.0  # the whole job: data, training, evaluation
+    lr: float = 3e-3
+    kd_weight: float = 1.0
+    lm_weight: float = 1.0
+    max_steps: int = 400
+    batch_size: int = 4
+    max_tokens: int = 256
+    heldout: int = 16  # held-out examples evaluated (the slice is never trained on)
+    checkpoints: int = 2  # held-out evaluations during training (plus the final one)
+    answer_tokens: int = 96  # longest answer the full model writes for a prompt without one
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.granularity not in GRANULARITIES:
+            raise RouterLabError(f"Unknown granularity {self.granularity!r}.", f"Choose one of: {', '.join(GRANULARITIES)}.")
+        if not 0.01 <= self.skip <= 0.9:
+            raise RouterLabError(f"Skip target {self.skip:.0%} is outside 1%-90%.", "Choose a share of routed cells, e.g. 15%.")
+        if not 0.25 <= self.minutes <= 60:
+            raise RouterLabError(f"Time budget {self.minutes} min is outside 0.25-60.", "Choose a few minutes, e.g. 3.")
+        if not 1e-5 <= self.lr <= 1.0:
+            raise RouterLabError(f"Learning rate {self.lr} is outside 1e-5..1.", "The shipped sets used 3e-3.")
+        if min(self.kd_weight, self.lm_weight) < 0 or self.kd_weight + self.lm_weight == 0:
+            raise RouterLabError("The loss weights must be >= 0 and not both 0.", "The shipped sets used 1 and 1.")
+        if not 1 <= self.max_steps <= 10_000:
+            raise RouterLabError(f"Steps {self.max_steps} is outside 1-10,000.", "The time budget usually decides; 400 is a cap.")
+
+    @property
+    def label(self) -> str:
+        return f"mine: {self.granularity}, {self.minutes:g} min"
+
+
+def routed_layers(granularity: str, n_layers: int, shipped: dict | None) -> tuple[int, ...]:
+    """The shipped set's layers for this granularity when there is one (same model), else the default layers."""
+    if shipped and shipped.get("base_model", {}).get("n_layers") == n_layers:
+        return tuple(shipped["layers"])
+    return default_layers(n_layers)
+
+
+class TrainJob:
+    """One visitor's training. Thread-safe `snapshot()`; `run()` is called once, in a worker thread."""
+
+    def __init__(self, model, tokenizer, settings: JobSettings, folder: Path, data=None, shipped: Path | None = None,
+                 owner: str = ""):
+        self.model, self.tokenizer, self.settings, self.folder = model, tokenizer, settings, Path(folder)
+        self.data, self.shipped, self.owner = data, shipped, owner  # data: user_data.UserData, or None (built-in)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._state = {"phase": "queued", "message": "Waiting for its turn.", "rows": [], "checkpoints": [], "layers": [],
+                       "steps_planned": None, "started": None, "elapsed": 0.0, "answered": 0, "to_answer": 0,
+                       "trainable": None, "result": None, "error": None}
+        self.routers = None
+
+    # -- what the page reads -------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        with self._lock:
+            s = dict(self._state, rows=list(self._state["rows"]), checkpoints=list(self._state["checkpoints"]))
+        if s["started"] is not None and s["phase"] not in FINAL:
+            s["elapsed"] = time.perf_counter() - s["started"]
+        return s
+
+    def _set(self, **changes) -> None:
+        with self._lock:
+            self._state.update(changes)
+
+    @property
+    def phase(self) -> str:
+        return self._state["phase"]
+
+    def stop(self) -> None:
+        """End training at the next step (what was learned is kept), or cancel a job still waiting."""
+        self._stop.set()
+        if self.phase == "queued":
+            self._set(phase="cancelled", message="Cancelled before it started.")
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # -- the work --------------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.stopping:
+            self._set(phase="cancelled", message="Cancelled before it started.")
+            return
+        self._set(phase="data", message="Reading the data …", started=time.perf_counter())
+        try:
+            self._run()
+        except RouterLabError as err:
+            self._set(phase="failed", message=str(err), error=str(err))
+        except Exception as err:  # reported to the visitor; the server keeps going
+            traceback.print_exc()
+            self._set(phase="failed", message=f"Training failed: {type(err).__name__}: {err}", error=repr(err))
+        finally:
+            with self._lock:
+                if self._state["started"] is not None:
+                    self._state["elapsed"] = time.perf_counter() - self._state["started"]
+
+    def _remaining(self) -> float:
+        return self.settings.minutes * 60 - (time.perf_counter() - self._state["started"])
+
+    def _run(self) -> None:
+        from routerlab.core.routed import Anatomy
+        from routerlab.tuning.checkpoint import read_config
+        from routerlab.tuning.data import encode_all
+        from routerlab.tuning.evaluate import full_depth
+        from routerlab.tuning.train import PLAN_STEPS, TrainConfig, train_routers
+
+        st, tok = self.settings, self.tokenizer
+        train_records, heldout_records = self._records()
+        train = encode_all(train_records, tok, st.max_tokens)
+        heldout = encode_all(heldout_records, tok, st.max_tokens)[: st.heldout]
+        anatomy = Anatomy(self.model)
+        shipped_config = read_config(self.shipped) if self.shipped else None
+        layers = routed_layers(st.granularity, anatomy.n_layers, shipped_config)
+        t0 = time.perf_counter()
+        full = full_depth(anatomy, heldout)
+        one_pass = time.perf_counter() - t0
+        cfg = TrainConfig(granularity=st.granularity, layers=layers, steps=st.max_steps, batch_size=st.batch_size, lr=st.lr,
+                          lm_weight=st.lm_weight, kd_weight=st.kd_weight, target=1.0 - st.skip, ramp=0.4, warmup=0.1,
+                          max_tokens=st.max_tokens, seed=st.seed)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        routed = RoutingConfig.from_granularity(st.granularity, layers)
+        trainable = len(routed.layers) * anatomy.hidden_size
+        reserve = one_pass * (6 + st.checkpoints)  # scores, calibration check, comparison, checkpoints
+        budget = max(5.0, self._remaining() - reserve)
+        self._set(phase="training", layers=list(layers), trainable={"routers": trainable, "model": n_params},
+                  message=f"Training {len(layers)} routers on {len(train)} examples ({len(heldout)} held out) …")
+        marks: set[int] = set()
+
+        def on_step(row, routers):
+            self._set(rows=self._state["rows"] + [row], steps_planned=row["steps_planned"])
+            if row["step"] <= PLAN_STEPS:  # the number of steps is still being planned
+                return
+            planned = row["steps_planned"]
+            due = {max(PLAN_STEPS + 1, round(planned * (k + 1) / (st.checkpoints + 1))) for k in range(st.checkpoints)}
+            if row["step"] in due and row["step"] not in marks and not self.stopping:
+                marks.add(row["step"])
+                self._checkpoint(anatomy, routers, heldout, full, row["step"])
+
+        result = train_routers(self.model, train, cfg, progress=False, seconds=budget, on_step=on_step,
+                               should_stop=self._stop.is_set, data_name=self._data_name())
+        self.routers = result.routers
+        self._finish(anatomy, result, heldout, full, shipped_config)
+
+    def _records(self):
+        from routerlab.tuning.data import DEFAULT, answer_prompts, load_records
+
+        if self.data is None:
+            return load_records(DEFAULT, "train"), load_records(DEFAULT, "heldout")
+        from dataclasses import replace
+
+        records = [*self.data.train, *self.data.heldout]
+        todo = [k for k, r in enumerate(records) if not r.response]
+        if todo:
+            self._set(phase="answering", to_answer=len(todo), message=f"The full model answers {len(todo)} prompts first …")
+            for done, (k, answer, _, _) in enumerate(answer_prompts(self.model, self.tokenizer, [list(records[i].messages) for i in todo],
+                                                                   max_new_tokens=self.settings.answer_tokens, batch_size=8), 1):
+                records[todo[k]] = replace(records[todo[k]], response=answer)
+                self._set(answered=done)
+                if self.stopping:
+                    raise RouterLabError("Stopped while the full model was answering the prompts.", "Start again when you are ready.")
+        n = len(self.data.train)
+        return [r for r in records[:n] if r.response], [r for r in records[n:] if r.response]
+
+    def _data_name(self) -> str:
+        return "built-in self-distilled prompts" if self.data is None else self.data.describe()
+
+    def _checkpoint(self, anatomy, routers, heldout, full, step: int) -> None:
+        from routerlab.tuning.evaluate import evaluate_examples
+
+        r = evaluate_examples(anatomy, heldout, routers, 0.5, "kv", full)  # the training gate, raw scores
+        point = {"step": step, "skip_rate": round(r["skip_rate"], 4), "kl_full": round(r["kl_full"], 5),
+                 "perplexity_increase": round(r["perplexity_increase"], 5)}
+        self._set(checkpoints=self._state["checkpoints"] + [point])
+
+    def _finish(self, anatomy, result, heldout, full, shipped_config) -> None:
+        from routerlab.tuning.calibrate import DEFAULT, fit_calibration
+        from routerlab.tuning.checkpoint import load_routers, save_routers
+        from routerlab.tuning.evaluate import baseline_set, evaluate_examples, response_scores, thresholds_for_skips
+
+        st, routers = self.settings, result.routers
+        stopped = result.report.get("stopped", False)
+        self._set(phase="evaluating", message="Calibrating on the held-out slice and comparing …")
+        keys = ("skip_rate", "skip_rate_all_layers", "perplexity_increase", "kl_full", "agreement")
+        pick = lambda r: {k: round(r[k], 5) for k in keys}  # noqa: E731
+        rows = {}
+        fit = None
+        try:
+            fit = fit_calibration(response_scores(anatomy, routers, heldout), 0.5)
+            routers.calibration = fit.calibration
+        except RouterLabError:
+            pass  # scores too concentrated (e.g. stopped at once): the raw scale stays, 0.5 is still the training gate
+        mine = evaluate_examples(anatomy, heldout, routers, DEFAULT, "kv", full)
+        rows["mine at 0.5"] = {"threshold": DEFAULT, **pick(mine)}
+        if shipped_config is not None:
+            shipped, config = load_routers(self.shipped, self.model)
+            s = evaluate_examples(anatomy, heldout, shipped, float(config["threshold"]), config["kv_policy"], full)
+            rows["shipped at its default"] = {"threshold": float(config["threshold"]), **pick(s)}
+            if s["skip_rate"] > 0:
+                t = thresholds_for_skips(anatomy, routers, heldout, [s["skip_rate"]])[0]
+                m = evaluate_examples(anatomy, heldout, routers, t, "kv", full)
+                rows["mine at the shipped share"] = {"threshold": round(t, 4), **pick(m)}
+        rand, p, _ = baseline_set("random", anatomy, heldout, st.granularity, mine["skip_rate_all_layers"], routers.config.layers, st.seed)
+        rows["random at my share"] = {"threshold": round(p, 4), **pick(evaluate_examples(anatomy, heldout, rand, p, "kv", full))}
+        report = dict(result.report, settings=asdict(st), heldout={"examples": len(heldout), "rows": rows},
+                      checkpoints=self._state["checkpoints"], label=st.label)
+        info = {"rule": "0.5 = the training gate (what the set was trained to skip); 0.7 = 4x its skip share, on the held-out slice",
+                "raw_default": 0.5} if fit is not None else None
+        summary = {k: report[k] for k in ("data", "examples", "steps", "seconds", "stopped", "config")}
+        save_routers(routers, self.folder, self.model, threshold=DEFAULT if fit else 0.5, kv_policy="kv", summary=summary,
+                     calibration_info=info)
+        from routerlab.tuning.bundle import write_extras
+
+        write_extras(self.folder, report, result.log, self.model_name())
+        phase = "stopped" if stopped else "done"
+        self._set(phase=phase, result=report, message=("Stopped: the routers as they were are kept. " if stopped else "Done. ")
+                  + f"Skips {mine['skip_rate']:.1%} of routed cells at 0.5 on the held-out slice, perplexity {mine['perplexity_increase']:+.1%}.")
+
+    def model_name(self) -> str:
+        from routerlab.core.models import model_identity
+
+        return str(model_identity(self.model).get("name", "model"))

@@ -1,0 +1,71 @@
+"""One training at a time per server: a FIFO of TrainJobs and the worker thread that runs them.
+
+Visitors see their place in the line (`position`) and can cancel a waiting job (`TrainJob.stop`).
+The worker runs torch with `threads` intra-op threads (torch.set_num_threads is per thread on CPU), so
+that generation in other threads keeps the rest of the cores: the split is the operator's
+(ROUTERLAB_TRAINING_THREADS, docs/operators.md). Knows nothing about Gradio.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+log = logging.getLogger(__name__)
+
+
+class TrainingRunner:
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+        self._queue: deque = deque()
+        self._running = None
+        self._lock = threading.Condition()
+        self._worker: threading.Thread | None = None
+
+    def submit(self, job) -> int:
+        """Queue `job`; its place in the line (0: it runs next / now)."""
+        with self._lock:
+            self._queue.append(job)
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._loop, name="routerlab-training", daemon=True)
+                self._worker.start()
+            self._lock.notify_all()
+            return self.position(job)
+
+    def position(self, job) -> int | None:
+        """Jobs ahead of `job` (the running one counts); None once it left the line."""
+        with self._lock:
+            if job is self._running:
+                return 0
+            waiting = [j for j in self._queue if j.phase != "cancelled"]
+            if job not in waiting:
+                return None
+            return waiting.index(job) + (self._running is not None)
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None or any(j.phase != "cancelled" for j in self._queue)
+
+    def _loop(self) -> None:
+        if self.threads:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        while True:
+            with self._lock:
+                while not self._queue:
+                    if not self._lock.wait(timeout=60):
+                        self._worker = None
+                        return
+                job = self._queue.popleft()
+                if job.phase == "cancelled":
+                    continue
+                self._running = job
+            try:
+                log.info("training: %s starts", job.settings.label)
+                job.run()
+                log.info("training: %s ended (%s)", job.settings.label, job.phase)
+            finally:
+                with self._lock:
+                    self._running = None

@@ -1,0 +1,134 @@
+"""Train tab: start a Router-Tuning job, watch it (a 2 s timer polls its snapshot), stop it, keep or share the set.
+
+Handlers: `train_start` (checks the settings and the visitor's text, queues a tuning.job.TrainJob on the
+server's one TrainingRunner), `train_tick` (progress, curves, layer map; when the job ends, its set joins
+this session's router-set menu and a zip is offered), `train_stop`, `upload_set` (a zip or loose files,
+validated by tuning.bundle.read_upload). Bad input comes back as a status message; the inputs are never
+touched, so nothing the visitor entered is lost. No tensors here: the job and the bundle own them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+
+from routerlab.core.errors import RouterLabError
+from routerlab.ui import train_plots
+from routerlab.ui.resources import FULL, Resources, RouterSetInfo
+from routerlab.ui.session import Session, _status, _warn
+
+BUILT_IN, OWN = "built-in prompts", "my own text"
+TRAIN_INTRO = """**Router-Tuning, here and now.** The model stays frozen: only one tiny router per routed layer learns
+(a single linear score of the layer's input, 576 numbers), deciding token by token whether that layer's
+attention (or MLP, or whole block) runs. Each step, the routed model is taught to match the full model
+(**distillation**: KL to the full model's next-token distribution), to predict the text (**LM loss**), and to
+skip at least the **skip target** (**budget term**: how far the executed share is above it; it ramps in over
+the first 40% of steps). A held-out slice, never trained on, checks the set a few times and at the end."""
+
+
+def _labels(res: Resources, session: Session) -> list[str]:
+    return res.router_labels() + list(session.router_sets)
+
+
+def _add_set(res: Resources, session: Session, label: str, folder, routers, config) -> str:
+    base, k = label, 2
+    while label in session.router_sets or label in res.router_labels():
+        label, k = f"{base} #{k}", k + 1
+    session.router_sets[label] = (RouterSetInfo(label=label, granularity=config["granularity"], path=folder, meta=config), routers)
+    return label
+
+
+def _shipped_folder(res: Resources, granularity: str):
+    return next((r.path for r in res.router_sets if r.path is not None and r.granularity == granularity), None)
+
+
+def train_start(res: Resources, session: Session, granularity, skip_pct, minutes, lr, kd_weight, lm_weight, max_steps,
+                source, pasted, upload):
+    """Queue a training; returns progress, curves, layer map, result, status, timer, start button."""
+    from routerlab.tuning.job import JobSettings, TrainJob
+    from routerlab.tuning.user_data import parse_user_data
+
+    skip = gr.skip()
+    session = session if isinstance(session, Session) else Session()
+    try:
+        if res.trainer is None:
+            raise RouterLabError("Training is turned off on this server.", "The operator can turn it on with ROUTERLAB_TRAINING=on.")
+        if session.job is not None and session.job.phase not in ("done", "stopped", "failed", "cancelled"):
+            raise RouterLabError("Your last training is still going.", "Stop it first, or wait for it to end.")
+        cap = res.limits.training_minutes
+        if float(minutes) > cap:
+            raise RouterLabError(f"This server trains for at most {cap:g} minutes.", f"Choose {cap:g} or less.")
+        settings = JobSettings(granularity=str(granularity), skip=float(skip_pct) / 100, minutes=float(minutes), lr=float(lr),
+                               kd_weight=float(kd_weight), lm_weight=float(lm_weight), max_steps=int(max_steps))
+        data = parse_user_data(pasted, upload, res.limits.training_max_chars) if source == OWN else None
+        engine = res.engine
+        folder = session.workdir() / f"mine-{len(session.router_sets) + 1}-{settings.granularity}"
+        job = TrainJob(engine.model, engine.tokenizer, settings, folder, data=data, shipped=_shipped_folder(res, settings.granularity))
+    except (RouterLabError, ValueError, TypeError) as err:
+        err = err if isinstance(err, RouterLabError) else RouterLabError(f"A setting is not a number ({err}).", "Check the advanced settings.")
+        return skip, skip, skip, skip, _warn(err), skip, skip
+    session.job = job
+    position = res.trainer.submit(job)
+    what = "the built-in self-distilled prompts" if data is None else data.describe()
+    wait = f" {position} training(s) ahead of yours." if position else ""
+    return (train_plots.progress_html(job.snapshot(), settings.minutes * 60, position), train_plots.curves(None),
+            train_plots.layer_map(None), "", _status("run", f"Training {settings.label} on {what}.{wait}"),
+            gr.Timer(active=True), gr.Button(interactive=False))
+
+
+def train_tick(res: Resources, session: Session):
+    """The job's progress; when it ends: its set in this session's menu, the zip to download. 9 outputs."""
+    skip = gr.skip()
+    job = session.job if isinstance(session, Session) else None
+    if job is None:
+        return skip, skip, skip, skip, skip, gr.Timer(active=False), skip, skip, gr.Button(interactive=True)
+    snap = job.snapshot()
+    budget = job.settings.minutes * 60
+    progress = train_plots.progress_html(snap, budget, res.trainer.position(job) if res.trainer else None)
+    if snap["phase"] not in ("done", "stopped", "failed", "cancelled"):
+        return progress, train_plots.curves(snap), train_plots.layer_map(snap), skip, skip, skip, skip, skip, skip
+    session.job = None  # ended: the next tick finds nothing to follow
+    status, menu, download = _status("stop", snap["message"]), skip, gr.DownloadButton(visible=False)
+    if snap["phase"] in ("done", "stopped") and job.routers is not None:
+        from routerlab.tuning.bundle import zip_folder
+        from routerlab.tuning.checkpoint import read_config
+
+        label = _add_set(res, session, job.settings.label, job.folder, job.routers, read_config(job.folder))
+        name = re.sub(r"[^a-z0-9-]+", "-", label.lower()).strip("-")
+        archive = zip_folder(job.folder, job.folder.parent / f"routerlab-{name}.zip")
+        menu = gr.Dropdown(choices=_labels(res, session))
+        download = gr.DownloadButton(f"Download {label} (zip)", value=str(archive), visible=True)
+        status = _status("ok", f"{snap['message']} **{label}** is in the router-set menu (this tab only).")
+    return (progress, train_plots.curves(snap), train_plots.layer_map(snap), train_plots.result_md(snap), status,
+            gr.Timer(active=False), menu, download, gr.Button(interactive=True))
+
+
+def train_stop(session: Session):
+    job = session.job if isinstance(session, Session) else None
+    if job is None:
+        return _status("stop", "No training is running.")
+    job.stop()
+    return _status("stop", "Stopping: the routers as they are now are kept, calibrated and compared …")
+
+
+def upload_set(res: Resources, session: Session, files):
+    """A visitor's router set (zip or loose files) into this session's menu. Returns status and the menu."""
+    from routerlab.tuning.bundle import read_upload
+
+    session = session if isinstance(session, Session) else Session()
+    paths = [f if isinstance(f, str) else getattr(f, "name", f) for f in (files if isinstance(files, list) else [files] if files else [])]
+    try:
+        folder, routers, config = read_upload(paths, res.engine.model, session.workdir())
+    except RouterLabError as err:
+        return _warn(err), gr.skip()
+    label = _add_set(res, session, f"uploaded: {config['granularity']}", folder, routers, config)
+    return (_status("ok", f"Loaded **{label}** ({len(config['layers'])} routed layers, threshold {config['threshold']}); "
+                    "pick it in the router-set menu."), gr.Dropdown(choices=_labels(res, session)))
+
+
+def own_set(session, label: str):
+    """This session's (RouterSetInfo, routers) for a menu label, or None (a shipped set, the full model)."""
+    if not isinstance(session, Session) or label in (None, "", FULL):
+        return None
+    return session.router_sets.get(label)
