@@ -6,7 +6,8 @@
 Environment (all optional): GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, ROUTERLAB_MODEL,
 ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTERLAB_MAX_NEW_TOKENS
 (256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (16), ROUTERLAB_CONCURRENCY (2),
-ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16).
+ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16),
+ROUTERLAB_ROUTERS (extra router sets: folders or Hub repo ids), ROUTERLAB_TRAINING (on|off) and its caps.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="auto, float32 or bfloat16 (default: $ROUTERLAB_DTYPE, else auto)")
     parser.add_argument("--quantize", default=None, help="weights a decode step reads: auto (the embedded model's own 4-bit "
                         "codes on a CPU), 16bit, int4 or int8 (requantised, weight-only; default: $ROUTERLAB_QUANTIZE, else auto)")
+    parser.add_argument("--routers", default=os.environ.get("ROUTERLAB_ROUTERS") or None,
+                        help="extra router sets for everyone's menu, listed first (a token-level one is chosen at start): folders or Hugging Face Hub "
+                             "repo ids (OWNER/NAME), comma-separated (default: $ROUTERLAB_ROUTERS)")
     parser.add_argument("--no-warmup", action="store_true", help="skip measuring the per-layer costs at start-up (Explore then shows no estimated speedup)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -58,9 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RouterLab: decode reads {engine.weights}", flush=True)
 
     limits = ui.Limits.from_env()
+    try:
+        extra = ui.operator_router_sets(args.routers, engine.model)
+    except RouterLabError as err:
+        print(f"RouterLab: cannot load the router sets {args.routers!r}. {err}", file=sys.stderr)
+        return 1
     res = ui.Resources(
         engine,
         limits,
+        router_sets=extra + ui.available_router_sets() if extra else None,
         model_loader=lambda name: load_engine(name, dtype, quantize)[0],
         status=f"Model **{engine.name}** loaded ({engine.n_layers} layers, {loaded.source}; decode reads {engine.weights}). "
                "Pick a prompt and press **Generate**.",

@@ -197,6 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=_train)
 
+    j = sub.add_parser("train-job", help="the Train tab's training from the command line (same job, same defaults)")
+    j.add_argument("--out", required=True, help="checkpoint folder to write (router.json, routers.safetensors, report, curves, README.md)")
+    j.add_argument("--granularity", default="attention-token", help=f"one of {', '.join(GRANULARITIES)}")
+    j.add_argument("--minutes", type=float, default=3.0, help="time budget of the whole job (default 3, as the tab)")
+    j.add_argument("--skip", type=float, default=0.15, help="skip target, share of routed cells (default 0.15, as the tab)")
+    j.add_argument("--data", default=None, help="your text: .txt (paragraphs) or .jsonl (as the tab reads it); default: the built-in data")
+    j.add_argument("--check-data", default=None, help="afterwards, compare with the shipped set and random skipping on this JSONL too")
+    j.add_argument("--check-split", default="heldout", help="split of --check-data (default heldout)")
+    _add_dtype(j, "auto", "the app's precision")
+    j.set_defaults(func=_train_job)
+
     e = sub.add_parser("eval", help="perplexity, agreement and skip rate: routed vs full depth (and baselines)")
     _add_model_args(e)
     e.add_argument("--data", default=None, help="JSONL or hub dataset (default: the built-in held-out split)")
@@ -256,6 +267,38 @@ def _train(args) -> int:
     report = run_training(args)
     if report is not None:
         print(json.dumps({k: report[k] for k in ("out", "seconds", "threshold", "heldout") if k in report}, indent=1))
+    return 0
+
+
+def _train_job(args) -> int:
+    from pathlib import Path
+
+    from routerlab.core.models import load_model
+    from routerlab.core.routed import Anatomy
+    from routerlab.tuning.checkpoint import shipped_routers
+    from routerlab.tuning.data import encode_all, load_records
+    from routerlab.tuning.job import JobSettings, TrainJob, compare
+    from routerlab.tuning.user_data import parse_user_data
+
+    settings = JobSettings(granularity=args.granularity, minutes=args.minutes, skip=args.skip)
+    data = parse_user_data(path=args.data) if args.data else None
+    check = load_records(args.check_data, args.check_split) if args.check_data else None  # a bad file fails before training
+    loaded = load_model(dtype=args.dtype)
+    shipped = shipped_routers().get(settings.granularity)
+    job = TrainJob(loaded.model, loaded.tokenizer, settings, Path(args.out), data=data, shipped=shipped)
+    job.run()
+    snap = job.snapshot()
+    if snap["phase"] not in ("done", "stopped"):
+        raise RouterLabError(snap["message"])
+    result = snap["result"]
+    out = {"out": args.out, "steps": result["steps"], "seconds": result["seconds"], "elapsed": round(snap["elapsed"], 1),
+           "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."), "heldout_slice": result["heldout"]}
+    if check is not None:
+        examples = encode_all(check, loaded.tokenizer)
+        out["check"] = {"data": args.check_data, "split": args.check_split, "examples": len(examples),
+                        "rows": compare(Anatomy(loaded.model), examples, job.routers, loaded.model, shipped, settings.seed)}
+        (Path(args.out) / "check.json").write_text(json.dumps(out["check"], indent=1) + "\n")
+    print(json.dumps(out, indent=1))
     return 0
 
 

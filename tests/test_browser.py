@@ -9,6 +9,7 @@ slider, so the move always lands mid-run however slow the browser or the server 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -271,6 +272,89 @@ PREVIEW_JS = """(value) => {
     window.routerlabWhatIfPreview(value);
     return performance.now() - t0;
 }"""
+
+
+TRAIN_TEXT = "\n\n".join(
+    f"Note {k}: the keeper trims the lamp wick at dusk, winds the clockwork that turns the lens, and logs the passing "
+    f"ships, the wind and the sea state in the station book before the night watch begins." for k in range(16))
+HEAT_Z = """() => { const gd = document.querySelector('#rl-heatmap .js-plotly-plot');
+  return JSON.stringify([gd.data[0].z, gd.data[1].z]); }"""
+
+
+def _generate(page, before_status: str):
+    page.evaluate(WATCH_BUSY)
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_function(DONE_AFTER_BUSY, arg=before_status)
+    return page.evaluate(HEAT_Z)
+
+
+def _pick_set(page, label_start: str):
+    page.locator("#rl-granularity input").click()
+    page.get_by_role("option", name=label_start).first.click()
+
+
+def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tmp_path):
+    """A short training from pasted text: progress and curves move, Stop keeps the set, it joins the menu and
+    generates with skipped cells; its zip downloads, uploads back and decides identically; bad text and a bad
+    upload each get a clear message. The mid-run screenshot is the README's picture of the Train tab."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1500})
+    page.set_default_timeout(240_000)
+    try:
+        page.goto(app_url)
+        page.get_by_role("button", name="Generate", exact=True).wait_for()
+        page.get_by_role("tab", name="Train").click()
+        # bad pasted data: a message, the text stays
+        page.get_by_label("my own text").check()
+        page.locator("#rl-tr-text textarea").fill("Far too short.")
+        page.locator("#rl-tr-start").click()
+        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('training needs at least')")
+        assert page.locator("#rl-tr-text textarea").input_value() == "Far too short."
+        # a real (short) training
+        page.locator("#rl-tr-text textarea").fill(TRAIN_TEXT)
+        page.locator("#rl-tr-minutes input[type=number]").fill("1")
+        page.locator("#rl-tr-minutes input[type=number]").press("Enter")
+        page.locator("#rl-tr-start").click()
+        page.wait_for_function("(document.querySelector('#rl-tr-progress').innerText.match(/step (\\d+)/) || [0, 0])[1] >= 3")
+        page.wait_for_function("document.querySelector('#rl-tr-curves .js-plotly-plot') && "
+                               "document.querySelector('#rl-tr-curves .js-plotly-plot').data.length >= 3")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "train.png"), full_page=False)
+        page.locator("#rl-tr-stop").click()
+        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('router-set menu')")
+        assert "mine at 0.5" in page.inner_text("#rl-tr-result")
+        # the set generates in Explore, with skipped cells at a high threshold
+        _pick_set(page, "mine: attention-token")
+        page.get_by_role("tab", name="Explore").click()
+        page.locator("#rl-max-new input[type=number]").fill("16")
+        page.locator("#rl-max-new input[type=number]").press("Enter")
+        page.locator("#rl-threshold input[type=number]").fill("0.8")
+        page.locator("#rl-threshold input[type=number]").press("Enter")
+        mine = _generate(page, page.inner_text("#rl-status"))
+        assert any(v is not None for row in json.loads(mine)[1] for v in row), "no skipped cell"
+        # download, upload back, same decisions
+        page.get_by_role("tab", name="Train").click()
+        with page.expect_download() as got:
+            page.locator("#rl-tr-download").click()
+        archive = tmp_path / got.value.suggested_filename
+        got.value.save_as(archive)
+        page.locator("#rl-tr-upload input[type=file]").set_input_files(str(archive))
+        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('Loaded uploaded')")
+        _pick_set(page, "uploaded: attention-token")
+        page.get_by_role("tab", name="Explore").click()
+        page.locator("#rl-threshold input[type=number]").fill("0.8")
+        page.locator("#rl-threshold input[type=number]").press("Enter")
+        assert _generate(page, page.inner_text("#rl-status")) == mine
+        # a bad upload
+        page.get_by_role("tab", name="Train").click()
+        bad = tmp_path / "bad.zip"
+        bad.write_bytes(b"PK not a zip at all")
+        page.locator("#rl-tr-upload input[type=file]").set_input_files(str(bad))
+        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('not a readable zip')")
+    except Exception:
+        page.screenshot(path=str(Path(tempfile.gettempdir()) / "routerlab-browser-train-failure.png"), full_page=True)
+        raise
+    finally:
+        page.close()
 
 
 def test_what_if_redraw_latency_for_300_tokens(browser, long_run_url, capsys):

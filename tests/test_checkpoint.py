@@ -116,3 +116,23 @@ def test_a_hub_repo_id_loads_from_the_cache_offline_and_decides_as_the_folder(sa
     assert runs[0] == runs[1]
     with pytest.raises(RouterLabError, match="neither a folder nor in the Hugging Face cache"):
         resolve_routers("someone/not-there", "attention-token", model)
+
+
+def test_the_operators_router_sets_come_from_folders_or_the_hub_cache_and_are_checked_at_start(saved, tmp_path, monkeypatch):
+    """`app.py --routers` / ROUTERLAB_ROUTERS: each set is loaded against the model before the app starts."""
+    import huggingface_hub.constants
+
+    from routerlab.ui.resources import operator_router_sets
+
+    model, _, folder = saved
+    _hub_cache(tmp_path / "hub", "someone/my-routers", folder)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    sets = operator_router_sets(f"someone/my-routers, {folder}", model)
+    assert [s.label for s in sets] == ["attention-token (someone/my-routers)", f"attention-token ({folder})"]
+    assert operator_router_sets(None, model) == [] and operator_router_sets(" ", model) == []
+    with pytest.raises(RouterLabError, match="neither a folder nor in the Hugging Face cache"):
+        operator_router_sets("someone/not-there", model)
+    other = tiny_model("llama", hidden_size=48, intermediate_size=96)
+    with pytest.raises(RouterLabError, match="were made for"):
+        operator_router_sets(str(folder), other)

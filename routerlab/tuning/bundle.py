@@ -39,7 +39,9 @@ def model_card(report: dict, model_name: str) -> str:
     """README.md with Hub front matter: base model, library, tags, training settings, held-out figures."""
     s = report.get("settings", {})
     rows = report.get("heldout", {}).get("rows", {})
-    base = model_name if "/" in model_name else f"HuggingFaceTB/{model_name}"
+    from routerlab.core.models import EMBEDDED_HUB_ID, EMBEDDED_NAME
+
+    base = EMBEDDED_HUB_ID if model_name == EMBEDDED_NAME else model_name
     front = ["---", f"base_model: {base}", "library_name: routerlab", "tags:", "- router-tuning", "- dynamic-depth",
              "- layer-skipping", f"- {report.get('granularity', '')}", "---", ""]
     table = ["| | threshold | skipped (routed cells) | skipped (all layers) | perplexity rise | KL to full |",

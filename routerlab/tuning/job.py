@@ -26,6 +26,7 @@ from routerlab.core.errors import RouterLabError
 
 PHASES = ("queued", "data", "answering", "training", "evaluating", "done", "stopped", "failed", "cancelled")
 FINAL = ("done", "stopped", "failed", "cancelled")
+EVAL_PASSES = 10  # the end's calibration and comparison cost about this many full-depth passes over the held-out slice (measured)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class JobSettings:
     max_steps: int = 400
     batch_size: int = 4
     max_tokens: int = 256
-    heldout: int = 16  # held-out examples evaluated (the slice is never trained on)
+    heldout: int = 12  # held-out examples evaluated (the slice is never trained on)
     checkpoints: int = 2  # held-out evaluations during training (plus the final one)
     answer_tokens: int = 96  # longest answer the full model writes for a prompt without one
     seed: int = 0
@@ -117,7 +118,7 @@ class TrainJob:
         if self.stopping:
             self._set(phase="cancelled", message="Cancelled before it started.")
             return
-        self._set(phase="data", message="Reading the data …", started=time.perf_counter())
+        self._set(phase="data", message="Reading the data; the full model scores the held-out slice …", started=time.perf_counter())
         try:
             self._run()
         except RouterLabError as err:
@@ -156,7 +157,7 @@ class TrainJob:
         n_params = sum(p.numel() for p in self.model.parameters())
         routed = RoutingConfig.from_granularity(st.granularity, layers)
         trainable = len(routed.layers) * anatomy.hidden_size
-        reserve = one_pass * (6 + st.checkpoints)  # scores, calibration check, comparison, checkpoints
+        reserve = one_pass * (EVAL_PASSES + st.checkpoints)  # the checkpoints, then the calibration and the comparison
         budget = max(5.0, self._remaining() - reserve)
         self._set(phase="training", layers=list(layers), trainable={"routers": trainable, "model": n_params},
                   message=f"Training {len(layers)} routers on {len(train)} examples ({len(heldout)} held out) …")
@@ -210,33 +211,20 @@ class TrainJob:
 
     def _finish(self, anatomy, result, heldout, full, shipped_config) -> None:
         from routerlab.tuning.calibrate import DEFAULT, fit_calibration
-        from routerlab.tuning.checkpoint import load_routers, save_routers
-        from routerlab.tuning.evaluate import baseline_set, evaluate_examples, response_scores, thresholds_for_skips
+        from routerlab.tuning.checkpoint import save_routers
+        from routerlab.tuning.evaluate import response_scores
 
         st, routers = self.settings, result.routers
         stopped = result.report.get("stopped", False)
         self._set(phase="evaluating", message="Calibrating on the held-out slice and comparing …")
-        keys = ("skip_rate", "skip_rate_all_layers", "perplexity_increase", "kl_full", "agreement")
-        pick = lambda r: {k: round(r[k], 5) for k in keys}  # noqa: E731
-        rows = {}
         fit = None
         try:
             fit = fit_calibration(response_scores(anatomy, routers, heldout), 0.5)
             routers.calibration = fit.calibration
         except RouterLabError:
             pass  # scores too concentrated (e.g. stopped at once): the raw scale stays, 0.5 is still the training gate
-        mine = evaluate_examples(anatomy, heldout, routers, DEFAULT, "kv", full)
-        rows["mine at 0.5"] = {"threshold": DEFAULT, **pick(mine)}
-        if shipped_config is not None:
-            shipped, config = load_routers(self.shipped, self.model)
-            s = evaluate_examples(anatomy, heldout, shipped, float(config["threshold"]), config["kv_policy"], full)
-            rows["shipped at its default"] = {"threshold": float(config["threshold"]), **pick(s)}
-            if s["skip_rate"] > 0:
-                t = thresholds_for_skips(anatomy, routers, heldout, [s["skip_rate"]])[0]
-                m = evaluate_examples(anatomy, heldout, routers, t, "kv", full)
-                rows["mine at the shipped share"] = {"threshold": round(t, 4), **pick(m)}
-        rand, p, _ = baseline_set("random", anatomy, heldout, st.granularity, mine["skip_rate_all_layers"], routers.config.layers, st.seed)
-        rows["random at my share"] = {"threshold": round(p, 4), **pick(evaluate_examples(anatomy, heldout, rand, p, "kv", full))}
+        rows = compare(anatomy, heldout, routers, self.model, self.shipped, st.seed, full)
+        mine = rows["mine at 0.5"]
         report = dict(result.report, settings=asdict(st), heldout={"examples": len(heldout), "rows": rows},
                       checkpoints=self._state["checkpoints"], label=st.label)
         info = {"rule": "0.5 = the training gate (what the set was trained to skip); 0.7 = 4x its skip share, on the held-out slice",
@@ -249,9 +237,33 @@ class TrainJob:
         write_extras(self.folder, report, result.log, self.model_name())
         phase = "stopped" if stopped else "done"
         self._set(phase=phase, result=report, message=("Stopped: the routers as they were are kept. " if stopped else "Done. ")
-                  + f"Skips {mine['skip_rate']:.1%} of routed cells at 0.5 on the held-out slice, perplexity {mine['perplexity_increase']:+.1%}.")
+                  + f"At 0.5 it skips {mine['skip_rate']:.1%} of routed cells on the held-out slice, perplexity {mine['perplexity_increase']:+.1%}.")
 
     def model_name(self) -> str:
         from routerlab.core.models import model_identity
 
         return str(model_identity(self.model).get("name", "model"))
+
+
+def compare(anatomy, examples, routers, model, shipped: Path | None, seed: int = 0, full=None) -> dict[str, dict]:
+    """On `examples`: a calibrated set at 0.5; the shipped set of its granularity at its default and this set at the
+    shipped set's skip share; random skipping at this set's share. {name: threshold, skip shares, perplexity rise, KL, agreement}."""
+    from routerlab.tuning.calibrate import DEFAULT
+    from routerlab.tuning.checkpoint import load_routers
+    from routerlab.tuning.evaluate import baseline_set, evaluate_examples, full_depth, thresholds_for_skips
+
+    keys = ("skip_rate", "skip_rate_all_layers", "perplexity_increase", "kl_full", "agreement")
+    pick = lambda r, t: {"threshold": round(float(t), 4), **{k: round(r[k], 5) for k in keys}}  # noqa: E731
+    full = full if full is not None else full_depth(anatomy, examples)
+    mine = evaluate_examples(anatomy, examples, routers, DEFAULT, "kv", full)
+    rows = {"mine at 0.5": pick(mine, DEFAULT)}
+    if shipped is not None:
+        theirs, config = load_routers(shipped, model)
+        s = evaluate_examples(anatomy, examples, theirs, float(config["threshold"]), config["kv_policy"], full)
+        rows["shipped at its default"] = pick(s, config["threshold"])
+        if s["skip_rate"] > 0:
+            t = thresholds_for_skips(anatomy, routers, examples, [s["skip_rate"]])[0]
+            rows["mine at the shipped share"] = pick(evaluate_examples(anatomy, examples, routers, t, "kv", full), t)
+    rand, p, _ = baseline_set("random", anatomy, examples, routers.granularity, mine["skip_rate_all_layers"], routers.config.layers, seed)
+    rows["random at my share"] = pick(evaluate_examples(anatomy, examples, rand, p, "kv", full), p)
+    return rows

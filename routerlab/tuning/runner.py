@@ -1,14 +1,17 @@
 """One training at a time per server: a FIFO of TrainJobs and the worker thread that runs them.
 
 Visitors see their place in the line (`position`) and can cancel a waiting job (`TrainJob.stop`).
-The worker runs torch with `threads` intra-op threads (torch.set_num_threads is per thread on CPU), so
-that generation in other threads keeps the rest of the cores: the split is the operator's
-(ROUTERLAB_TRAINING_THREADS, docs/operators.md). Knows nothing about Gradio.
+The worker thread runs at a lower scheduling priority (`nice`, Linux: a thread's own nice value, which the
+OpenMP threads it starts inherit), so visitors' decoding threads get the cores first and training takes
+what is left; its time budget then buys fewer steps, never a later end. Not `torch.set_num_threads`: it
+also sets the count every thread started later begins with (each generation decodes in a new thread).
+The operator sets it (ROUTERLAB_TRAINING_NICE, docs/operators.md). Knows nothing about Gradio.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 
@@ -16,8 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class TrainingRunner:
-    def __init__(self, threads: int | None = None):
-        self.threads = threads
+    def __init__(self, nice: int = 10):
+        self.nice = nice
         self._queue: deque = deque()
         self._running = None
         self._lock = threading.Condition()
@@ -43,15 +46,23 @@ class TrainingRunner:
                 return None
             return waiting.index(job) + (self._running is not None)
 
+    def phase(self) -> str | None:
+        """The running job's phase ("queued" when only waiting ones), None when idle."""
+        with self._lock:
+            if self._running is not None:
+                return self._running.phase
+            return "queued" if any(j.phase != "cancelled" for j in self._queue) else None
+
     @property
     def busy(self) -> bool:
         return self._running is not None or any(j.phase != "cancelled" for j in self._queue)
 
     def _loop(self) -> None:
-        if self.threads:
-            import torch
-
-            torch.set_num_threads(self.threads)
+        if self.nice:
+            try:  # Linux: PRIO_PROCESS with a thread id sets that thread's nice value only
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
+            except (AttributeError, OSError, PermissionError) as err:
+                log.info("training runs at normal priority (%s)", err)
         while True:
             with self._lock:
                 while not self._queue:

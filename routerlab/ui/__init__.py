@@ -40,6 +40,7 @@ from routerlab.ui.resources import (
     RouterSetInfo,
     available_router_sets,
     load_prompts,
+    operator_router_sets,
 )
 from routerlab.ui.session import Session, plot_data
 from routerlab.ui.stream import HEATMAP_INTERVAL, TEXT_INTERVAL, Decoder, snapshot
@@ -69,6 +70,7 @@ __all__ = [
     "RouterSetInfo",
     "Session",
     "available_router_sets",
+    "operator_router_sets",
     "bench_summary",
     "bench_table",
     "build_demo",

@@ -58,7 +58,7 @@ class Limits:
     training: bool = True  # the Train tab (ROUTERLAB_TRAINING=on|off)
     training_minutes: float = 10.0  # the longest training a visitor may ask for
     training_max_chars: int = 1_000_000  # the most text a visitor may train on
-    training_threads: int = 0  # torch threads of the training worker (0: torch's default)
+    training_nice: int = 10  # how much lower the training worker's scheduling priority is than generation's (0: the same)
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -72,7 +72,7 @@ class Limits:
             training=os.environ.get("ROUTERLAB_TRAINING", "on").strip().lower() not in ("off", "0", "false", "no"),
             training_minutes=float(_env_int("ROUTERLAB_TRAINING_MINUTES", 10)),
             training_max_chars=_env_int("ROUTERLAB_TRAINING_MAX_CHARS", 1_000_000),
-            training_threads=_env_int("ROUTERLAB_TRAINING_THREADS", 0, low=0),
+            training_nice=min(19, _env_int("ROUTERLAB_TRAINING_NICE", 10, low=0)),
         )
 
 
@@ -134,6 +134,19 @@ def available_router_sets(root: Path = ROUTERS_DIR) -> list[RouterSetInfo]:
     return found
 
 
+def operator_router_sets(specs: str | None, model) -> list[RouterSetInfo]:
+    """Router sets the operator adds to everyone's menu (`--routers` / ROUTERLAB_ROUTERS): comma-separated folders or
+    Hugging Face Hub repo ids (OWNER/NAME), each loaded and checked against `model` now, so a bad one stops the start."""
+    from routerlab.tuning.checkpoint import load_routers, routers_folder
+
+    found = []
+    for spec in (s.strip() for s in (specs or "").split(",") if s.strip()):
+        folder = routers_folder(spec)
+        config = load_routers(folder, model)[1]  # validates weights and base model, not only the JSON
+        found.append(RouterSetInfo(label=f"{config['granularity']} ({spec})", granularity=config["granularity"], path=folder, meta=config))
+    return found
+
+
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     try:
         items = json.loads(path.read_text())
@@ -164,7 +177,7 @@ class Resources:
         if self.limits.training:
             from routerlab.tuning.runner import TrainingRunner
 
-            self.trainer = TrainingRunner(self.limits.training_threads or None)
+            self.trainer = TrainingRunner(self.limits.training_nice)
 
     # -- models and routers ----------------------------------------------------------------
     @property

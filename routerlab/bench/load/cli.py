@@ -23,6 +23,7 @@ from routerlab.bench.load.inputs import bad_input_test, queue_cap_test
 from routerlab.bench.load.report import summary, verdict
 from routerlab.bench.load.server import _serve_forever, serve, spawn
 from routerlab.bench.load.traffic import _mb, load_test
+from routerlab.bench.load.training import training_load_test
 from routerlab.core.paths import ASSETS
 
 DEFAULT_OUT = ASSETS / "bench" / "load.json"
@@ -60,6 +61,9 @@ def run_all(args, log=print) -> dict:
         phases = set(args.phases.split(","))
         if "load" in phases:
             report["load"] = load_test(server.url, args.sessions, args.generations, args.max_new, args.deadline, log=log)
+        if "training" in phases:
+            report["training"] = training_load_test(server.url, min(4, args.sessions), min(16, args.generations), args.max_new, log=log)
+            log(f"[training] {report['training']}")
         if "faults" in phases:
             report["faults"] = fault_tests(server.url, max_new=args.cap, log=log)
         if "bad_input" in phases:
@@ -91,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuzz-cases", type=int, default=200)
     p.add_argument("--deadline", type=float, default=1500.0, help="seconds the load phase may take at most")
     p.add_argument("--inprocess", action="store_true", help="serve from this process (RSS then includes the clients)")
-    p.add_argument("--phases", default="load,faults,bad_input,queue", help="which server phases to run (comma-separated)")
+    p.add_argument("--phases", default="load,training,faults,bad_input,queue", help="which server phases to run (comma-separated; training: 4 visitors generate alone, then while one trains)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON results file ('-' for none)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     return p

@@ -29,6 +29,12 @@ def verdict(report: dict) -> list[str]:
             bad.append(f"load: memory in use grew {load['rss_live_growth_mb']} MB (raw RSS {load['rss_growth_mb']} MB)")
         if load["server_after"]["live"] or load["server_after"]["decoders"]:
             bad.append(f"load: generators left running {load['server_after']}")
+    tr = report.get("training")
+    if tr:
+        if tr["errors"] or tr["decision_errors"]:
+            bad.append(f"training: {tr['errors']} errors, {tr['decision_errors']} decisions off their session's threshold")
+        if not tr["training_was_running"]:
+            bad.append(f"training: the training was not running during the second load run ({tr['training_started']!r})")
     faults = report.get("faults")
     if faults:
         for name in ("stop", "cancel", "disconnect"):

@@ -1,0 +1,116 @@
+"""The Train tab's handlers on a tiny model with a character tokenizer: a training from pasted text runs to the
+end, its set joins this session's menu (and no other session's), generates, downloads as a zip and comes back
+through an upload deciding exactly the same; bad settings, bad text and bad uploads are status messages.
+
+The training runs in the server's worker thread; the test waits for it to end (with a generous timeout),
+never for a particular speed."""
+
+from __future__ import annotations
+
+import time
+import zipfile
+
+import gradio as gr
+import pytest
+from test_ui import tiny_resources
+
+from routerlab import ui
+from routerlab.core.errors import RouterLabError
+from routerlab.core.config import GenerateConfig
+from routerlab.ui.train_tab import BUILT_IN, OWN, train_start, train_stop, train_tick, upload_set
+
+TEXT = "\n\n".join(f"Paragraph {k}: the quick brown fox jumps over the lazy dog, again and again, {k} times." for k in range(12))
+
+
+def _start(res, session, source=OWN, text=TEXT, minutes=1, steps=3, **kw):
+    args = dict(granularity="attention-token", skip_pct=20, minutes=minutes, lr=3e-2, kd_weight=1.0, lm_weight=1.0,
+                max_steps=steps, source=source, pasted=text, upload=None)
+    args.update(kw)
+    return train_start(res, session, *args.values())
+
+
+def _wait(res, session, timeout=120):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        out = train_tick(res, session)
+        if session.job is None:
+            return out
+        time.sleep(0.05)
+    raise AssertionError("the training did not end")
+
+
+def test_a_training_from_pasted_text_lands_in_this_sessions_menu_downloads_and_uploads(tmp_path):
+    res = tiny_resources()
+    session, other = ui.Session(), ui.Session()
+    out = _start(res, session)
+    assert "Training mine: attention-token" in out[4] and isinstance(out[5], gr.Timer)
+    progress, curves, layer_map, result, status, timer, menu, download, start = _wait(res, session)
+    assert "Done." in status and "is in the router-set menu" in status, status
+    label = next(iter(session.router_sets))
+    assert label in menu.choices and label not in res.router_labels() and not other.router_sets
+    assert "| mine at 0.5 |" in result and "random at my share" in result
+    assert len(curves.data) >= 2 and layer_map.data[0].type == "heatmap"
+    archive = download.value
+    assert zipfile.ZipFile(archive).testzip() is None
+    # generate with it: the engine sees this session's set
+    engine = res.engine
+    mine = res.routers_for(engine, label, session.router_sets)
+    with pytest.raises(RouterLabError, match="Unknown router set"):
+        res.routers_for(engine, label, other.router_sets)  # another visitor does not have it
+    # upload the zip in another session: the same decisions on the same prompt
+    status2, menu2 = upload_set(res, other, [archive])
+    assert "Loaded" in status2, status2
+    theirs = res.routers_for(engine, next(iter(other.router_sets)), other.router_sets)
+    config = GenerateConfig(max_new_tokens=12, threshold=0.5)
+    a = engine.run("Hello there", mine, config)
+    b = engine.run("Hello there", theirs, config)
+    assert [s.token_id for s in a.generated_steps] == [s.token_id for s in b.generated_steps]
+    assert a.executed_matrix() == b.executed_matrix()
+    assert any(cell is False for row in a.executed_matrix() for cell in row)  # it did skip something
+
+
+def test_bad_settings_text_and_uploads_are_status_messages_and_touch_no_input(tmp_path):
+    res = tiny_resources()
+    session = ui.Session()
+    out = _start(res, session, text="too short")
+    assert out[4].startswith("⚠") and "examples" in out[4]
+    assert all(v == gr.skip() for k, v in enumerate(out) if k != 4)  # nothing else on the page changes
+    assert session.job is None
+    assert "at most 10 minutes" in _start(res, session, minutes=30)[4]
+    assert "not a number" in _start(res, session, lr="fast")[4]
+    assert "empty" in _start(res, session, text="")[4]
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(b"PK definitely not")
+    status, menu = upload_set(res, session, [str(bad)])
+    assert status.startswith("⚠") and "not a readable zip" in status
+    status, _ = upload_set(res, session, [])
+    assert "Nothing was uploaded" in status
+    assert "No training is running" in train_stop(session)
+
+
+def test_training_off_and_one_at_a_time(tmp_path):
+    res = tiny_resources()
+    res.trainer = None
+    assert "turned off" in _start(res, ui.Session())[4]
+    res = tiny_resources()
+    session = ui.Session()
+    _start(res, session, steps=400)
+    again = _start(res, session)
+    assert "still going" in again[4]
+    assert "Stopping" in train_stop(session)
+    status = _wait(res, session)[4]
+    assert "Stopped" in status or "Cancelled" in status, status
+
+
+def test_closing_the_tab_stops_the_training():
+    from routerlab.ui.session import _delete_session
+
+    res = tiny_resources()
+    session = ui.Session()
+    _start(res, session, steps=400)
+    job = session.job
+    _delete_session(session)
+    end = time.monotonic() + 120
+    while job.phase not in ("done", "stopped", "failed", "cancelled") and time.monotonic() < end:
+        time.sleep(0.05)
+    assert job.phase in ("stopped", "cancelled")
