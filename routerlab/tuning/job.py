@@ -26,7 +26,7 @@ from routerlab.core.errors import RouterLabError
 
 PHASES = ("queued", "data", "answering", "training", "evaluating", "done", "stopped", "failed", "cancelled")
 FINAL = ("done", "stopped", "failed", "cancelled")
-EVAL_PASSES = 10  # the end's calibration and comparison cost about this many full-depth passes over the held-out slice (measured)
+EVAL_PASSES = 9  # the end's calibration and comparison cost up to this many full-depth passes over the held-out slice
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class JobSettings:
     max_tokens: int = 256
     heldout: int = 12  # held-out examples evaluated (the slice is never trained on)
     checkpoints: int = 2  # held-out evaluations during training (plus the final one)
+    decay: str = "constant"  # learning rate after warmup (TrainConfig.decay)
     answer_tokens: int = 96  # longest answer the full model writes for a prompt without one
     seed: int = 0
 
@@ -152,7 +153,7 @@ class TrainJob:
         full = full_depth(anatomy, heldout)
         one_pass = time.perf_counter() - t0
         cfg = TrainConfig(granularity=st.granularity, layers=layers, steps=st.max_steps, batch_size=st.batch_size, lr=st.lr,
-                          lm_weight=st.lm_weight, kd_weight=st.kd_weight, target=1.0 - st.skip, ramp=0.4, warmup=0.1,
+                          lm_weight=st.lm_weight, kd_weight=st.kd_weight, target=1.0 - st.skip, ramp=0.4, warmup=0.1, decay=st.decay,
                           max_tokens=st.max_tokens, seed=st.seed)
         n_params = sum(p.numel() for p in self.model.parameters())
         routed = RoutingConfig.from_granularity(st.granularity, layers)
@@ -250,7 +251,7 @@ def compare(anatomy, examples, routers, model, shipped: Path | None, seed: int =
     shipped set's skip share; random skipping at this set's share. {name: threshold, skip shares, perplexity rise, KL, agreement}."""
     from routerlab.tuning.calibrate import DEFAULT
     from routerlab.tuning.checkpoint import load_routers
-    from routerlab.tuning.evaluate import baseline_set, evaluate_examples, full_depth, thresholds_for_skips
+    from routerlab.tuning.evaluate import baseline_set, evaluate_examples, full_depth
 
     keys = ("skip_rate", "skip_rate_all_layers", "perplexity_increase", "kl_full", "agreement")
     pick = lambda r, t: {"threshold": round(float(t), 4), **{k: round(r[k], 5) for k in keys}}  # noqa: E731
@@ -262,8 +263,27 @@ def compare(anatomy, examples, routers, model, shipped: Path | None, seed: int =
         s = evaluate_examples(anatomy, examples, theirs, float(config["threshold"]), config["kv_policy"], full)
         rows["shipped at its default"] = pick(s, config["threshold"])
         if s["skip_rate"] > 0:
-            t = thresholds_for_skips(anatomy, routers, examples, [s["skip_rate"]])[0]
-            rows["mine at the shipped share"] = pick(evaluate_examples(anatomy, examples, routers, t, "kv", full), t)
+            rows["mine at the shipped share"] = pick(*_at_share(anatomy, examples, routers, s["skip_rate"], full))
     rand, p, _ = baseline_set("random", anatomy, examples, routers.granularity, mine["skip_rate_all_layers"], routers.config.layers, seed)
     rows["random at my share"] = pick(evaluate_examples(anatomy, examples, rand, p, "kv", full), p)
     return rows
+
+
+def _at_share(anatomy, examples, routers, share: float, full, tries: int = 3):
+    """(result, threshold) of `routers` skipping at least `share` of their routed cells, as close as `tries` evaluations get.
+
+    The first threshold is the quantile of the full-depth scores; a routed run skips a little less or more than that
+    (skipping moves later layers' inputs), so the quantile is corrected by the realised share and tried again."""
+    from routerlab.tuning.evaluate import evaluate_examples, response_scores, score_quantile
+
+    scores = response_scores(anatomy, routers, examples)
+    q, best = share, None
+    for _ in range(tries):
+        t = score_quantile(scores, min(0.99, q))
+        r = evaluate_examples(anatomy, examples, routers, t, "kv", full)
+        if r["skip_rate"] >= share and (best is None or r["skip_rate"] < best[0]["skip_rate"]):
+            best = (r, t)
+        if share <= r["skip_rate"] <= share * 1.03:
+            break
+        q *= share / max(r["skip_rate"], 1e-6)
+    return best if best is not None else (r, t)
