@@ -202,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--granularity", default="attention-token", help=f"one of {', '.join(GRANULARITIES)}")
     j.add_argument("--minutes", type=float, default=3.0, help="time budget of the whole job (default 3, as the tab)")
     j.add_argument("--skip", type=float, default=0.15, help="skip target, share of routed cells (default 0.15, as the tab)")
-    j.add_argument("--lr", type=float, default=None, help="learning rate (default as the tab's Advanced: 3e-3)")
+    j.add_argument("--lr", type=float, default=None, help="learning rate (default as the tab's Advanced: 1e-2)")
     j.add_argument("--batch-size", type=int, default=None, help="examples per step (default 4)")
     j.add_argument("--decay", choices=DECAYS, default=None, help="learning rate after warmup (default constant)")
+    j.add_argument("--kd-weight", type=float, default=None, help="distillation weight (default 1; 0: no teacher forward)")
+    j.add_argument("--lm-weight", type=float, default=None, help="LM-loss weight (default 1)")
     j.add_argument("--seed", type=int, default=None)
     j.add_argument("--data", default=None, help="your text: .txt (paragraphs) or .jsonl (as the tab reads it); default: the built-in data")
     j.add_argument("--check-data", default=None, help="afterwards, compare with the shipped set and random skipping on this JSONL too")
@@ -284,7 +286,8 @@ def _train_job(args) -> int:
     from routerlab.tuning.job import JobSettings, TrainJob, compare
     from routerlab.tuning.user_data import parse_user_data
 
-    advanced = {k: getattr(args, k) for k in ("lr", "batch_size", "decay", "seed") if getattr(args, k) is not None}
+    advanced = {k: getattr(args, k) for k in ("lr", "batch_size", "decay", "seed", "kd_weight", "lm_weight")
+                if getattr(args, k) is not None}
     settings = JobSettings(granularity=args.granularity, minutes=args.minutes, skip=args.skip, **advanced)
     data = parse_user_data(path=args.data) if args.data else None
     check = load_records(args.check_data, args.check_split) if args.check_data else None  # a bad file fails before training

@@ -170,12 +170,14 @@ def test_on_step_sees_every_step_and_should_stop_keeps_what_was_trained():
 def test_a_time_budget_plans_the_steps_from_the_first_steps_and_caps_them():
     from routerlab.tuning.train import PLAN_STEPS, planned_steps
 
-    cfg = TrainConfig(steps=100)
-    assert planned_steps(cfg, 1, 2.0, 60.0) == 30  # 60 s at 2 s a step
-    assert planned_steps(cfg, 1, 0.1, 60.0) == 100  # never more than cfg.steps
-    assert planned_steps(cfg, 3, 50.0, 60.0) == 4  # at least one more than done
-    assert planned_steps(cfg, 1, 2.0, None) == 100
-    # a tiny budget: the loop plans few steps from the measured ones and ends (a stalled clock cannot make it run on)
+    assert planned_steps(100, 1, 2.0, 60.0) == 30  # 60 s at 2 s a step
+    assert planned_steps(100, 1, 0.1, 60.0) == 100  # never more than the cap
+    assert planned_steps(100, 3, 50.0, 60.0) == 4  # at least one more than done
+    assert planned_steps(2, 2, 0.1, 60.0) == 2  # ... unless the cap is reached
+    assert planned_steps(100, 1, 2.0, None) == 100
     model = tiny_model("llama")
+    capped = train_routers(model, _examples(), TrainConfig(steps=3, batch_size=1), progress=False, seconds=60.0)
+    assert capped.report["steps"] == 3
+    # a tiny budget: the loop plans few steps from the measured ones and ends (a stalled clock cannot make it run on)
     result = train_routers(model, _examples(), TrainConfig(steps=50, batch_size=1), progress=False, seconds=1e-6)
     assert 1 <= result.report["steps"] <= PLAN_STEPS and result.report["stopped"] is False

@@ -12,7 +12,7 @@ import zipfile
 
 import gradio as gr
 import pytest
-from test_ui import tiny_resources
+from test_ui import tiny_resources as _tiny_resources
 
 from routerlab import ui
 from routerlab.core.errors import RouterLabError
@@ -20,6 +20,14 @@ from routerlab.core.config import GenerateConfig
 from routerlab.ui.train_tab import BUILT_IN, OWN, train_start, train_stop, train_tick, upload_set
 
 TEXT = "\n\n".join(f"Paragraph {k}: the quick brown fox jumps over the lazy dog, again and again, {k} times." for k in range(12))
+
+
+def tiny_resources():
+    """test_ui's tiny app; its tokenizer's end of text set to id 3 (in the tiny model's 128-token vocabulary),
+    which training appends to every example."""
+    res = _tiny_resources()
+    res.engine.tokenizer.eos_token = "<3>"
+    return res
 
 
 def _start(res, session, source=OWN, text=TEXT, minutes=1, steps=3, **kw):
@@ -47,10 +55,10 @@ def test_a_training_from_pasted_text_lands_in_this_sessions_menu_downloads_and_u
     progress, curves, layer_map, result, status, timer, menu, download, start = _wait(res, session)
     assert "Done." in status and "is in the router-set menu" in status, status
     label = next(iter(session.router_sets))
-    assert label in menu.choices and label not in res.router_labels() and not other.router_sets
+    assert (label, label) in menu.choices and label not in res.router_labels() and not other.router_sets
     assert "| mine at 0.5 |" in result and "random at my share" in result
     assert len(curves.data) >= 2 and layer_map.data[0].type == "heatmap"
-    archive = download.value
+    archive = download.value["path"] if isinstance(download.value, dict) else download.value  # gradio serves a copy
     assert zipfile.ZipFile(archive).testzip() is None
     # generate with it: the engine sees this session's set
     engine = res.engine

@@ -13,7 +13,7 @@ PARAGRAPH = "The lighthouse keeper climbed the stairs at dusk, counting each ste
 
 
 def _text(n):
-    return "\n\n".join(PARAGRAPH.format(f"Night {k}.") * 12 for k in range(n))  # each paragraph ~1,100 characters
+    return "\n\n".join(PARAGRAPH.format(f"Night {k}.") for k in range(n))  # each paragraph ~110 characters
 
 
 def test_plain_text_becomes_examples_with_a_held_out_slice_never_trained_on():
@@ -22,7 +22,14 @@ def test_plain_text_becomes_examples_with_a_held_out_slice_never_trained_on():
     assert len(data.train) + len(data.heldout) == 12 and data.heldout
     assert not set(data.train) & set(data.heldout)
     assert all(not r.messages and r.response for r in data.train)
-    assert "12" not in data.describe() or "held out" in data.describe()
+    assert data.describe().startswith("pasted text (plain text): ") and "held out" in data.describe()
+
+
+def test_short_paragraphs_join_the_next_and_long_ones_are_cut():
+    data = parse_user_data("Hi.\n\n" + _text(6) + "\n\n" + "word " * 1000)
+    records = [*data.train, *data.heldout]
+    assert len(records) == 6 + 4  # "Hi." joined the first paragraph; 5,000 characters cut into 3 pieces of ~1,200 + the rest
+    assert any(r.response.startswith("Hi.") for r in records) and max(len(r.response) for r in records) <= 2400
 
 
 def test_jsonl_reads_every_layout_and_marks_prompts_without_answers(tmp_path):

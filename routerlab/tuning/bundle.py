@@ -89,15 +89,15 @@ def curves_png(rows: list[dict], path: Path, title: str) -> Path:
         if not values:
             continue
         lo, hi = min(0.0, min(values)), max(values) or 1.0
-        d.text((x0 - 44, y0), f"{hi:.3g}", fill="#495057")
-        d.text((x0 - 44, y1 - 10), f"{lo:.3g}", fill="#495057")
+        d.text((x0 + 4, y0 + 4), f"{hi:.3g}", fill="#495057")
+        d.text((x0 + 4, y1 - 14), f"{lo:.3g}", fill="#495057")
         d.text((x1 - 30, y1 + 6), f"step {steps[-1]}", fill="#495057")
         for k, (key, color) in enumerate(keys):
             pts = [(x0 + (x1 - x0) * (s - steps[0]) / max(1, steps[-1] - steps[0]), y1 - (y1 - y0) * (v - lo) / (hi - lo or 1))
                    for s, v in zip(steps, series[key]) if isinstance(v, (int, float))]
             if len(pts) > 1:
                 d.line(pts, fill=color, width=2)
-            d.text((x0 + 8, y0 + 6 + 14 * k), key, fill=color)
+            d.text((x1 - 90, y0 + 6 + 14 * k), key, fill=color)
     img.save(path)
     return Path(path)
 

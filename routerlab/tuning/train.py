@@ -219,11 +219,12 @@ def router_parameters_only(model: torch.nn.Module, routers: RouterSet, optimizer
     assert not any(p.requires_grad for p in model.parameters()), "the base model must be frozen"
 
 
-def planned_steps(cfg: TrainConfig, done: int, step_seconds: float, seconds: float | None) -> int:
-    """How many steps fit a time budget of `seconds`, `done` steps in at `step_seconds` each (at most cfg.steps)."""
+def planned_steps(cap: int, done: int, step_seconds: float, seconds: float | None) -> int:
+    """How many steps fit a time budget of `seconds`, `done` steps in at `step_seconds` each: at least one more
+    than `done`, never more than `cap`."""
     if seconds is None or step_seconds <= 0:
-        return cfg.steps
-    return max(done + 1, min(cfg.steps, int(seconds / step_seconds)))
+        return cap
+    return min(cap, max(done + 1, int(seconds / step_seconds)))
 
 
 PLAN_STEPS = 4  # a time budget is turned into a number of steps from the first steps' mean time; then it is fixed
@@ -285,7 +286,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     layer_exec_n = 0
     start_time = time.perf_counter()
     cursor, shard = 0, []
-    step, stopped, train_seconds = 0, False, 0.0
+    step, stopped, train_seconds, cap = 0, False, 0.0, cfg.steps
     while step < cfg.steps:
         if should_stop is not None and should_stop():
             stopped = True
@@ -334,7 +335,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         step += 1
         train_seconds += time.perf_counter() - step_start
         if seconds is not None and step <= PLAN_STEPS:
-            cfg = replace(cfg, steps=planned_steps(cfg, step, train_seconds / step, seconds))
+            cfg = replace(cfg, steps=planned_steps(cap, step, train_seconds / step, seconds))
             bar.total = cfg.steps
         if on_step is not None:
             on_step(dict(row, steps_planned=cfg.steps), routers)

@@ -4,8 +4,8 @@ Accepted: pasted text or an uploaded `.txt` / `.jsonl` file.
 - JSONL (every non-blank line a JSON object): chat `messages`, `instruction` (+ `input`) with or without
   an `output`, a bare `prompt`, or plain `text`. A row with a prompt and no answer (no assistant turn, no
   `output`) is *to be answered*: the full model answers it before training, as `data build` does.
-- Anything else is plain text: paragraphs (split at blank lines; short ones merged up to CHUNK characters)
-  become examples with no prompt, every token a response token.
+- Anything else is plain text: each paragraph (split at blank lines; one under MIN_CHARS joins the next, one
+  over 2 x CHUNK characters is cut near CHUNK) is an example with no prompt, every token a response token.
 
 A held-out slice (1 in 5 by a hash of the text, at least one example) is set aside and never trained on.
 Problems come back as RouterLabError naming what to fix: empty, not text, too long, a bad JSONL line, too
@@ -21,7 +21,7 @@ from pathlib import Path
 from routerlab.core.errors import RouterLabError
 from routerlab.tuning.data import Record, record_from_row, split_of
 
-CHUNK = 1200  # characters: plain-text paragraphs are merged up to about this size
+CHUNK = 1200  # characters: a paragraph longer than twice this is cut into pieces of about this size
 MIN_CHARS = 40  # a plain-text chunk shorter than this is too little to learn from
 MIN_EXAMPLES = 6  # at least 5 to train on and 1 held out
 MAX_CHARS = 1_000_000  # default cap; operators set ROUTERLAB_TRAINING_MAX_CHARS
@@ -117,15 +117,23 @@ def _row_record(row: dict, where: str) -> Record:
 
 
 def _plain_records(text: str) -> list[Record]:
+    """One example per paragraph: a short one (under MIN_CHARS) joins the next, a long one is cut at spaces near CHUNK."""
     paragraphs = [" ".join(p.split()) for p in text.replace("\r\n", "\n").split("\n\n")]
-    chunks, current = [], ""
+    chunks, carry = [], ""
     for p in (p for p in paragraphs if p):
-        if current and len(current) + len(p) + 2 > CHUNK:
-            chunks.append(current)
-            current = ""
-        current = f"{current}\n\n{p}" if current else p
-    if current:
-        chunks.append(current)
+        p = f"{carry}\n\n{p}" if carry else p
+        if len(p) < MIN_CHARS:
+            carry = p
+            continue
+        carry = ""
+        while len(p) > 2 * CHUNK:
+            cut = p.rfind(" ", 0, CHUNK)
+            cut = cut if cut > 0 else CHUNK
+            chunks.append(p[:cut])
+            p = p[cut:].lstrip()
+        chunks.append(p)
+    if carry and chunks:
+        chunks[-1] = f"{chunks[-1]}\n\n{carry}"
     return [Record((), c, split_of(c)) for c in chunks if len(c) >= MIN_CHARS]
 
 

@@ -258,7 +258,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                             tr_file = gr.File(label="… or a .txt / .jsonl file", file_types=[".txt", ".jsonl"], type="filepath", elem_id="rl-tr-file")
                         with gr.Accordion("Advanced", open=False):
                             with gr.Row():
-                                tr_lr = gr.Number(3e-3, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
+                                tr_lr = gr.Number(1e-2, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
                                 tr_kd = gr.Number(1.0, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
                                 tr_lm = gr.Number(1.0, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
                                 tr_steps = gr.Number(400, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")

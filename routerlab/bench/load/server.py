@@ -180,7 +180,8 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
                 "decoders": sum(t.name == "routerlab-decode" for t in threading.enumerate()),
                 "limits": {"max_new_tokens": limits.max_new_tokens, "max_prompt_chars": limits.max_prompt_chars,
                            "queue_size": limits.queue_size, "concurrency": limits.concurrency,
-                           "allowed_models": list(limits.allowed_models)},
+                           "allowed_models": list(limits.allowed_models), "training": limits.training,
+                           "training_nice": limits.training_nice},
                 "router_labels": res.router_labels(), "default_model": res.default_model,
                 "training_phase": res.trainer.phase() if res.trainer else None}
 

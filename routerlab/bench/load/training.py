@@ -20,6 +20,7 @@ KEYS = ("errors", "decision_errors", "traces_checked", "tokens", "wall_s", "thro
 
 def training_load_test(url: str, sessions: int = 4, generations: int = 16, max_new: int = 16, minutes: float = 6.0,
                        log=print) -> dict:
+    nice = probe(url)["limits"].get("training_nice")
     alone = load_test(url, sessions, generations, max_new, log=log)
     trainer = client(url)
     out = trainer.predict("attention-token", 15, minutes, 3e-3, 1.0, 1.0, 400, "built-in prompts", "", None, api_name="/train")
@@ -35,6 +36,7 @@ def training_load_test(url: str, sessions: int = 4, generations: int = 16, max_n
     ta, td = (alone.get("throughput_tokens_per_s"), during.get("throughput_tokens_per_s"))
     return {
         "sessions": sessions, "generations": generations, "max_new_tokens": max_new, "training_minutes": minutes,
+        "training_nice": nice,
         "training_started": started[:160], "training_was_running": bool(busy) and still == "training",
         "training_end": ended,
         "alone": {k: alone.get(k) for k in KEYS}, "with_training": {k: during.get(k) for k in KEYS},
