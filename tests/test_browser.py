@@ -294,7 +294,8 @@ def _pick_set(page, label_start: str):
 
 
 def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tmp_path):
-    """A short training from pasted text: progress and curves move, Stop keeps the set, it joins the menu and
+    """A short training on the built-in prompts (bad pasted text first): progress, curves and a held-out checkpoint
+    appear, Stop keeps the set, it joins the menu and
     generates with skipped cells; its zip downloads, uploads back and decides identically; bad text and a bad
     upload each get a clear message. The mid-run screenshot is the README's picture of the Train tab."""
     page = browser.new_page(viewport={"width": 1440, "height": 1500})
@@ -309,15 +310,17 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
         page.locator("#rl-tr-start").click()
         page.wait_for_function("document.querySelector('#rl-status').innerText.includes('training needs at least')")
         assert page.locator("#rl-tr-text textarea").input_value() == "Far too short."
-        # a real (short) training
-        page.locator("#rl-tr-text textarea").fill(TRAIN_TEXT)
-        page.locator("#rl-tr-minutes input[type=number]").fill("1")
+        page.locator("#rl-tr-text textarea").fill(TRAIN_TEXT)  # what a visitor pasted stays while the built-in data trains
+        # a real training on the built-in prompts, stopped after its first held-out checkpoint
+        page.get_by_label("built-in prompts").check()
+        page.locator("#rl-tr-minutes input[type=number]").fill("2")
         page.locator("#rl-tr-minutes input[type=number]").press("Enter")
         page.locator("#rl-tr-start").click()
-        page.wait_for_function("(document.querySelector('#rl-tr-progress').innerText.match(/step (\\d+)/) || [0, 0])[1] >= 3")
         page.wait_for_function("document.querySelector('#rl-tr-curves .js-plotly-plot') && "
-                               "document.querySelector('#rl-tr-curves .js-plotly-plot').data.length >= 3")
+                               "document.querySelector('#rl-tr-curves .js-plotly-plot').data.some((t) => t.name.startsWith('held-out'))")
+        page.wait_for_function("(document.querySelector('#rl-tr-progress').innerText.match(/step (\\d+)/) || [0, 0])[1] >= 10")
         SHOTS.mkdir(parents=True, exist_ok=True)
+        page.evaluate("document.querySelector('#rl-tr-progress').scrollIntoView()")
         page.screenshot(path=str(SHOTS / "train.png"), full_page=False)
         page.locator("#rl-tr-stop").click()
         page.wait_for_function("document.querySelector('#rl-status').innerText.includes('router-set menu')")

@@ -66,7 +66,8 @@ def test_a_training_from_pasted_text_lands_in_this_sessions_menu_downloads_and_u
     with pytest.raises(RouterLabError, match="Unknown router set"):
         res.routers_for(engine, label, other.router_sets)  # another visitor does not have it
     # upload the zip in another session: the same decisions on the same prompt
-    status2, menu2 = upload_set(res, other, [archive])
+    status2, menu2, box = upload_set(res, other, [archive])
+    assert box is None  # the upload box is emptied for the next upload
     assert "Loaded" in status2, status2
     theirs = res.routers_for(engine, next(iter(other.router_sets)), other.router_sets)
     config = GenerateConfig(max_new_tokens=12, threshold=0.5)
@@ -89,9 +90,9 @@ def test_bad_settings_text_and_uploads_are_status_messages_and_touch_no_input(tm
     assert "empty" in _start(res, session, text="")[4]
     bad = tmp_path / "bad.zip"
     bad.write_bytes(b"PK definitely not")
-    status, menu = upload_set(res, session, [str(bad)])
+    status, menu, _ = upload_set(res, session, [str(bad)])
     assert status.startswith("⚠") and "not a readable zip" in status
-    status, _ = upload_set(res, session, [])
+    status, _, _ = upload_set(res, session, [])
     assert "Nothing was uploaded" in status
     assert "No training is running" in train_stop(session)
 

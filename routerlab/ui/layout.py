@@ -322,5 +322,5 @@ def build_demo(res: Resources) -> gr.Blocks:
         tr_timer.tick(lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
                       api_name=False, concurrency_limit=None, show_progress="hidden")
         tr_stop.click(train_stop, [session], [status], api_name="stop_training", queue=False)
-        tr_upload.upload(lambda f, s: upload_set(res, s, f), [tr_upload, session], [status, router_label], api_name=False, concurrency_limit=None)
+        tr_upload.upload(lambda f, s: upload_set(res, s, f), [tr_upload, session], [status, router_label, tr_upload], api_name=False, concurrency_limit=None)
     return demo

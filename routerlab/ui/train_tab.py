@@ -113,7 +113,8 @@ def train_stop(session: Session):
 
 
 def upload_set(res: Resources, session: Session, files):
-    """A visitor's router set (zip or loose files) into this session's menu. Returns status and the menu."""
+    """A visitor's router set (zip or loose files) into this session's menu. Returns status, the menu and the
+    emptied upload box (so the next upload is read alone, not with this one's files)."""
     from routerlab.tuning.bundle import read_upload
 
     session = session if isinstance(session, Session) else Session()
@@ -121,10 +122,10 @@ def upload_set(res: Resources, session: Session, files):
     try:
         folder, routers, config = read_upload(paths, res.engine.model, session.workdir())
     except RouterLabError as err:
-        return _warn(err), gr.skip()
+        return _warn(err), gr.skip(), None
     label = _add_set(res, session, f"uploaded: {config['granularity']}", folder, routers, config)
     return (_status("ok", f"Loaded **{label}** ({len(config['layers'])} routed layers, threshold {config['threshold']}); "
-                    "pick it in the router-set menu."), gr.Dropdown(choices=_labels(res, session)))
+                    "pick it in the router-set menu."), gr.Dropdown(choices=_labels(res, session)), None)
 
 
 def own_set(session, label: str):
