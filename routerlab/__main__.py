@@ -276,6 +276,16 @@ def _train(args) -> int:
     return 0
 
 
+def _machine() -> str:
+    import torch
+
+    from routerlab.bench.speed import cpu_model
+    from routerlab.core.precision import cpu_has_native_bf16, cpu_vector_unit
+
+    bf16 = ", native bf16" if cpu_has_native_bf16() else ""
+    return f"{cpu_model()}, {torch.get_num_threads()} threads, {cpu_vector_unit()}{bf16}"
+
+
 def _train_job(args) -> int:
     from pathlib import Path
 
@@ -300,7 +310,8 @@ def _train_job(args) -> int:
         raise RouterLabError(snap["message"])
     result = snap["result"]
     out = {"out": args.out, "steps": result["steps"], "seconds": result["seconds"], "elapsed": round(snap["elapsed"], 1),
-           "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."), "heldout_slice": result["heldout"]}
+           "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."), "machine": _machine(),
+           "heldout_slice": result["heldout"]}
     if check is not None:
         examples = encode_all(check, loaded.tokenizer)
         out["check"] = {"data": args.check_data, "split": args.check_split, "examples": len(examples),

@@ -109,6 +109,10 @@ SOURCES = {
     "heldout_sampled.json": ("Held-out evaluation: extra prompts, sampled answers", "make heldout-sampled"),
     "standins.json": ("Skip stand-ins: router-only against router + stand-in at equal skip rates", "make standins-table"),
     "load.json": ("Load, faults and bad input", "python -m routerlab bench load"),
+    "train_tab.json": ("Router-Tuning in three minutes: the Train tab's job", "make train-tab"),
+    "load_training.json": ("Generating while a visitor trains", "python -m routerlab.bench.load --phases training --fuzz-cases 0 --out assets/bench/load_training.json"),
+    "load_training_nice0.json": ("Generating while a visitor trains, the training at normal priority",
+                                 "ROUTERLAB_TRAINING_NICE=0 python -m routerlab.bench.load --phases training --fuzz-cases 0 --out assets/bench/load_training_nice0.json"),
 }
 FIGURES = {  # figures a section links to, when they are in the folder
     "tradeoff.json": ("tradeoff.png", "tradeoff.html", "layer_skip.png", "layer_skip.html", "tradeoff.csv", "tradeoff.md"),
@@ -352,7 +356,27 @@ def standins_markdown(r: dict) -> list[str]:
             "save per token in the measured cost model, each stand-in's own cost taken off; ideal: the speedup that gives.", ""]
 
 
-RENDERERS = {"speed.json": speed_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
+def train_tab_markdown(r: dict) -> list[str]:
+    out = [f"{r['steps']} steps ({r['seconds']} s of training, {r['elapsed']} s in all), base in {r['dtype']}.", ""]
+    for key, what in (("check", f"On `{_short_path(r['check']['data'])}` ({r['check']['split']}, {r['check']['examples']} examples)"),
+                      ("heldout_slice", f"On the job's own held-out slice ({r['heldout_slice']['examples']} examples)")):
+        if key in r:
+            out += [f"{what}:", "", _matrix({k: v for k, v in r[key]["rows"].items()}), ""]
+    return out
+
+
+def load_training_markdown(r: dict) -> list[str]:
+    t = r["training"]
+    out = [f"{t['sessions']} visitors share {t['generations']} generations of {t['max_new_tokens']} tokens, first alone, then "
+           f"while one visitor trains (`/train`, {t['training_minutes']} min budget, training priority nice +{t['training_nice']}; "
+           f"still training at the end: {t['training_was_running']}). Errors: {t['errors']}; decisions off their session's "
+           f"threshold: {t['decision_errors']}. Decode step with a training running: {t['decode_step_slowdown']}x the median "
+           f"alone; throughput {t['throughput_ratio']}x.", "", _matrix({"alone": t["alone"], "while training": t["with_training"]}), ""]
+    return out
+
+
+RENDERERS = {"speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "load_training.json": load_training_markdown,
+             "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
 
 
@@ -372,7 +396,9 @@ def conditions(name: str, r: dict) -> str | None:
         ranks = ", ".join(f"rank {k} {1e6 * v:.0f} us" for k, v in r["standin_seconds"].items()) or "none"
         return (f"{r['model']} ({r['dtype']}), decode step {1e3 * r['costs']['step']:.1f} ms in the cost model "
                 f"({_short_path(r.get('costs_source', 'measured in the run'))}); a stand-in per skipped cell: {ranks}.")
-    if name == "load.json":
+    if name == "train_tab.json":
+        return f"the Train tab's default job (`train-job`), {r['dtype']} base, {r.get('machine', 'machine not recorded')}."
+    if name.startswith("load"):
         m = r.get("machine") or {}
         parts = [f"started {r['started']}" if r.get("started") else None,
                  f"{m['cpus']} CPUs" if m.get("cpus") else None,

@@ -29,8 +29,10 @@ def training_load_test(url: str, sessions: int = 4, generations: int = 16, max_n
     during = load_test(url, sessions, generations, max_new, log=log)
     still = probe(url).get("training_phase")
     trainer.predict(api_name="/stop_training")
-    ended = wait_until(lambda: (lambda p: p if p in ("done", "stopped", "failed", "cancelled", None) else None)(
+    t0 = time.perf_counter()
+    ended = wait_until(lambda: (lambda p: (p or "ended") if p in ("done", "stopped", "failed", "cancelled", None) else None)(
         probe(url).get("training_phase")), 300)
+    stop_to_end = round(time.perf_counter() - t0, 1)
     trainer.close()
     a, d = (alone.get("engine_step_ms_p50"), during.get("engine_step_ms_p50"))
     ta, td = (alone.get("throughput_tokens_per_s"), during.get("throughput_tokens_per_s"))
@@ -38,7 +40,7 @@ def training_load_test(url: str, sessions: int = 4, generations: int = 16, max_n
         "sessions": sessions, "generations": generations, "max_new_tokens": max_new, "training_minutes": minutes,
         "training_nice": nice,
         "training_started": started[:160], "training_was_running": bool(busy) and still == "training",
-        "training_end": ended,
+        "training_end": ended, "stop_to_end_seconds": stop_to_end,  # Stop, then the held-out calibration and comparison
         "alone": {k: alone.get(k) for k in KEYS}, "with_training": {k: during.get(k) for k in KEYS},
         "errors": alone["errors"] + during["errors"], "decision_errors": alone["decision_errors"] + during["decision_errors"],
         "decode_step_slowdown": round(d / a, 2) if a and d else None,
