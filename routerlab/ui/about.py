@@ -14,6 +14,13 @@ reads the normalised hidden state and outputs a score `sigmoid(w · x)`. The sub
 In **Router-Tuning** only these routers are trained (about 1,000 instructions, one epoch), the base
 model stays frozen. Fresh routers output 0.5 everywhere, so at threshold 0.5 nothing is skipped.
 
+### Train your own routers (Train tab)
+Only the routers learn; the model is frozen. A few minutes on the built-in prompts or your own text give a set that skips
+what you asked for; its curves show the distillation loss (how far the routed model's predictions are from the full
+model's), the LM loss and how much it skips. Held-out text, never trained on, checks it during training and at the end,
+against the shipped routers and random skipping. The set is yours alone in this browser tab: download it as a zip to
+keep it (it carries a Hugging Face model card), upload the zip to bring it back.
+
 ### Three ways to skip attention with a KV cache
 {kv_policies}
 
