@@ -103,7 +103,7 @@ def test_training_off_and_one_at_a_time(tmp_path):
     assert "turned off" in _start(res, ui.Session())[4]
     res = tiny_resources()
     session = ui.Session()
-    _start(res, session, steps=400)
+    _start(res, session, steps=10_000)  # runs until stopped (or its 1-minute budget ends)
     again = _start(res, session)
     assert "still going" in again[4]
     assert "Stopping" in train_stop(session)
@@ -111,12 +111,24 @@ def test_training_off_and_one_at_a_time(tmp_path):
     assert "Stopped" in status or "Cancelled" in status, status
 
 
+def test_a_second_visitor_waits_in_line_and_can_cancel():
+    res = tiny_resources()
+    first, second = ui.Session(), ui.Session()
+    _start(res, first, steps=10_000)  # runs until stopped (or its 1-minute budget ends)
+    out = _start(res, second)
+    assert "1 training(s) ahead of yours" in out[4] and "Waiting in line" in out[0]
+    assert "Cancelled" in train_stop(second)
+    train_stop(first)
+    assert "Cancelled" in _wait(res, second)[4]
+    _wait(res, first)
+
+
 def test_closing_the_tab_stops_the_training():
     from routerlab.ui.session import _delete_session
 
     res = tiny_resources()
     session = ui.Session()
-    _start(res, session, steps=400)
+    _start(res, session, steps=10_000)  # runs until stopped (or its 1-minute budget ends)
     job = session.job
     _delete_session(session)
     end = time.monotonic() + 120

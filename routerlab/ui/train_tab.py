@@ -108,7 +108,10 @@ def train_stop(session: Session):
     job = session.job if isinstance(session, Session) else None
     if job is None:
         return _status("stop", "No training is running.")
+    waiting = job.phase == "queued"
     job.stop()
+    if waiting:
+        return _status("stop", "Cancelled: your training left the line before it started.")
     return _status("stop", "Stopping: the routers as they are now are kept, calibrated and compared …")
 
 
