@@ -277,6 +277,11 @@ PREVIEW_JS = """(value) => {
 TRAIN_TEXT = "\n\n".join(
     f"Note {k}: the keeper trims the lamp wick at dusk, winds the clockwork that turns the lens, and logs the passing "
     f"ships, the wind and the sea state in the station book before the night watch begins." for k in range(16))
+CHECKPOINT_OR_END = """() => {
+  const gd = document.querySelector('#rl-tr-curves .js-plotly-plot');
+  const bar = document.querySelector('#rl-tr-progress .rl-train-progress');
+  const ended = bar && ['done', 'stopped', 'failed', 'cancelled'].includes(bar.dataset.phase);
+  return ended || !!(gd && gd.data && gd.data.some((t) => (t.name || '').startsWith('held-out'))); }"""
 HEAT_Z = """() => { const gd = document.querySelector('#rl-heatmap .js-plotly-plot');
   return JSON.stringify([gd.data[0].z, gd.data[1].z]); }"""
 
@@ -311,19 +316,19 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
         page.wait_for_function("document.querySelector('#rl-status').innerText.includes('training needs at least')")
         assert page.locator("#rl-tr-text textarea").input_value() == "Far too short."
         page.locator("#rl-tr-text textarea").fill(TRAIN_TEXT)  # what a visitor pasted stays while the built-in data trains
-        # a real training on the built-in prompts, stopped after its first held-out checkpoint
+        # a real training on the built-in prompts, stopped after its first held-out checkpoint (or seen to its end, if the
+        # machine is so slow that its budget allows no checkpoint: nothing here waits for a number of steps)
         page.get_by_label("built-in prompts").check()
-        page.locator("#rl-tr-minutes input[type=number]").fill("2")
+        page.locator("#rl-tr-minutes input[type=number]").fill("3")
         page.locator("#rl-tr-minutes input[type=number]").press("Enter")
         page.locator("#rl-tr-start").click()
-        page.wait_for_function("document.querySelector('#rl-tr-curves .js-plotly-plot') && "
-                               "document.querySelector('#rl-tr-curves .js-plotly-plot').data.some((t) => t.name.startsWith('held-out'))")
-        page.wait_for_function("(document.querySelector('#rl-tr-progress').innerText.match(/step (\\d+)/) || [0, 0])[1] >= 10")
+        page.wait_for_function(CHECKPOINT_OR_END)
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.evaluate("document.querySelector('#rl-tr-progress').scrollIntoView()")
         page.screenshot(path=str(SHOTS / "train.png"), full_page=False)
-        page.locator("#rl-tr-stop").click()
-        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('router-set menu')")
+        if page.get_attribute("#rl-tr-progress .rl-train-progress", "data-phase") == "training":
+            page.locator("#rl-tr-stop").click()
+        page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('mine at 0.5')")
         assert "mine at 0.5" in page.inner_text("#rl-tr-result")
         # the set generates in Explore, with skipped cells at a high threshold
         _pick_set(page, "mine: attention-token")
