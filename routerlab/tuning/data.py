@@ -86,21 +86,27 @@ def record_from_row(row: dict, where: str = "") -> Record:
                          "Use chat `messages`, `instruction`/`input`/`output`, or plain `text`.")
 
 
+def json_lines(lines, where):
+    """(line number, object) for each non-blank line; a RouterLabError naming the line otherwise.
+    `where(n)` starts the message, e.g. "data.jsonl:3 is" or "pasted text, line 3:"."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RouterLabError(f"{where(n)} not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
+        if not isinstance(row, dict):
+            raise RouterLabError(f"{where(n)} not a JSON object.", "Each line must be one JSON object.")
+        yield n, row
+
+
 def _json_objects(path: Path, missing: str, fix: str):
     """(line number, object) for each non-blank line of a JSONL file; RouterLabError naming the line otherwise."""
     if not path.is_file():
         raise RouterLabError(missing, fix)
     with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise RouterLabError(f"{path}:{n} is not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
-            if not isinstance(row, dict):
-                raise RouterLabError(f"{path}:{n} is not a JSON object.", "Each line must be one JSON object.")
-            yield n, row
+        yield from json_lines(f, lambda n: f"{path}:{n} is")
 
 
 def read_jsonl(path: str | Path) -> list[Record]:

@@ -177,7 +177,7 @@ class TrainJob:
         result = train_routers(self.model, train, cfg, progress=False, seconds=budget, on_step=on_step,
                                should_stop=self._stop.is_set, data_name=self._data_name())
         self.routers = result.routers
-        self._finish(anatomy, result, heldout, full, shipped_config)
+        self._finish(anatomy, result, heldout, full)
 
     def _records(self):
         from routerlab.tuning.data import DEFAULT, answer_prompts, load_records
@@ -210,7 +210,7 @@ class TrainJob:
                  "perplexity_increase": round(r["perplexity_increase"], 5)}
         self._set(checkpoints=self._state["checkpoints"] + [point])
 
-    def _finish(self, anatomy, result, heldout, full, shipped_config) -> None:
+    def _finish(self, anatomy, result, heldout, full) -> None:
         from routerlab.tuning.calibrate import DEFAULT, fit_calibration
         from routerlab.tuning.checkpoint import save_routers
         from routerlab.tuning.evaluate import response_scores

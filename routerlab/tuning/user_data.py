@@ -14,12 +14,11 @@ few examples. Knows nothing about models or the UI.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from routerlab.core.errors import RouterLabError
-from routerlab.tuning.data import Record, record_from_row, split_of
+from routerlab.tuning.data import Record, json_lines, record_from_row, split_of
 
 CHUNK = 1200  # characters: a paragraph longer than twice this is cut into pieces of about this size
 MIN_CHARS = 40  # a plain-text chunk shorter than this is too little to learn from
@@ -81,18 +80,7 @@ def _is_jsonl(text: str) -> bool:
 
 
 def _jsonl_records(text: str, source: str) -> list[Record]:
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RouterLabError(f"{source}, line {n}: not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
-        if not isinstance(row, dict):
-            raise RouterLabError(f"{source}, line {n}: not a JSON object.", "Each line must be one JSON object.")
-        out.append(_row_record(row, f"{source}, line {n}"))
-    return out
+    return [_row_record(row, f"{source}, line {n}") for n, row in json_lines(text.splitlines(), lambda n: f"{source}, line {n}:")]
 
 
 def _row_record(row: dict, where: str) -> Record:
