@@ -25,8 +25,11 @@ def test_speed_report_has_ratios_and_ideals(embedded):
     assert r["long_context"]["context_tokens"] == 48 and r["long_context"]["tokens_per_second"]["engine"] > 0
     assert r["ideal_speedup"]["mask"] == 1.0
     assert r["skipped_layers"] == list(range(15, 30)) and math.isfinite(r["routing"])
+    floor = r["kernel_floor_seconds"]
+    assert set(floor) == {"products", "attention", "head", "total"} and r["kernel_floor_vs_llama_cpp"] is None
+    assert min(floor.values()) > 0 and math.isclose(floor["total"], floor["products"] + floor["attention"] + floor["head"])
     text = format_speed(r)
-    assert "engine_vs_generate" in text and "llama.cpp: not measured" in text
+    assert "engine_vs_generate" in text and "llama.cpp: not measured" in text and "kernel floor" in text
 
 
 def test_ideal_speedup_removes_exactly_the_skipped_work():

@@ -18,11 +18,12 @@ import statistics
 import time
 
 import torch
+from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.costs import cost_breakdown, ideal_speedup  # noqa: F401 (re-exported: the cost model lives in core)
-from routerlab.core.engine import Control, Engine
+from routerlab.core.engine import Control, Engine, Plan, forward
 from routerlab.core.models import load_model
 from routerlab.core.precision import cpu_vector_unit, dtype_name
 from routerlab.core.router import RouterSet
@@ -195,6 +196,44 @@ def ttft(engine: Engine, model, ids: list[int], rounds: int, peer=None) -> dict[
             "llama_cpp": statistics.median(peer_s) if peer_s else None, "prompt_tokens": len(ids)}
 
 
+def kernel_floor(engine: Engine, context: int, repeat: int = 16) -> dict[str, float]:
+    """Seconds a decode step spends in its unavoidable kernels alone, at `context` cached tokens: every layer's
+    weight products (`products`), every layer's attention over its cache (`attention`) and the LM head (`head`),
+    called back to back with nothing between them: no norms, rotary, cache writes or routing, none of the other
+    ops' dispatch. What the engine's step cannot go below with these kernels on this machine."""
+    an = engine.anatomy
+    caches = engine.new_caches(context)
+    with torch.inference_mode():
+        forward(an, torch.zeros(1, context, dtype=torch.long, device=engine.device),
+                torch.arange(context, device=engine.device), caches, Plan(None))
+        x = torch.randn(1, an.hidden_size, dtype=engine.dtype, device=engine.device)
+        plain = [p for p in an.layers if p.gate_up is not None]
+        inner = [torch.randn(1, p.down.dense.shape[1], dtype=engine.dtype, device=engine.device) for p in plain]
+        queries = [torch.randn(1, p.attn.n_kv_heads, p.attn.n_heads // p.attn.n_kv_heads, p.attn.head_dim,
+                               dtype=engine.dtype, device=engine.device) for p in an.layers]
+
+        def products():
+            for p, xi in zip(plain, inner):
+                p.attn.qkv.one(x), p.attn.o.one(x), p.gate_up.one(x), p.down.one(xi)
+
+        def attention():
+            for p, q, c in zip(an.layers, queries, caches):
+                F.scaled_dot_product_attention(q, c.k[:, :, : c.n], c.v[:, :, : c.n], scale=p.attn.scaling)
+
+        times = {name: _seconds(fn, repeat) for name, fn in
+                 (("products", products), ("attention", attention), ("head", lambda: an.head.one(x)))}
+    times["total"] = sum(times.values())
+    return times
+
+
+def _seconds(fn, repeat: int) -> float:
+    fn()  # warm up
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - t0) / repeat
+
+
 def _llama_cpp(loaded, context: int, log):
     """llama.cpp on the embedded model's GGUF, or None (another model, or llama-cpp-python not installed)."""
     from routerlab.bench.peers import LlamaCpp, llama_cpp_available
@@ -237,12 +276,13 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
     dense_only = {"engine_16bit": (None, 0.5, "kv", sixteen)} if sixteen is not None else {}
     configs.update(dense_only)
     measure_speed(engine, [ids[:64]], configs, 4, 1, log=lambda *_: None)  # warm-up
-    generate, peer_rates, engine_runs, long_runs, long_peer = [], [], [], [], []
+    generate, peer_rates, engine_runs, long_runs, long_peer, floors = [], [], [], [], [], []
     for r in range(rounds):  # generate and llama.cpp cannot run in lockstep: they run between the engine's rounds
         generate.append(generate_rate(model, ids, new_tokens))
         if peer is not None:
             peer_rates.append(peer.decode_rate(ids, new_tokens))
         engine_runs.append(measure_speed(engine, [ids], configs, new_tokens, 1, log=lambda *_: None))
+        floors.append(kernel_floor(engine, prompt_tokens + new_tokens // 2))
         if long_ids:
             long_runs.append(measure_speed(engine, [long_ids], dense_only, new_tokens, 1, log=lambda *_: None))
             if peer is not None:
@@ -296,6 +336,9 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "speedup": {p: med(f"deep_off_{p}", "speedup") for p in ("mask", "kv", "drop")},
         "ideal_speedup": {p: ideal_speedup(costs, len(deep), p) for p in ("mask", "kv", "drop")},
         "cost_seconds": costs,
+        "kernel_floor_seconds": {k: statistics.median(f[k] for f in floors) for k in floors[0]},
+        # llama.cpp's tokens/s against a step made of nothing but its products and attention (each round's pair)
+        "kernel_floor_vs_llama_cpp": statistics.median(1.0 / (f["total"] * o) for f, o in zip(floors, peer_rates)) if peer_rates else None,
     }
     if long_runs:
         result["long_context"] = {
@@ -364,6 +407,11 @@ def format_speed(r: dict) -> str:
         lines.append(f"  engine, layers {r['skipped_layers'][0]}-{r['skipped_layers'][-1]} attention off, {p:<4}   "
                      f"{tps['deep_off_' + p]:7.2f} tok/s   speedup {r['speedup'][p]:.3f}  ideal {r['ideal_speedup'][p]:.3f}  "
                      f"({r['fraction_of_ideal'][p]:.0%} of ideal)")
+    if r.get("kernel_floor_seconds"):
+        f = r["kernel_floor_seconds"]
+        vs = f"   kernel_floor_vs_llama_cpp {r['kernel_floor_vs_llama_cpp']:.3f}" if r.get("kernel_floor_vs_llama_cpp") is not None else ""
+        lines.append(f"  kernel floor (products, attention and head alone)  {1 / f['total']:7.2f} tok/s   "
+                     f"(ms: products {f['products'] * 1e3:.2f}, attention {f['attention'] * 1e3:.2f}, head {f['head'] * 1e3:.2f}){vs}")
     c = r["cost_seconds"]
     lines.append("  cost per decode token (ms): " + ", ".join(
         f"{k} {v * 1e3:.3f}" for k, v in c.items()) + "  [attention/mlp: one layer]")

@@ -22,7 +22,6 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -32,7 +31,9 @@ from torch.nn import functional as F
 from routerlab.core.cache import LayerCache
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.errors import RouterLabError
+from routerlab.core.gates import ALL, NONE, Gate, Plan, Scores, decide, score_table  # noqa: F401 (Plan, NONE: re-exported)
 from routerlab.core.kernels import rope
+from routerlab.core.one_token import one_token_ok, run_layer_one
 from routerlab.core.precision import describe, dtype_name
 from routerlab.core.quality import QualityMeter
 from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
@@ -87,42 +88,6 @@ class Control:
     def quality_chunks(self) -> int:
         """Quality passes finished so far: each one wrote new tokens' `kl_full`."""
         return 0 if self.meter is None else self.meter.chunks
-
-
-@dataclass
-class Plan:
-    """How one request routes: which routers, the threshold in force, the KV policy.
-
-    `ste=True` is the training mode: every sub-layer runs and the hard gate multiplies its update
-    with a straight-through gradient to the router (the `mask`/`kv` semantics).
-    """
-
-    routers: RouterSet | None
-    threshold: float = 0.5
-    policy: str = "kv"
-    ste: bool = False
-    sequence: dict[int, tuple[torch.Tensor, bool]] = field(default_factory=dict)  # level=sequence: decided at prefill
-
-    @property
-    def target(self) -> str | None:
-        return self.routers.config.target if self.routers is not None else None
-
-    @property
-    def level(self) -> str | None:
-        return self.routers.config.level if self.routers is not None else None
-
-
-@dataclass(frozen=True)
-class Gate:
-    """Which tokens of this forward run a sub-layer: all, none, some (by index), or soft (multiply)."""
-
-    kind: str  # "all" | "none" | "some" | "soft"
-    index: torch.Tensor | None = None  # (n,) positions within the forward that run, kind == "some"
-    mult: torch.Tensor | None = None  # (T,) 0/1 gate (with STE gradient when training), kind == "soft"
-    rest: torch.Tensor | None = None  # (T - n,) positions that skip, kind == "some"
-
-
-ALL, NONE = Gate("all"), Gate("none")
 
 
 # -- attention pieces ------------------------------------------------------------------------
@@ -190,52 +155,6 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
 
 
 # -- one layer -------------------------------------------------------------------------------
-Scores = dict  # layer -> (T,) tensor, or a Python float for a one-token forward; see `score_table`
-
-
-def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: Scores) -> Gate:
-    """Score the tokens of `x` (1, T, D) and turn the scores into a Gate under `plan`."""
-    t = x.shape[1]
-    if plan.level == "sequence":
-        if layer not in plan.sequence:  # prefill: decide once from the mean-pooled prompt
-            s = torch.sigmoid(router.logits(x.mean(dim=1)))[0]  # ()
-            plan.sequence[layer] = (s, bool(s >= plan.threshold))
-        s, run = plan.sequence[layer]
-        scores[layer] = s.detach().expand(t)
-        if plan.ste:
-            return Gate("soft", mult=(float(run) + s - s.detach()).expand(t))
-        if plan.policy == "mask":
-            return Gate("soft", mult=torch.full((t,), float(run), device=x.device))
-        return ALL if run else NONE
-    if t == 1 and not plan.ste and plan.policy != "mask":
-        # Decode: real skipping needs the decision on the host anyway, so take the score there
-        # (one dot product, one read) and compare it in Python: no tensor op per layer beyond that.
-        score = router.score_one(x)
-        scores[layer] = score
-        return ALL if score >= plan.threshold else NONE
-    s = router(x)[0]  # (T,)
-    scores[layer] = s.detach()
-    hard = s >= plan.threshold
-    if plan.ste:
-        return Gate("soft", mult=hard.to(s.dtype) + s - s.detach())
-    if plan.policy == "mask":
-        return Gate("soft", mult=hard.to(x.dtype))
-    n = int(hard.sum())  # real skipping: which tokens run is decided on the host
-    if n == t or n == 0:
-        return ALL if n == t else NONE
-    return Gate("some", index=hard.nonzero().squeeze(1), rest=(~hard).nonzero().squeeze(1))
-
-
-def score_table(scores: Scores, t: int, n_layers: int, device) -> torch.Tensor:
-    """The (T, L) table of a forward's router scores, NaN where a layer is not routed."""
-    if t == 1 and all(isinstance(v, float) for v in scores.values()):  # a decode step: one small tensor
-        return torch.tensor([[scores.get(i, math.nan) for i in range(n_layers)]], device=device)
-    table = torch.full((t, n_layers), math.nan, device=device)
-    for layer, s in scores.items():
-        table[:, layer] = s
-    return table
-
-
 def _gated_add(h: torch.Tensor, update: torch.Tensor, gate: Gate) -> torch.Tensor:
     if gate.kind == "soft":
         update = update * gate.mult.to(update.dtype)[None, :, None]
@@ -333,9 +252,10 @@ def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: lis
     h = an.embed(ids)  # (1, T, D)
     tables = an.rope(h, positions)
     scores: Scores = {}
+    layer = run_layer_one if ids.shape[1] == 1 and caches is not None and one_token_ok(an, plan) else run_layer
     for i, parts in enumerate(an.layers):
         cache = caches[i] if caches is not None else None
-        h = run_layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
+        h = layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
     logits = an.logits(h[:, logits_at] if logits_at is not None else h[:, -1:])
     return logits, score_table(scores, ids.shape[1], an.n_layers, h.device)
 

@@ -106,6 +106,13 @@ class LayerParts:
     down: Weight | None  # (D, I), for gated MLPs
     upcast: bool
 
+    @property
+    def plain(self) -> bool:
+        """A pre-norm layer with a gated MLP and plain global attention: what the one-token step computes."""
+        a = self.attn
+        return (self.gate_up is not None and self.attn_post_norm is None and self.mlp_post_norm is None
+                and a.q_norm is None and a.k_norm is None and not a.sliding_window)
+
 
 class Anatomy:
     """The pieces of a decoder-only causal LM that the engine runs, resolved once.
@@ -148,6 +155,7 @@ class Anatomy:
         self.head = self._weight([self._name(head)], head.weight.detach(), head.bias)
         self.n_layers = len(self.layers)
         self.hidden_size = text.hidden_size
+        self.plain = all(p.plain for p in self.layers)  # every layer can take the one-token step (engine.forward)
 
     def _name(self, module: nn.Module) -> str:
         """The parameter name of a module's weight, e.g. 'model.layers.0.self_attn.q_proj.weight'."""

@@ -239,6 +239,16 @@ class Weight:
         y = y[None]  # (1, T, N)
         return y if self.bias is None else y + self.bias
 
+    def one(self, x: torch.Tensor) -> torch.Tensor:
+        """x (1, 1, K) or (1, K) -> (1, N) in x's dtype: one token's product (a decode step), in as few ops as it takes."""
+        x = x.view(1, -1)
+        if self.low is None:
+            return F.linear(x, self.dense, self.bias)
+        y = self.low.mm(x)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
     def rows(self, start: int, stop: int) -> Weight:
         """Rows start:stop (dense only): a part of a fused map whose low-bit copy is held separately."""
         b = None if self.bias is None else self.bias[start:stop]
