@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--adapter-lr", type=float, default=None, help="the stand-ins' learning rate (default 3e-3, as the routers')")
     t.add_argument("--adapter-fit", type=int, default=None, metavar="STEPS",
                    help="first fit each stand-in to its sub-layer's update at full depth, this many Adam steps (default 0)")
+    t.add_argument("--init", choices=("zeros", "probe"), default=None,
+                   help="where the routers start: zeros (default, the paper) or probe (fitted to their sub-layers' update sizes)")
     t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
     t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
     t.add_argument("--calib-examples", type=int, default=32, help="held-out examples used to calibrate the threshold")
@@ -208,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--kd-weight", type=float, default=None, help="distillation weight (default 1; 0: no teacher forward)")
     j.add_argument("--lm-weight", type=float, default=None, help="LM-loss weight (default 1)")
     j.add_argument("--seed", type=int, default=None)
+    j.add_argument("--init", choices=("zeros", "probe"), default=None, help="where the routers start (default probe, as the tab)")
     j.add_argument("--data", default=None, help="your text: .txt (paragraphs) or .jsonl (as the tab reads it); default: the built-in data")
     j.add_argument("--check-data", default=None, help="afterwards, compare with the shipped set and random skipping on this JSONL too")
     j.add_argument("--check-split", default="heldout", help="split of --check-data (default heldout)")
@@ -296,7 +299,7 @@ def _train_job(args) -> int:
     from routerlab.tuning.job import JobSettings, TrainJob, compare
     from routerlab.tuning.user_data import parse_user_data
 
-    advanced = {k: getattr(args, k) for k in ("lr", "batch_size", "decay", "seed", "kd_weight", "lm_weight")
+    advanced = {k: getattr(args, k) for k in ("lr", "batch_size", "decay", "seed", "kd_weight", "lm_weight", "init")
                 if getattr(args, k) is not None}
     settings = JobSettings(granularity=args.granularity, minutes=args.minutes, skip=args.skip, **advanced)
     data = parse_user_data(path=args.data) if args.data else None

@@ -32,7 +32,7 @@ def tiny_resources():
 
 def _start(res, session, source=OWN, text=TEXT, minutes=1, steps=3, **kw):
     args = dict(granularity="attention-token", skip_pct=20, minutes=minutes, lr=3e-2, kd_weight=1.0, lm_weight=1.0,
-                max_steps=steps, source=source, pasted=text, upload=None)
+                max_steps=steps, start_from="zero (the paper)", source=source, pasted=text, upload=None)
     args.update(kw)
     return train_start(res, session, *args.values())
 

@@ -47,6 +47,7 @@ class JobSettings:
     decay: str = "constant"  # learning rate after warmup (TrainConfig.decay)
     answer_tokens: int = 96  # longest answer the full model writes for a prompt without one
     seed: int = 0
+    init: str = "probe"  # where the routers start (TrainConfig.init): a fit of update sizes beat zeros in 3 minutes (docs/experiments.md)
 
     def __post_init__(self):
         if self.granularity not in GRANULARITIES:
@@ -154,7 +155,7 @@ class TrainJob:
         one_pass = time.perf_counter() - t0
         cfg = TrainConfig(granularity=st.granularity, layers=layers, steps=st.max_steps, batch_size=st.batch_size, lr=st.lr,
                           lm_weight=st.lm_weight, kd_weight=st.kd_weight, target=1.0 - st.skip, ramp=0.4, warmup=0.1, decay=st.decay,
-                          max_tokens=st.max_tokens, seed=st.seed)
+                          max_tokens=st.max_tokens, seed=st.seed, init=st.init)
         n_params = sum(p.numel() for p in self.model.parameters())
         routed = RoutingConfig.from_granularity(st.granularity, layers)
         trainable = len(routed.layers) * anatomy.hidden_size

@@ -42,6 +42,7 @@ from routerlab.core.router import RouterSet
 from routerlab.tuning.forward import student_forward, teacher_logits
 
 KV_POLICY = "kv"  # training's hard gate has mask semantics == kv numbers; inference defaults to it
+INITS = ("zeros", "probe")  # where routers start: zero (the paper), or fitted to their sub-layers' update sizes (router_init.py)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class TrainConfig:
     adapters: int = 0  # rank of a skip stand-in per routed layer (0: plain skipping, Router-Tuning)
     adapter_lr: float = 3e-3
     adapter_fit: int = 0  # Adam steps fitting each stand-in to its sub-layer's update first (standin_fit.py); 0: none
+    init: str = "zeros"  # routers start at zero (the paper), or "probe": fitted to their sub-layers' update sizes (router_init.py)
 
     def __post_init__(self):
         RoutingConfig.from_granularity(self.granularity)
@@ -88,6 +90,8 @@ class TrainConfig:
             raise RouterLabError(f"adapters={self.adapters!r} must be a whole number >= 0.", "It is the stand-ins' rank, e.g. 32 (0: none).")
         if not self.lr > 0 or not self.adapter_lr > 0 or min(self.lm_weight, self.kd_weight, self.budget_weight) < 0:
             raise RouterLabError("lr must be > 0 and loss weights >= 0.")
+        if self.init not in INITS:
+            raise RouterLabError(f"init={self.init!r} is not known.", f"Choose one of: {', '.join(INITS)}.")
         if self.lm_weight == 0 and self.kd_weight == 0:
             raise RouterLabError("Both the LM and the distillation weights are 0: nothing to learn from.")
 
@@ -266,6 +270,15 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     if not examples:
         raise RouterLabError("No training examples.", "Check the data file.")
 
+    probe = None
+    if cfg.init == "probe":  # a head start: each router fitted to its sub-layer's update sizes at full depth
+        from routerlab.tuning.router_init import probe_init
+
+        probe = probe_init(anatomy, routers, examples, skip=1.0 - cfg.target)
+        if seconds is not None:  # the fit is part of training: it comes out of the time budget
+            seconds = max(1.0, seconds - probe["seconds"])
+        if progress and accelerator.is_local_main_process:
+            print(f"probe init: {probe['tokens']} tokens, {probe['seconds']} s", flush=True)
     fit = None
     if cfg.adapter_fit:  # a head start: each stand-in fitted to its sub-layer's update at full depth
         from routerlab.tuning.standin_fit import fit_standins
@@ -365,6 +378,9 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         "skip_rate_per_layer_training": {str(i): round(1.0 - e, 4) for i, e in zip(layers, layer_exec)},
     }
     report["standin_rank"] = cfg.adapters
+    if probe is not None:
+        report["probe_init"] = probe
+        report["seconds"] = round(report["seconds"] + probe["seconds"], 1)
     if fit is not None:
         report["standin_fit"] = fit
         report["seconds"] = round(seconds + fit["seconds"], 1)  # the fit is part of training
@@ -447,7 +463,7 @@ def run_training(args) -> dict | None:
     from routerlab.core.routed import Anatomy
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
-                                               "budget_weight", "ramp", "warmup", "decay", "seed", "adapters", "adapter_lr", "adapter_fit") if getattr(args, k, None) is not None}
+                                               "budget_weight", "ramp", "warmup", "decay", "seed", "adapters", "adapter_lr", "adapter_fit", "init") if getattr(args, k, None) is not None}
     if getattr(args, "gate", None) is not None:
         overrides["threshold"] = args.gate
     cfg = TrainConfig(granularity=args.granularity, layers=parse_layers(args.layers), **overrides)

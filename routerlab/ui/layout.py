@@ -23,7 +23,7 @@ from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_mov
 from routerlab.ui.resources import UNTRAINED, Resources
 from routerlab.ui.session import Session, _delete_session, _status
 from routerlab.ui import train_plots
-from routerlab.ui.train_tab import BUILT_IN, OWN, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
+from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 CSS_FILE = ASSETS / "css" / "app.css"
@@ -262,6 +262,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                                 tr_kd = gr.Number(1.0, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
                                 tr_lm = gr.Number(1.0, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
                                 tr_steps = gr.Number(400, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")
+                                tr_init = gr.Radio(list(STARTS), value=next(iter(STARTS)), label="Routers start from", elem_id="rl-tr-init")
                         with gr.Row():
                             tr_start = gr.Button("Start training", variant="primary", interactive=limits.training, elem_id="rl-tr-start")
                             tr_stop = gr.Button("Stop", variant="stop", elem_id="rl-tr-stop")
@@ -317,7 +318,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         router_label.input(lambda label, s: router_set_chosen(res, label, s), [router_label, session], [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
         t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
-        tr_start.click(lambda s, *a: train_start(res, s, *a), [session, tr_gran, tr_skip, tr_minutes, tr_lr, tr_kd, tr_lm, tr_steps, tr_source, tr_text, tr_file],
+        tr_start.click(lambda s, *a: train_start(res, s, *a), [session, tr_gran, tr_skip, tr_minutes, tr_lr, tr_kd, tr_lm, tr_steps, tr_init, tr_source, tr_text, tr_file],
                        [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, tr_start], api_name="train", concurrency_limit=None)
         tr_timer.tick(lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
                       api_name=False, concurrency_limit=None, show_progress="hidden")

@@ -19,12 +19,15 @@ from routerlab.ui.resources import FULL, Resources, RouterSetInfo
 from routerlab.ui.session import Session, _status, _warn
 
 BUILT_IN, OWN = "built-in prompts", "my own text"
+STARTS = {"a fit of update sizes": "probe", "zero (the paper)": "zeros"}  # where the routers start (TrainConfig.init)
 TRAIN_INTRO = """**Router-Tuning, here and now.** The model stays frozen: only one tiny router per routed layer learns
 (a single linear score of the layer's input, 576 numbers), deciding token by token whether that layer's
 attention (or MLP, or whole block) runs. Each step, the routed model is taught to match the full model
 (**distillation**: KL to the full model's next-token distribution), to predict the text (**LM loss**), and to
 skip at least the **skip target** (**budget term**: how far the executed share is above it; it ramps in over
-the first 40% of steps). A held-out slice, never trained on, checks the set a few times and at the end."""
+the first 40% of steps). The routers start from a fit of how much each layer changes each token (a few
+seconds of full-depth passes), or from zero as in the paper. A held-out slice, never trained on, checks the
+set a few times and at the end."""
 
 
 def _labels(res: Resources, session: Session) -> list[str]:
@@ -44,7 +47,7 @@ def _shipped_folder(res: Resources, granularity: str):
 
 
 def train_start(res: Resources, session: Session, granularity, skip_pct, minutes, lr, kd_weight, lm_weight, max_steps,
-                source, pasted, upload):
+                start_from, source, pasted, upload):
     """Queue a training; returns progress, curves, layer map, result, status, timer, start button."""
     from routerlab.tuning.job import JobSettings, TrainJob
     from routerlab.tuning.user_data import parse_user_data
@@ -60,7 +63,8 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
         if float(minutes) > cap:
             raise RouterLabError(f"This server trains for at most {cap:g} minutes.", f"Choose {cap:g} or less.")
         settings = JobSettings(granularity=str(granularity), skip=float(skip_pct) / 100, minutes=float(minutes), lr=float(lr),
-                               kd_weight=float(kd_weight), lm_weight=float(lm_weight), max_steps=int(max_steps))
+                               kd_weight=float(kd_weight), lm_weight=float(lm_weight), max_steps=int(max_steps),
+                               init=STARTS.get(start_from, "probe"))
         data = parse_user_data(pasted, upload, res.limits.training_max_chars) if source == OWN else None
         engine = res.engine
         folder = session.workdir() / f"mine-{len(session.router_sets) + 1}-{settings.granularity}"
