@@ -26,7 +26,7 @@ from routerlab.core.errors import RouterLabError
 
 PHASES = ("queued", "data", "answering", "training", "evaluating", "done", "stopped", "failed", "cancelled")
 FINAL = ("done", "stopped", "failed", "cancelled")
-EVAL_PASSES = 9  # the end's calibration and comparison cost up to this many full-depth passes over the held-out slice
+EVAL_PASSES = 10  # the end's calibration and comparison cost up to this many full-depth passes over the held-out slice
 
 
 @dataclass(frozen=True)
@@ -273,11 +273,12 @@ def compare(anatomy, examples, routers, model, shipped: Path | None, seed: int =
     return rows
 
 
-def _at_share(anatomy, examples, routers, share: float, full, tries: int = 3):
+def _at_share(anatomy, examples, routers, share: float, full, tries: int = 4):
     """(result, threshold) of `routers` skipping at least `share` of their routed cells, as close as `tries` evaluations get.
 
     The first threshold is the quantile of the full-depth scores; a routed run skips a little less or more than that
-    (skipping moves later layers' inputs), so the quantile is corrected by the realised share and tried again."""
+    (skipping moves later layers' inputs), so the quantile is corrected by the realised share and tried again (1% past
+    it after a try that fell short, so that a near miss is not repeated)."""
     from routerlab.tuning.evaluate import evaluate_examples, response_scores, score_quantile
 
     scores = response_scores(anatomy, routers, examples)
@@ -289,5 +290,5 @@ def _at_share(anatomy, examples, routers, share: float, full, tries: int = 3):
             best = (r, t)
         if share <= r["skip_rate"] <= share * 1.03:
             break
-        q *= share / max(r["skip_rate"], 1e-6)
+        q *= share / max(r["skip_rate"], 1e-6) * (1.01 if r["skip_rate"] < share else 1.0)
     return best if best is not None else (r, t)
