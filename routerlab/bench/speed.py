@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
-from routerlab.core.costs import cost_breakdown, ideal_speedup  # noqa: F401 (re-exported: the cost model lives in core)
+from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
 from routerlab.core.engine import Control, Engine, Plan, forward
 from routerlab.core.models import load_model
 from routerlab.core.precision import cpu_vector_unit, dtype_name
@@ -220,18 +220,10 @@ def kernel_floor(engine: Engine, context: int, repeat: int = 16) -> dict[str, fl
             for p, q, c in zip(an.layers, queries, caches):
                 F.scaled_dot_product_attention(q, c.k[:, :, : c.n], c.v[:, :, : c.n], scale=p.attn.scaling)
 
-        times = {name: _seconds(fn, repeat) for name, fn in
+        times = {name: seconds_per_call(fn, repeat) for name, fn in
                  (("products", products), ("attention", attention), ("head", lambda: an.head.one(x)))}
     times["total"] = sum(times.values())
     return times
-
-
-def _seconds(fn, repeat: int) -> float:
-    fn()  # warm up
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - t0) / repeat
 
 
 def _llama_cpp(loaded, context: int, log):

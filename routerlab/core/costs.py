@@ -22,7 +22,8 @@ from routerlab.core.trace import Trace
 PIECES = ("attention_full", "attention_kv_only", "mlp", "head", "step", "routing", "overhead")
 
 
-def _timeit(fn, repeat: int) -> float:
+def seconds_per_call(fn, repeat: int) -> float:
+    """Mean seconds of `fn()` over `repeat` calls after one warm-up call."""
     fn()  # warm up
     t0 = time.perf_counter()
     for _ in range(repeat):
@@ -83,7 +84,7 @@ def cost_breakdown(engine, ids: list[int], context: int, repeat: int = 30) -> di
 
         t = {k: statistics.median(v) for k, v in times.items()}
         h = torch.randn(1, 1, an.hidden_size, dtype=engine.dtype, device=device) * 0.5
-        head = _timeit(lambda: an.logits(h), repeat)
+        head = seconds_per_call(lambda: an.logits(h), repeat)
     costs = {
         "attention_full": max(0.0, (t["routed"] - t["no_attention"]) / n),
         "attention_kv_only": max(0.0, (t["kv_only"] - t["no_attention"]) / n),
@@ -108,7 +109,7 @@ def standin_seconds(hidden_size: int, rank: int, repeat: int = 200) -> float:
         return 0.0
     standin, x = StandIn(hidden_size, rank), torch.randn(1, 1, hidden_size)
     with torch.inference_mode():
-        return _timeit(lambda: x + standin(x), repeat)
+        return seconds_per_call(lambda: x + standin(x), repeat)
 
 
 def saved_per_cell(costs: dict[str, float], policy: str, target: str = "attention", standin: float = 0.0) -> float:

@@ -26,11 +26,11 @@ def probe_init(anatomy, routers: RouterSet, examples, skip: float, max_tokens: i
     """Set every router of `routers` (in place) from a fit on `examples`. Returns a report: seconds, tokens, per-layer fit."""
     t0 = time.perf_counter()
     layers = list(routers.config.layers)
-    data = record_updates(anatomy, examples, routers.config.target, layers, max_tokens=max_tokens)
+    data = record_updates(anatomy, examples, routers.config.target, layers, max_tokens=max_tokens, norms=True)
     fit = {}
     for i in layers:
-        x, y = data[i]  # (N, D) each, float32
-        size = torch.log(y.norm(dim=1).clamp_min(1e-6) / x.norm(dim=1).clamp_min(1e-6))  # (N,)
+        x, length = data[i]  # (N, D) router inputs and (N,) update lengths, float32
+        size = torch.log(length.clamp_min(1e-6) / x.norm(dim=1).clamp_min(1e-6))  # (N,)
         z = (size - torch.quantile(size, skip)) / size.std().clamp_min(1e-6)  # below 0: the `skip` share of smallest updates
         gram = x.T @ x
         w = torch.linalg.solve(gram + RIDGE * gram.diagonal().mean() * torch.eye(gram.shape[0]), x.T @ z)  # (D,)

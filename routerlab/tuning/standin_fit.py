@@ -21,8 +21,10 @@ from routerlab.tuning.forward import layer_walk
 
 
 @torch.no_grad()
-def record_updates(anatomy, examples, target: str, layers, max_tokens: int = 6_000) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """layer -> (X (N, D) normed inputs, Y (N, D) the sub-layer's update), float32, response tokens of `examples` at full depth."""
+def record_updates(anatomy, examples, target: str, layers, max_tokens: int = 6_000,
+                   norms: bool = False) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """layer -> (X (N, D) normed inputs, Y (N, D) the sub-layer's update), float32, response tokens of `examples` at full depth.
+    With `norms`, Y is only each update's length (N,): what router_init needs, without holding every update."""
     xs = {i: [] for i in layers}
     ys = {i: [] for i in layers}
     seen = 0
@@ -35,7 +37,8 @@ def record_updates(anatomy, examples, target: str, layers, max_tokens: int = 6_0
             if i in xs:
                 x, y = {"attention": (x_attn, mid - h), "mlp": (x_mlp, out - mid), "block": (x_attn, out - h)}[target]
                 xs[i].append(x[0, r].float().cpu())
-                ys[i].append(y[0, r].float().cpu())
+                y = y[0, r].float()
+                ys[i].append((y.norm(dim=1) if norms else y).cpu())
         seen += ex.n_response
     return {i: (torch.cat(xs[i]), torch.cat(ys[i])) for i in layers}
 
