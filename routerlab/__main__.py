@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--batch-size", type=int, default=None, help="examples per step (default 4)")
     j.add_argument("--decay", choices=DECAYS, default=None, help="learning rate after warmup (default constant)")
     j.add_argument("--kd-weight", type=float, default=None, help="distillation weight (default 1; 0: no teacher forward)")
-    j.add_argument("--lm-weight", type=float, default=None, help="LM-loss weight (default 1)")
+    j.add_argument("--lm-weight", type=float, default=None, help="LM-loss weight (default 0, as the tab: distillation alone)")
     j.add_argument("--seed", type=int, default=None)
     j.add_argument("--init", choices=("zeros", "probe"), default=None, help="where the routers start (default probe, as the tab)")
     j.add_argument("--data", default=None, help="your text: .txt (paragraphs) or .jsonl (as the tab reads it); default: the built-in data")

@@ -181,3 +181,24 @@ def test_a_time_budget_plans_the_steps_from_the_first_steps_and_caps_them():
     # a tiny budget: the loop plans few steps from the measured ones and ends (a stalled clock cannot make it run on)
     result = train_routers(model, _examples(), TrainConfig(steps=50, batch_size=1), progress=False, seconds=1e-6)
     assert 1 <= result.report["steps"] <= PLAN_STEPS and result.report["stopped"] is False
+
+
+def test_at_lm_weight_0_the_lm_loss_is_logged_but_not_trained_on():
+    """The Train tab trains on distillation alone: the step's loss is distillation + budget, and the LM loss is
+    still measured for its curve."""
+    model = tiny_model("llama")
+    an = Anatomy(model)
+    routers = train_routers(model, _examples(2), TrainConfig(steps=1, batch_size=1), progress=False).routers
+    ex = _examples(1, seed=3)[0]
+    ids = torch.tensor([ex.ids])
+    from routerlab.tuning.forward import teacher_logits
+
+    teacher = teacher_logits(an, ids, ex.start)
+    for lm in (0.0, 1.0):
+        cfg = TrainConfig(lm_weight=lm, kd_weight=1.0)
+        out = example_losses(an, routers, ids, ex.start, cfg, 0.5, teacher)
+        assert float(out["lm"]) > 0
+        expected = lm * out["lm"] + out["kd"] + out["budget"]
+        assert torch.allclose(out["loss"], expected)
+    rows = train_routers(model, _examples(4), TrainConfig(steps=2, batch_size=2, lm_weight=0.0), progress=False).log
+    assert all(r["lm"] > 0 for r in rows)

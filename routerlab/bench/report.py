@@ -110,6 +110,7 @@ SOURCES = {
     "standins.json": ("Skip stand-ins: router-only against router + stand-in at equal skip rates", "make standins-table"),
     "load.json": ("Load, faults and bad input", "python -m routerlab bench load"),
     "train_tab.json": ("Router-Tuning in three minutes: the Train tab's job", "make train-tab"),
+    "train_tab_seed1.json": ("Router-Tuning in three minutes: the same job again, seed 1", "make train-tab-repeat"),
     "load_training.json": ("Generating while a visitor trains", "python -m routerlab.bench.load --phases training --fuzz-cases 0 --out assets/bench/load_training.json"),
     "load_training_nice0.json": ("Generating while a visitor trains, the training at normal priority",
                                  "ROUTERLAB_TRAINING_NICE=0 python -m routerlab.bench.load --phases training --fuzz-cases 0 --out assets/bench/load_training_nice0.json"),
@@ -375,7 +376,7 @@ def load_training_markdown(r: dict) -> list[str]:
     return out
 
 
-RENDERERS = {"speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "load_training.json": load_training_markdown,
+RENDERERS = {"speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
              "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
 
@@ -396,7 +397,7 @@ def conditions(name: str, r: dict) -> str | None:
         ranks = ", ".join(f"rank {k} {1e6 * v:.0f} us" for k, v in r["standin_seconds"].items()) or "none"
         return (f"{r['model']} ({r['dtype']}), decode step {1e3 * r['costs']['step']:.1f} ms in the cost model "
                 f"({_short_path(r.get('costs_source', 'measured in the run'))}); a stand-in per skipped cell: {ranks}.")
-    if name == "train_tab.json":
+    if name.startswith("train_tab"):
         return f"the Train tab's default job (`train-job`), {r['dtype']} base, {r.get('machine', 'machine not recorded')}."
     if name.startswith("load"):
         m = r.get("machine") or {}

@@ -147,8 +147,8 @@ def example_losses(anatomy, routers: RouterSet, ids: torch.Tensor, start: int, c
     labels = ids[0, start:]
     out = {"exec": exec_frac}
     total = torch.zeros((), device=ids.device)
+    out["lm"] = F.cross_entropy(logits, labels)  # logged even at weight 0: the curve shows how the data's tokens fare
     if cfg.lm_weight > 0:
-        out["lm"] = F.cross_entropy(logits, labels)
         total = total + cfg.lm_weight * out["lm"]
     if cfg.kd_weight > 0 and teacher_logits is not None:
         t = F.log_softmax(teacher_logits.float(), dim=-1)

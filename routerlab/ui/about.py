@@ -18,7 +18,7 @@ model stays frozen. Fresh routers output 0.5 everywhere, so at threshold 0.5 not
 Only the routers learn; the model is frozen. They start from a quick fit of how much each layer changes each token (or
 from zero, as in the paper), and a few minutes on the built-in prompts or your own text give a set that skips what you
 asked for; its curves show the distillation loss (how far the routed model's predictions are from the full
-model's), the LM loss and how much it skips. Held-out text, never trained on, checks it during training and at the end,
+model's, what it learns from), the LM loss and how much it skips. Held-out text, never trained on, checks it during training and at the end,
 against the shipped routers and random skipping. The set is yours alone in this browser tab: download it as a zip to
 keep it (it carries a Hugging Face model card), upload the zip to bring it back.
 

@@ -16,6 +16,7 @@ import gradio as gr
 
 from routerlab.core.config import GRANULARITIES, KV_POLICIES
 from routerlab.core.paths import ASSETS
+from routerlab.tuning.job import JobSettings
 from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, RUNGS, column_html, compare_run
@@ -258,10 +259,10 @@ def build_demo(res: Resources) -> gr.Blocks:
                             tr_file = gr.File(label="… or a .txt / .jsonl file", file_types=[".txt", ".jsonl"], type="filepath", elem_id="rl-tr-file")
                         with gr.Accordion("Advanced", open=False):
                             with gr.Row():
-                                tr_lr = gr.Number(1e-2, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
-                                tr_kd = gr.Number(1.0, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
-                                tr_lm = gr.Number(1.0, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
-                                tr_steps = gr.Number(400, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")
+                                tr_lr = gr.Number(JobSettings.lr, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
+                                tr_kd = gr.Number(JobSettings.kd_weight, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
+                                tr_lm = gr.Number(JobSettings.lm_weight, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
+                                tr_steps = gr.Number(JobSettings.max_steps, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")
                                 tr_init = gr.Radio(list(STARTS), value=next(iter(STARTS)), label="Routers start from", elem_id="rl-tr-init")
                         with gr.Row():
                             tr_start = gr.Button("Start training", variant="primary", interactive=limits.training, elem_id="rl-tr-start")

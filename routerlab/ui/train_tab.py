@@ -23,9 +23,9 @@ STARTS = {"a fit of update sizes": "probe", "zero (the paper)": "zeros"}  # wher
 TRAIN_INTRO = """**Router-Tuning, here and now.** The model stays frozen: only one tiny router per routed layer learns
 (a single linear score of the layer's input, 576 numbers), deciding token by token whether that layer's
 attention (or MLP, or whole block) runs. Each step, the routed model is taught to match the full model
-(**distillation**: KL to the full model's next-token distribution), to predict the text (**LM loss**), and to
-skip at least the **skip target** (**budget term**: how far the executed share is above it; it ramps in over
-the first 40% of steps). The routers start from a fit of how much each layer changes each token (a few
+(**distillation**: KL to the full model's next-token distribution) and to skip at least the **skip target** (**budget term**: how far the executed share is above it; it ramps in over
+the first 40% of steps). The **LM loss** (how well it predicts the data's own tokens) is drawn too; it is
+trained on only if you give it a weight under Advanced. The routers start from a fit of how much each layer changes each token (a few
 seconds of full-depth passes), or from zero as in the paper. A held-out slice, never trained on, checks the
 set a few times and at the end."""
 
