@@ -85,7 +85,7 @@ class TrainJob:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._state = {"phase": "queued", "message": "Waiting for its turn.", "rows": [], "checkpoints": [], "layers": [],
-                       "steps_planned": None, "started": None, "elapsed": 0.0, "answered": 0, "to_answer": 0,
+                       "steps_planned": None, "weights": {}, "started": None, "elapsed": 0.0, "answered": 0, "to_answer": 0,
                        "trainable": None, "result": None, "error": None}
         self.routers = None
 
@@ -162,6 +162,7 @@ class TrainJob:
         reserve = one_pass * (EVAL_PASSES + st.checkpoints)  # the checkpoints, then the calibration and the comparison
         budget = max(5.0, self._remaining() - reserve)
         self._set(phase="training", layers=list(layers), trainable={"routers": trainable, "model": n_params},
+                  weights={"kd": st.kd_weight, "lm": st.lm_weight},
                   message=f"Training {len(layers)} routers on {len(train)} examples ({len(heldout)} held out) …")
         marks: set[int] = set()
 

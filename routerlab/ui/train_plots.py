@@ -29,9 +29,12 @@ def curves(snap: dict | None) -> go.Figure:
         return _empty("Curves appear here while the routers train")
     steps = [r["step"] for r in rows]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("losses per step", "skip share of routed cells"), horizontal_spacing=0.1)
+    weights = (snap or {}).get("weights") or {}
     for key, name, color in LOSSES:
         if any(r.get(key) for r in rows):
-            fig.add_trace(go.Scatter(x=steps, y=[r.get(key) for r in rows], name=name, mode="lines", line={"color": color}), row=1, col=1)
+            watched = weights.get(key) == 0  # measured for its curve, not trained on
+            fig.add_trace(go.Scatter(x=steps, y=[r.get(key) for r in rows], name=name + (", not trained on" if watched else ""),
+                                     mode="lines", line={"color": color, "dash": "dot" if watched else "solid"}), row=1, col=1)
     fig.add_trace(go.Scatter(x=steps, y=[r["skip"] for r in rows], name="skipped while training", mode="lines",
                              line={"color": "#2b8a3e"}), row=1, col=2)
     fig.add_trace(go.Scatter(x=steps, y=[1 - r["target"] for r in rows], name="skip target (ramps in)", mode="lines",
