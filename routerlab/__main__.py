@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--kd-weight", type=float, default=None, help="distillation weight (default 1; 0: no teacher forward)")
     j.add_argument("--lm-weight", type=float, default=None, help="LM-loss weight (default 0, as the tab: distillation alone)")
     j.add_argument("--seed", type=int, default=None)
+    j.add_argument("--max-steps", type=int, default=None, help="most training steps (default 400: the time budget decides)")
     j.add_argument("--init", choices=("zeros", "probe"), default=None, help="where the routers start (default probe, as the tab)")
     j.add_argument("--data", default=None, help="your text: .txt (paragraphs) or .jsonl (as the tab reads it); default: the built-in data")
     j.add_argument("--check-data", default=None, help="afterwards, compare with the shipped set and random skipping on this JSONL too")
@@ -299,7 +300,7 @@ def _train_job(args) -> int:
     from routerlab.tuning.job import JobSettings, TrainJob, compare
     from routerlab.tuning.user_data import parse_user_data
 
-    advanced = {k: getattr(args, k) for k in ("lr", "batch_size", "decay", "seed", "kd_weight", "lm_weight", "init")
+    advanced = {k: getattr(args, k) for k in ("lr", "batch_size", "decay", "seed", "kd_weight", "lm_weight", "init", "max_steps")
                 if getattr(args, k) is not None}
     settings = JobSettings(granularity=args.granularity, minutes=args.minutes, skip=args.skip, **advanced)
     data = parse_user_data(path=args.data) if args.data else None

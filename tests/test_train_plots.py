@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import plotly.graph_objects as go
+
 from routerlab.ui import train_plots
 
 ROWS = [{"step": k, "target": 1 - 0.03 * k, "loss": 0.2, "kd": 0.1 / k, "lm": 1.0, "budget": 0.01, "skip": 0.02 * k}
@@ -21,3 +23,25 @@ def test_a_loss_at_weight_0_is_drawn_as_watched_not_trained_on():
     lm = _losses({"kd": 1.0, "lm": 1.0})["LM loss"]
     assert "not trained on" not in lm.name and lm.line.dash == "solid"
     assert "not trained on" not in _losses({})["LM loss"].name  # a snapshot without weights (an older job) draws plainly
+
+
+def test_a_tick_without_a_new_step_sends_no_figures():
+    """The page polls every 2 s; a step takes longer. Redrawing unchanged figures costs the browser's CPU, which a local
+    visitor's training shares, so a tick sends the figures only when a step or a checkpoint has arrived."""
+    from types import SimpleNamespace
+
+    from routerlab.ui.session import Session
+    from routerlab.ui.train_tab import train_tick
+
+    snap = {"phase": "training", "rows": ROWS[:2], "checkpoints": [], "layers": [], "elapsed": 5.0, "message": "",
+            "steps_planned": 10, "trainable": None, "weights": {}}
+    job = SimpleNamespace(snapshot=lambda: dict(snap), settings=SimpleNamespace(minutes=3.0), phase="training")
+    session, res = Session(), SimpleNamespace(trainer=None)
+    session.job = job
+    drawn = lambda out: [isinstance(x, go.Figure) for x in out[1:3]]  # noqa: E731  (the curves, the layer map)
+    assert drawn(train_tick(res, session)) == [True, True]
+    assert drawn(train_tick(res, session)) == [False, False]  # nothing new: both skipped
+    snap["rows"] = ROWS[:3]
+    assert drawn(train_tick(res, session)) == [True, True]
+    snap["checkpoints"] = [{"step": 3, "skip_rate": 0.05, "kl_full": 0.1, "perplexity_increase": 0.02}]
+    assert drawn(train_tick(res, session)) == [True, True]

@@ -36,6 +36,7 @@ class Session:
         self.running = False
         self.views: dict[str, Any] = {}  # what the page shows now (serialized once), repeated by streams
         self.job = None  # the Train tab's running tuning.job.TrainJob, if any
+        self.job_drawn: tuple | None = None  # (steps, checkpoints) its figures last showed: unchanged ones are not sent again
         self.router_sets: dict[str, tuple[Any, Any]] = {}  # label -> (RouterSetInfo, RouterSet): sets trained or uploaded here
         self._dir: str | None = None
 

@@ -72,7 +72,7 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
     except (RouterLabError, ValueError, TypeError) as err:
         err = err if isinstance(err, RouterLabError) else RouterLabError(f"A setting is not a number ({err}).", "Check the advanced settings.")
         return skip, skip, skip, skip, _warn(err), skip, skip
-    session.job = job
+    session.job, session.job_drawn = job, None
     position = res.trainer.submit(job)
     what = "the built-in self-distilled prompts" if data is None else data.describe()
     wait = f" {position} training(s) ahead of yours." if position else ""
@@ -91,7 +91,12 @@ def train_tick(res: Resources, session: Session):
     budget = job.settings.minutes * 60
     progress = train_plots.progress_html(snap, budget, res.trainer.position(job) if res.trainer else None)
     if snap["phase"] not in ("done", "stopped", "failed", "cancelled"):
+        drawn = (len(snap["rows"]), len(snap["checkpoints"]))
+        if drawn == session.job_drawn:  # no new step since the last tick: redrawing the same figures costs the
+            return progress, skip, skip, skip, skip, skip, skip, skip, skip  # visitor's browser CPU that training needs
+        session.job_drawn = drawn
         return progress, train_plots.curves(snap), train_plots.layer_map(snap), skip, skip, skip, skip, skip, skip
+    session.job_drawn = None
     session.job = None  # ended: the next tick finds nothing to follow
     status, menu, download = _status("stop", snap["message"]), skip, gr.DownloadButton(visible=False)
     if snap["phase"] in ("done", "stopped") and job.routers is not None:
