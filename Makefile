@@ -42,7 +42,8 @@ chromium:
 test: dev chromium
 	$(BIN)/python -m pytest -q
 
-# The browser measurements docs/method.md quotes ("Streaming overhead"): printed, never asserted; ~10 min.
+# The browser measurements docs/method.md quotes ("Streaming overhead") and the Train tab's job watched in the browser
+# (docs/experiments.md, "Three minutes"): printed, never asserted; ~13 min.
 browser-reports: dev chromium
 	ROUTERLAB_BROWSER_REPORTS=1 $(BIN)/python -m pytest -q -s tests/test_browser.py -k "report_"
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -659,3 +660,25 @@ def _threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+@reports_only
+def test_report_train_tab_in_the_browser(browser, app_url, capsys):
+    """The Train tab's default job (built-in prompts, attention-token, 3 minutes), started and watched in Chromium on
+    the same machine as the server: how many steps it gets, and its held-out table. Printed, never asserted;
+    docs/experiments.md ("With the browser on the same 2-core machine") compares it with `make train-tab` (the job alone)."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1400})
+    page.set_default_timeout(400_000)
+    try:
+        page.goto(app_url)
+        page.get_by_role("button", name="Generate", exact=True).wait_for()
+        page.get_by_role("tab", name="Train").click()
+        started = time.perf_counter()
+        page.locator("#rl-tr-start").click()
+        page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('mine at 0.5')")
+        result = page.inner_text("#rl-tr-result")
+    finally:
+        page.close()
+    with capsys.disabled():
+        print(f"\n[browser] the Train tab's default job watched in Chromium on this machine ({os.cpu_count()} CPUs), "
+              f"{time.perf_counter() - started:.0f} s:\n{result}")
