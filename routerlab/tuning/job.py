@@ -59,7 +59,8 @@ class JobSettings:
         if not 1e-5 <= self.lr <= 1.0:
             raise RouterLabError(f"Learning rate {self.lr} is outside 1e-5..1.", "The shipped sets used 3e-3.")
         if min(self.kd_weight, self.lm_weight) < 0 or self.kd_weight + self.lm_weight == 0:
-            raise RouterLabError("The loss weights must be >= 0 and not both 0.", "The shipped sets used 1 and 1.")
+            raise RouterLabError("The loss weights must be >= 0 and not both 0.",
+                                 "The default is distillation 1, LM loss 0; to train without distillation, give the LM loss a weight.")
         if not 1 <= self.max_steps <= 10_000:
             raise RouterLabError(f"Steps {self.max_steps} is outside 1-10,000.", "The time budget usually decides; 400 is a cap.")
 
