@@ -299,6 +299,12 @@ def _pick_set(page, label_start: str):
     page.get_by_role("option", name=label_start).first.click()
 
 
+def _open_train_tab(page, app_url: str) -> None:
+    page.goto(app_url)
+    page.get_by_role("button", name="Generate", exact=True).wait_for()
+    page.get_by_role("tab", name="Train").click()
+
+
 def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tmp_path):
     """A short training on the built-in prompts (bad pasted text first): progress, curves and a held-out checkpoint
     appear, Stop keeps the set, it joins the menu and
@@ -307,9 +313,7 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
     page = browser.new_page(viewport={"width": 1440, "height": 1500})
     page.set_default_timeout(240_000)
     try:
-        page.goto(app_url)
-        page.get_by_role("button", name="Generate", exact=True).wait_for()
-        page.get_by_role("tab", name="Train").click()
+        _open_train_tab(page, app_url)
         # bad pasted data: a message, the text stays
         page.get_by_label("my own text").check()
         page.locator("#rl-tr-text textarea").fill("Far too short.")
@@ -670,9 +674,7 @@ def test_report_train_tab_in_the_browser(browser, app_url, capsys):
     page = browser.new_page(viewport={"width": 1440, "height": 1400})
     page.set_default_timeout(400_000)
     try:
-        page.goto(app_url)
-        page.get_by_role("button", name="Generate", exact=True).wait_for()
-        page.get_by_role("tab", name="Train").click()
+        _open_train_tab(page, app_url)
         started = time.perf_counter()
         page.locator("#rl-tr-start").click()
         page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('mine at 0.5')")

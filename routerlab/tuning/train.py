@@ -147,12 +147,13 @@ def example_losses(anatomy, routers: RouterSet, ids: torch.Tensor, start: int, c
     labels = ids[0, start:]
     out = {"exec": exec_frac}
     total = torch.zeros((), device=ids.device)
-    out["lm"] = F.cross_entropy(logits, labels)  # logged even at weight 0: the curve shows how the data's tokens fare
+    logp = F.log_softmax(logits, dim=-1)  # (R, V), shared by both losses
+    out["lm"] = F.nll_loss(logp, labels)  # logged even at weight 0: the curve shows how the data's tokens fare
     if cfg.lm_weight > 0:
         total = total + cfg.lm_weight * out["lm"]
     if cfg.kd_weight > 0 and teacher_logits is not None:
         t = F.log_softmax(teacher_logits.float(), dim=-1)
-        out["kd"] = F.kl_div(F.log_softmax(logits, dim=-1), t, log_target=True, reduction="batchmean")
+        out["kd"] = F.kl_div(logp, t, log_target=True, reduction="batchmean")
         total = total + cfg.kd_weight * out["kd"]
     out["budget"] = torch.relu(exec_frac - target)
     out["loss"] = total + cfg.budget_weight * out["budget"]

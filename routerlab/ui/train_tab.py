@@ -14,6 +14,7 @@ import re
 import gradio as gr
 
 from routerlab.core.errors import RouterLabError
+from routerlab.tuning.job import FINAL
 from routerlab.ui import train_plots
 from routerlab.ui.resources import FULL, Resources, RouterSetInfo
 from routerlab.ui.session import Session, _status, _warn
@@ -90,14 +91,13 @@ def train_tick(res: Resources, session: Session):
     snap = job.snapshot()
     budget = job.settings.minutes * 60
     progress = train_plots.progress_html(snap, budget, res.trainer.position(job) if res.trainer else None)
-    if snap["phase"] not in ("done", "stopped", "failed", "cancelled"):
+    if snap["phase"] not in FINAL:
         drawn = (len(snap["rows"]), len(snap["checkpoints"]))
         if drawn == session.job_drawn:  # no new step since the last tick: redrawing the same figures costs the
             return progress, skip, skip, skip, skip, skip, skip, skip, skip  # visitor's browser CPU that training needs
         session.job_drawn = drawn
         return progress, train_plots.curves(snap), train_plots.layer_map(snap), skip, skip, skip, skip, skip, skip
-    session.job_drawn = None
-    session.job = None  # ended: the next tick finds nothing to follow
+    session.job, session.job_drawn = None, None  # ended: the next tick finds nothing to follow
     status, menu, download = _status("stop", snap["message"]), skip, gr.DownloadButton(visible=False)
     if snap["phase"] in ("done", "stopped") and job.routers is not None:
         from routerlab.tuning.bundle import zip_folder
