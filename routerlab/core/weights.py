@@ -77,6 +77,13 @@ def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
 INT4_GROUPS = (32, 64, 128, 256)  # group sizes the CPU int4 kernel takes
 
 
+def kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """x as the low-bit kernels require it: bf16 and contiguous. They refuse a strided input (a slice of a wider
+    norm output, a row of a batch), so every caller's layout is made acceptable here, never at the call sites;
+    both are no-ops for the usual contiguous bf16 row."""
+    return x.to(KERNEL_DTYPE).contiguous()
+
+
 def int4_packable(n: int, k: int, group: int) -> bool:
     """The CPU int4 kernel's shape rules: output rows in multiples of 16, whole groups of a size it takes."""
     return n % 16 == 0 and group in INT4_GROUPS and k % group == 0
@@ -93,9 +100,8 @@ class Int4:
     label: str = "int4"
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        """x (n, K) -> (n, N) in bf16."""
-        if x.dtype != KERNEL_DTYPE:
-            x = x.to(KERNEL_DTYPE)
+        """x (n, K), of any dtype and layout -> (n, N) in bf16."""
+        x = kernel_input(x)
         if self.tiles > 1:
             x = x.repeat(1, self.tiles)  # (n, tiles * K)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
@@ -114,7 +120,8 @@ class Int8:
     label: str = "int8 per channel (requantised)"
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x if x.dtype == KERNEL_DTYPE else x.to(KERNEL_DTYPE), self.codes, self.scales)
+        """x (n, K), of any dtype and layout -> (n, N) in bf16."""
+        return torch.ops.aten._weight_int8pack_mm(kernel_input(x), self.codes, self.scales)
 
     @property
     def nbytes(self) -> int:
