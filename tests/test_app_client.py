@@ -181,6 +181,43 @@ def test_compare_endpoint_runs_both_models(app):
     assert "Threshold 0.60" in routed_html and "(no threshold)" in none_1 + none_2
 
 
+RUN_PARAMETERS = ["prompt", "threshold", "router_set", "kv_policy", "max_new_tokens", "temperature", "model", "measure_quality"]
+
+
+def test_api_names_every_parameter(app):
+    """A script sees each endpoint's parameters by name (view_api, keyword arguments), never `param_0`, `param_1`, ...;
+    the session (gr.State) is not a parameter, and the Measure-quality switch stays last."""
+    from routerlab.ui.compare import RUNGS
+
+    url, _ = app
+    api = client(url).view_api(print_info=False, return_format="dict")
+    named = {name: [p["parameter_name"] for p in info["parameters"]] for name, info in api["named_endpoints"].items()}
+    assert named["/generate"] == named["/regenerate"] == RUN_PARAMETERS
+    assert named["/compare"] == ["prompt", *(f"threshold_{k + 1}" for k in range(RUNGS)), *RUN_PARAMETERS[2:-1]]
+    assert named["/train"] == ["granularity", "skip_target", "minutes", "learning_rate", "kd_weight", "lm_weight", "max_steps",
+                               "init", "source", "text", "file"]
+    assert named["/set_threshold"] == ["threshold"] and named["/sweep"] == ["prompt", "router_set", "kv_policy", "model"]
+    assert named["/stop"] == named["/stop_compare"] == named["/stop_training"] == []
+    unnamed = {name: ps for name, ps in named.items() if any(re.fullmatch(r"param_\d+", p) for p in ps)}
+    assert not unnamed, f"endpoints with unnamed parameters: {unnamed}"
+    # every /generate and /train parameter may be left out (the page's value applies; /train's text and file: none)
+    for name in ("/generate", "/train"):
+        assert all(p["parameter_has_default"] for p in api["named_endpoints"][name]["parameters"]), name
+
+
+def test_generate_takes_named_arguments(app):
+    """docs/operators.md's example: named arguments, the rest left at the page's values; 9 values come back."""
+    url, res = app
+    c = client(url)
+    out = c.predict(prompt="Name three colours.", threshold=0.6, router_set=ui.UNTRAINED, max_new_tokens=4, measure_quality=False,
+                    api_name="/generate")
+    assert len(out) == 9 and "rl-tok" in out[0] and out[1]["type"] == "plotly" and out[3].startswith("✓ Done") and out[8] == ""
+    trace = trace_from(out)
+    assert 1 <= len(trace.generated_steps) <= 4 and {s.threshold for s in trace.steps} == {0.6} and not trace.meta["quality"]
+    page = {p["parameter_name"]: p["parameter_default"] for p in c.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]}
+    assert trace.meta["model"] == page["model"] == res.default_model and trace.meta["kv_policy"] == page["kv_policy"]
+
+
 def test_report_streaming_rate_and_overhead(app, capsys):
     """Prints heatmap updates per second while streaming, and decode tokens/s with and without the app
     streaming to a client (same prompt, greedy, alternating runs; the engine times each decode step, so

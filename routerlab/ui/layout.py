@@ -19,7 +19,7 @@ from routerlab.core.paths import ASSETS
 from routerlab.tuning.job import JobSettings
 from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
-from routerlab.ui.compare import HEAT_EMPTY, LADDER, RUNGS, column_html, compare_run
+from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.resources import UNTRAINED, Resources
 from routerlab.ui.session import Session, _delete_session, _status
@@ -287,20 +287,31 @@ def build_demo(res: Resources) -> gr.Blocks:
         run_inputs = [prompt, threshold, router_label, kv_policy, max_new, temperature, model, session, measure]  # the switch last: API callers may leave it out
         run_outputs = [text, heat, stats, status, trace_dl, html_dl, l_bar, l_hist, go_btn, live_heat]
 
-        def _explore(*args):
-            yield from explore_run(res, *args)
+        # API handlers: Gradio names an endpoint's parameters after the handler's own, input by input (a *args
+        # handler shows param_0, param_1, ...), and leaves the gr.State `session` out. Their docstrings are the
+        # endpoints' descriptions in the client's view_api().
+        def _explore(prompt, threshold, router_set, kv_policy, max_new_tokens, temperature, model, session, measure_quality=True):
+            """Generate from the prompt with the router set at the threshold, streaming text, heatmap, stats and status."""
+            yield from explore_run(res, prompt, threshold, router_set, kv_policy, max_new_tokens, temperature, model, session, measure_quality)
 
-        def _show_last(s):
-            return show_last(res, s)
+        def _show_last(session):
+            return show_last(res, session)
 
-        def _moved(t, s):
-            return threshold_moved(res, t, s)
+        def _moved(threshold, session):
+            """Steer this session's running generation from its next token, or show the last run's what-if view."""
+            return threshold_moved(res, threshold, session)
 
-        def _compare(prompt, *args):
-            yield from compare_run(res, prompt, list(args[:RUNGS]), *args[RUNGS:])
+        def _compare(prompt, threshold_1, threshold_2, threshold_3, router_set, kv_policy, max_new_tokens, temperature, model, session):
+            """The prompt through the full model and the router set at up to three thresholds (None: fewer columns)."""
+            yield from compare_run(res, prompt, [threshold_1, threshold_2, threshold_3], router_set, kv_policy, max_new_tokens, temperature, model, session)
 
-        def _sweep(p, r, k, m, s, progress=gr.Progress()):
-            return tradeoff_sweep(res, p, r, k, m, progress, s.router_sets if isinstance(s, Session) else None)
+        def _sweep(prompt, router_set, kv_policy, model, session, progress=gr.Progress()):
+            """A quick sweep: tokens/s and agreement with the full model's greedy output, per threshold."""
+            return tradeoff_sweep(res, prompt, router_set, kv_policy, model, progress, session.router_sets if isinstance(session, Session) else None)
+
+        def _train(session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text=None, file=None):
+            """Queue a router training for this session (skip_target in % of routed cells; file: a .txt or .jsonl path)."""
+            return train_start(res, session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text, file)
 
         limit = max(1, limits.concurrency)
         gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
@@ -319,7 +330,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         router_label.input(lambda label, s: router_set_chosen(res, label, s), [router_label, session], [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
         t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
-        tr_start.click(lambda s, *a: train_start(res, s, *a), [session, tr_gran, tr_skip, tr_minutes, tr_lr, tr_kd, tr_lm, tr_steps, tr_init, tr_source, tr_text, tr_file],
+        tr_start.click(_train, [session, tr_gran, tr_skip, tr_minutes, tr_lr, tr_kd, tr_lm, tr_steps, tr_init, tr_source, tr_text, tr_file],
                        [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, tr_start], api_name="train", concurrency_limit=None)
         tr_timer.tick(lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
                       api_name=False, concurrency_limit=None, show_progress="hidden")

@@ -114,6 +114,7 @@ def train_tick(res: Resources, session: Session):
 
 
 def train_stop(session: Session):
+    """Stop this session's training (a queued one is cancelled); returns the status line."""
     job = session.job if isinstance(session, Session) else None
     if job is None:
         return _status("stop", "No training is running.")

@@ -23,8 +23,11 @@ def training_load_test(url: str, sessions: int = 4, generations: int = 16, max_n
     nice = probe(url)["limits"].get("training_nice")
     alone = load_test(url, sessions, generations, max_new, log=log)
     trainer = client(url)
-    out = trainer.predict("attention-token", 15, minutes, 3e-3, 1.0, 1.0, 400, "built-in prompts", "", None, api_name="/train")
-    started = str(out[4])
+    # By name, as a script would call it (positional calls broke when the tab gained a control); the tab's defaults otherwise.
+    out = trainer.predict(granularity="attention-token", skip_target=15, minutes=minutes, source="built-in prompts", api_name="/train")
+    started = str(out[4])  # the status line
+    if "⚠" in started:
+        raise RuntimeError(f"the training did not start: {started}")
     busy = wait_until(lambda: probe(url).get("training_phase") == "training" or None, 180)  # past data and the first pass
     during = load_test(url, sessions, generations, max_new, log=log)
     still = probe(url).get("training_phase")
