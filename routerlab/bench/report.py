@@ -109,6 +109,7 @@ SOURCES = {
     "heldout_sampled.json": ("Held-out evaluation: extra prompts, sampled answers", "make heldout-sampled"),
     "standins.json": ("Skip stand-ins: router-only against router + stand-in at equal skip rates", "make standins-table"),
     "load.json": ("Load, faults and bad input", "python -m routerlab bench load"),
+    "soak.json": ("Every generation completes: the soak at the page's defaults", "make soak"),
     "train_tab.json": ("Router-Tuning in three minutes: the Train tab's job", "make train-tab"),
     "train_tab_seed1.json": ("Router-Tuning in three minutes: the same job again, seed 1", "make train-tab-repeat"),
     "load_training.json": ("Generating while a visitor trains", "python -m routerlab.bench.load --phases training --fuzz-cases 0 --out assets/bench/load_training.json"),
@@ -376,7 +377,20 @@ def load_training_markdown(r: dict) -> list[str]:
     return out
 
 
-RENDERERS = {"speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
+def soak_markdown(r: dict) -> list[str]:
+    s = r["soak"]
+    c = s["settings"]
+    out = [f"{s['generations']} generations as visitors make them at the page's defaults ({c['router_set']}, threshold "
+           f"{c['threshold']}, KV policy {c['kv_policy']}, temperature {c['temperature']}, Measure quality "
+           f"{'on' if c['measure_quality'] else 'off'}), {s['new_tokens'][0]}-{s['new_tokens'][1]} new tokens a run, the page's "
+           f"example prompts in turn; a run counts as failed unless its status says `✓` and its decisions follow its threshold. "
+           f"**Failed: {s['errors']}.**", ""]
+    rows = {f"{k} at a time": {f: v for f, v in r.items() if f not in ("sessions", "error_messages", "server_after")}
+            for k, r in s["levels"].items()}
+    return out + [_matrix(rows), ""]
+
+
+RENDERERS = {"soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
              "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
 
@@ -403,6 +417,7 @@ def conditions(name: str, r: dict) -> str | None:
         m = r.get("machine") or {}
         parts = [f"started {r['started']}" if r.get("started") else None,
                  f"{m['cpus']} CPUs" if m.get("cpus") else None,
+                 m.get("cpu"),
                  "load average " + " / ".join(f"{_cell(m[k][0])} {k.split('_')[-1]}" for k in ("loadavg_before", "loadavg_after")
                                               if m.get(k)) if m.get("loadavg_before") else None,
                  "server settings " + ", ".join(f"{k}={v}" for k, v in r["server_env"].items()) if r.get("server_env") else None]

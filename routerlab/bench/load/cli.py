@@ -22,12 +22,20 @@ from routerlab.bench.load.fuzz import fuzz_router_loading, safe_loading_checks
 from routerlab.bench.load.inputs import bad_input_test, queue_cap_test
 from routerlab.bench.load.report import summary, verdict
 from routerlab.bench.load.server import _serve_forever, serve, spawn
+from routerlab.bench.load.soak import soak_test
 from routerlab.bench.load.traffic import _mb, load_test
 from routerlab.bench.load.training import training_load_test
 from routerlab.core.paths import ASSETS
 
 DEFAULT_OUT = ASSETS / "bench" / "load.json"
 DESCRIPTION = "Load, fault, bad-input and loader-fuzz tests of the real app, over HTTP on localhost, measured."
+
+
+def _cpu() -> str:
+    from routerlab.bench.speed import cpu_model
+    from routerlab.core.precision import cpu_has_native_bf16, cpu_vector_unit
+
+    return f"{cpu_model()}, {cpu_vector_unit()}{', native bf16' if cpu_has_native_bf16() else ''}"
 
 
 def run_all(args, log=print) -> dict:
@@ -37,7 +45,7 @@ def run_all(args, log=print) -> dict:
            "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="routerlab-gradio-")}
     report: dict[str, Any] = {"command": "python -m routerlab.bench.load " + " ".join(args.argv), "started": started,
                               "server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")},
-                              "machine": {"cpus": os.cpu_count(), "loadavg_before": list(os.getloadavg())}}
+                              "machine": {"cpus": os.cpu_count(), "cpu": _cpu(), "loadavg_before": list(os.getloadavg())}}
     report["safe_loading"] = safe_loading_checks()
     if args.fuzz_cases:
         report["fuzz"] = fuzz_router_loading(args.fuzz_cases)
@@ -61,6 +69,8 @@ def run_all(args, log=print) -> dict:
         phases = set(args.phases.split(","))
         if "load" in phases:
             report["load"] = load_test(server.url, args.sessions, args.generations, args.max_new, args.deadline, log=log)
+        if "soak" in phases:
+            report["soak"] = soak_test(server.url, args.soak_generations, log=log)
         if "training" in phases:
             report["training"] = training_load_test(server.url, min(4, args.sessions), min(16, args.generations), args.max_new, log=log)
             log(f"[training] {report['training']}")
@@ -95,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuzz-cases", type=int, default=200)
     p.add_argument("--deadline", type=float, default=1500.0, help="seconds the load phase may take at most")
     p.add_argument("--inprocess", action="store_true", help="serve from this process (RSS then includes the clients)")
-    p.add_argument("--phases", default="load,training,faults,bad_input,queue", help="which server phases to run (comma-separated; training: 4 visitors generate alone, then while one trains)")
+    p.add_argument("--phases", default="load,training,faults,bad_input,queue",
+                   help="which server phases to run (comma-separated; training: 4 visitors generate alone, then while one trains; "
+                        "soak: --soak-generations at the page's defaults, 1 and then 8 at a time, 64-96 new tokens; run it with --cap 256)")
+    p.add_argument("--soak-generations", type=int, default=100, help="generations per concurrency level of the soak phase")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON results file ('-' for none)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     return p

@@ -29,6 +29,14 @@ def verdict(report: dict) -> list[str]:
             bad.append(f"load: memory in use grew {load['rss_live_growth_mb']} MB (raw RSS {load['rss_growth_mb']} MB)")
         if load["server_after"]["live"] or load["server_after"]["decoders"]:
             bad.append(f"load: generators left running {load['server_after']}")
+    soak = report.get("soak")
+    if soak:
+        if soak["errors"]:
+            bad.append(f"soak: {soak['errors']} of {soak['generations']} generations failed: "
+                       f"{[m for r in soak['levels'].values() for m in r['error_messages']][:3]}")
+        for level, r in soak["levels"].items():
+            if r["server_after"]["live"] or r["server_after"]["decoders"]:
+                bad.append(f"soak ({level} at a time): generators left running {r['server_after']}")
     tr = report.get("training")
     if tr:
         if tr["errors"] or tr["decision_errors"]:
@@ -77,6 +85,14 @@ def summary(report: dict) -> str:
             f"{load['client_per_token_ms_p50']}/{load['client_per_token_ms_p95']} ms; RSS {load['rss_mb_early_median']} -> "
             f"{load['rss_mb_late_median']} MB ({load['rss_growth_mb']:+} MB), {load['rss_mb_after_malloc_trim']} MB after malloc_trim "
             f"({load['rss_live_growth_mb']:+} MB in use)")
+    soak = report.get("soak")
+    if soak:
+        for level, r in soak["levels"].items():
+            lines.append(f"soak, {level} at a time ({soak['settings']['router_set']}, threshold {soak['settings']['threshold']}, "
+                         f"{soak['settings']['kv_policy']}, quality {'on' if soak['settings']['measure_quality'] else 'off'}, "
+                         f"{soak['new_tokens'][0]}-{soak['new_tokens'][1]} new tokens): {r['generations']} generations, {r['errors']} errors; "
+                         f"{r['throughput_tokens_per_s']} tok/s total; first token p50/p95 {r['time_to_first_token_s_p50']}/"
+                         f"{r['time_to_first_token_s_p95']} s")
     f = report.get("faults")
     if f:
         for k in ("stop", "cancel", "disconnect"):

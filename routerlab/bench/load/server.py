@@ -170,7 +170,8 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
     watched = WatchedEngine(engine)
     sets = list(router_sets if router_sets is not None else ui.available_router_sets())
     workdir = Path(workdir or tempfile.mkdtemp(prefix="routerlab-loadtest-"))
-    sets.insert(0, _broken_router_set(engine, workdir / "broken"))
+    # the broken and random sets go last: the page's default set stays the real app's (the first shipped token-level one)
+    sets += [_broken_router_set(engine, workdir / "broken")]
     sets += [_random_router_set(engine, workdir / g, g, seed) for seed, g in enumerate(("attention-token", "attention-sequence"))]
     res = ui.Resources(watched, limits, router_sets=sets)
     demo = ui.build_demo(res)

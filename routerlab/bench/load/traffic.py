@@ -9,6 +9,7 @@ or the verdict.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import threading
 import time
@@ -29,9 +30,11 @@ def _mb(n) -> float:
     return round(n / 2**20, 1)
 
 
-def load_test(url: str, sessions: int = 8, generations: int = 50, max_new: int = 16, deadline_s: float = 1200.0,
-              router_labels: list[str] | None = None, log=print) -> dict:
-    """`sessions` concurrent visitors share `generations` runs, each with its own threshold, policy and router set."""
+def load_test(url: str, sessions: int = 8, generations: int = 50, max_new: int | tuple[int, int] = 16, deadline_s: float = 1200.0,
+              router_labels: list[str] | None = None, log=print, thresholds: list[float] = THRESHOLDS,
+              policies: list[str] = POLICIES, prompts: list[str] = PROMPTS) -> dict:
+    """`sessions` concurrent visitors share `generations` runs, each with its own threshold, policy and router set.
+    `max_new`: new tokens per run, or a (low, high) range each run draws from (seeded by the run's number)."""
     from routerlab import ui
 
     stats0 = probe(url)
@@ -48,7 +51,7 @@ def load_test(url: str, sessions: int = 8, generations: int = 50, max_new: int =
 
     def visitor(k: int):
         c = client(url)
-        threshold, policy, label = THRESHOLDS[k % len(THRESHOLDS)], POLICIES[k % len(POLICIES)], labels[k % len(labels)]
+        threshold, policy, label = thresholds[k % len(thresholds)], policies[k % len(policies)], labels[k % len(labels)]
         try:
             while time.perf_counter() < end:
                 with lock:
@@ -56,9 +59,10 @@ def load_test(url: str, sessions: int = 8, generations: int = 50, max_new: int =
                         return
                     taken[0] += 1
                     n = taken[0]
-                prompt = PROMPTS[n % len(PROMPTS)]
+                prompt = prompts[n % len(prompts)]
+                new = max_new if isinstance(max_new, int) else random.Random(n).randint(*max_new)
                 t0 = time.perf_counter()
-                job = submit(c, prompt, threshold, label, policy, max_new)
+                job = submit(c, prompt, threshold, label, policy, new)
                 first = last = None
                 seen = 0
                 try:
@@ -77,7 +81,7 @@ def load_test(url: str, sessions: int = 8, generations: int = 50, max_new: int =
                     status = result[3]
                     gen = trace.generated_steps
                     wrong = decision_errors(trace, threshold)
-                    run = dict(visitor=k, threshold=threshold, kv_policy=policy, routers=label, tokens=len(gen),
+                    run = dict(visitor=k, threshold=threshold, kv_policy=policy, routers=label, tokens=len(gen), asked=new,
                                wall=time.perf_counter() - t0, ttft=(first - t0) if first else None,
                                stream_per_token=((last - first) / (seen - 1)) if first and seen > 1 else None,
                                step_seconds=[s.seconds for s in gen if s.seconds > 0], decision_errors=wrong,
@@ -121,7 +125,7 @@ def load_test(url: str, sessions: int = 8, generations: int = 50, max_new: int =
         "sessions": sessions,
         "generations": len(runs),
         "generations_asked": generations,
-        "max_new_tokens": max_new,
+        "max_new_tokens": max_new if isinstance(max_new, int) else list(max_new),
         "errors": len(errors) + (generations - len(runs)),
         "error_messages": errors[:20],
         "decision_errors": sum(r.get("decision_errors", 0) for r in runs),
