@@ -443,7 +443,7 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
     import threading
     import time
 
-    from routerlab.core.engine import Engine
+    from routerlab.core.generation import Generation
     from routerlab.ui import stream
 
     url, res = app
@@ -494,7 +494,7 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
 
         # within a run: frames through in even windows, held back in odd ones; each step stamped when recorded
         stamps: dict[int, float] = {}
-        record, frames, t0 = Engine._record, stream.Decoder.frames, time.perf_counter()
+        record, frames, t0 = Generation._record, stream.Decoder.frames, time.perf_counter()
 
         def stamped(*args):
             step = record(*args)
@@ -506,7 +506,7 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
                 if self.done.is_set() or int((time.perf_counter() - t0) / WINDOW_S) % 2 == 0:
                     yield frame
 
-        monkeypatch.setattr(Engine, "_record", staticmethod(stamped))
+        monkeypatch.setattr(Generation, "_record", stamped)
         monkeypatch.setattr(stream.Decoder, "frames", gated)
         set_tokens(IN_RUN_TOKENS)
         for _ in range(IN_RUN_RUNS):

@@ -96,6 +96,9 @@ class GenerateConfig:
     quality: bool = False
     quality_chunk: int = 32  # = quality.CHUNK (chosen by `bench quality`; this module knows no torch)
     quality_refresh: float | None = 2.0
+    # With an engine that serves a room (core/room.py): decode as a row of the room's shared batch, or (False) alone,
+    # in lockstep with the room's other solo runs: Compare's columns, whose step times are compared side by side.
+    shared: bool = True
     max_new_tokens_cap: int = field(default=4096, repr=False)
 
     def __post_init__(self):

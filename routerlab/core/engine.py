@@ -19,7 +19,6 @@ Knows nothing about checkpoints, training loops or the UI.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import Iterator
@@ -32,6 +31,7 @@ from routerlab.core.cache import LayerCache
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.errors import RouterLabError
 from routerlab.core.gates import ALL, NONE, Gate, Plan, Scores, decide, score_table  # noqa: F401 (Plan, NONE: re-exported)
+from routerlab.core.generation import Generation, sample  # noqa: F401 (sample: re-exported)
 from routerlab.core.kernels import rope
 from routerlab.core.one_token import one_token_ok, run_layer_one
 from routerlab.core.precision import describe, dtype_name
@@ -58,6 +58,7 @@ class Control:
         self._stop = threading.Event()
         self.trace: Trace | None = None
         self.meter: QualityMeter | None = None  # the run's quality meter, once the run starts (quality on)
+        self.sharing = 0  # rows in the room's last step this run took part in (0: not in a shared batch)
 
     @property
     def threshold(self) -> float:
@@ -260,19 +261,6 @@ def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: lis
     return logits, score_table(scores, ids.shape[1], an.n_layers, h.device)
 
 
-# -- sampling ----------------------------------------------------------------------------------
-def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
-    logits = logits[0, -1].float()  # (V,)
-    if config.temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits / config.temperature, dim=-1)
-    if config.top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < config.top_p  # always keeps the most likely token
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
 # -- the engine --------------------------------------------------------------------------------
 class Engine:
     """One loaded model, shared by every request. `generate` yields Steps; requests share nothing."""
@@ -293,6 +281,7 @@ class Engine:
         self.weights = self.anatomy.lowbit.label if self.anatomy.lowbit is not None else f"{dtype_name(self.dtype)} weights"
         self.max_context = int(getattr(self.anatomy.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids()
+        self.room = None  # a core.room.Room serving this engine: generate_ids then hands requests to its loop
 
     @classmethod
     def from_loaded(cls, loaded) -> Engine:
@@ -378,6 +367,8 @@ class Engine:
         control = control or Control(config.threshold)
         trace = Trace(self.n_layers, meta=self.trace_meta(routers, config))
         control.trace = trace
+        if self.room is not None:
+            return self.room.submit(ids, routers, config, control, trace)
         return self._loop(ids, routers, config, control, trace)
 
     def _check(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig) -> None:
@@ -395,21 +386,26 @@ class Engine:
         check_kv_policy(config.kv_policy)
 
     def _loop(self, ids, routers, config, control, trace) -> Iterator[Step]:
-        caches = self.new_caches(len(ids) + config.max_new_tokens)
-        meter = control.meter = self.quality_meter(ids, routers, config)
+        gen = Generation(self, ids, routers, config, control, trace)
         try:
-            yield from self._steps(ids, routers, config, control, trace, caches, meter)
-            if meter is not None:
-                meter.flush()  # the last tokens (eos, stop, max_new_tokens) are scored too
+            yield from self._steps(gen)
+            gen.flush()
         except GeneratorExit:  # the consumer stopped iterating: still score what it was given
-            if meter is not None:
-                meter.flush()
+            gen.flush()
             raise
-        finally:  # also when the consumer stops iterating
-            if meter is not None:
-                trace.meta.update(quality_seconds=meter.seconds, quality_chunks=meter.chunks)
-            trace.meta["kv_bytes_held"] = sum(c.nbytes for c in caches)
-            trace.meta["kv_bytes_full"] = len(trace.steps) * self.n_layers * int(trace.meta["costs"]["kv_bytes"])
+        finally:
+            gen.close()
+
+    def _steps(self, gen: Generation) -> Iterator[Step]:
+        """The request alone: its own one-token forward for each token it feeds."""
+        yield from gen.prefill()
+        while True:
+            yield from gen.begin()
+            if gen.feed is None:
+                return
+            token, position = gen.feed
+            logits, scores = self._forward([token], position, gen.caches, gen.plan)
+            yield gen.end(logits, scores[0])
 
     def _piece(self, generated: list[int]) -> str:
         """Text the last token adds, decoded with a few tokens of context (multi-byte characters, spaces)."""
@@ -435,57 +431,6 @@ class Engine:
 
         return QualityMeter(ids, full_forward, self._token_text, chunk=config.quality_chunk,
                             refresh_seconds=config.quality_refresh)
-
-    def _steps(self, ids, routers, config, control, trace, caches, meter=None) -> Iterator[Step]:
-        plan = Plan(routers, control.threshold, config.kv_policy)
-        sequence = plan.level == "sequence"  # decided once at prefill, with the threshold in force then
-        generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-
-        t0 = time.perf_counter()
-        logits, scores = self._forward(ids, 0, caches, plan)
-        prefill = time.perf_counter() - t0
-        trace.meta.update(prefill_seconds=prefill, prompt_tokens=len(ids), stop_reason="max_new_tokens")
-        for p, (tid, row) in enumerate(zip(ids, scores)):
-            yield self._record(trace, p, tid, self._token_text(tid), True, row, plan.threshold, prefill / len(ids))
-
-        generated: list[int] = []
-        for n in range(config.max_new_tokens):
-            t0 = time.perf_counter()
-            if meter is not None:
-                meter.pump()  # a full chunk is scored here, so its time counts in this token's seconds
-                trace.meta["quality_seconds_in_steps"] = meter.seconds  # that share of the steps' seconds (the final flush is in none)
-            if control.stop_requested:
-                trace.meta["stop_reason"] = "stopped"
-                return
-            token = sample(logits, config, generator)
-            if token in self.eos_ids and not config.ignore_eos:
-                trace.meta["stop_reason"] = "eos"
-                return
-            generated.append(token)
-            piece = self._piece(generated)
-            position = len(ids) + n
-            if n == config.max_new_tokens - 1:  # the last token is never fed back: no scores for it
-                step = self._record(trace, position, token, piece, False, [math.nan] * self.n_layers, plan.threshold, 0.0)
-                if meter is not None:
-                    meter.add(step, logits)  # its distribution is known: it was sampled from it
-                yield step
-                return
-            if not sequence:
-                plan.threshold = control.threshold  # a live slider takes effect here, between tokens
-            sampled_from = logits  # (1, 1, V): the routed distribution this token was drawn from
-            logits, scores = self._forward([token], position, caches, plan)
-            step = self._record(trace, position, token, piece, False, scores[0], plan.threshold, time.perf_counter() - t0)
-            if meter is not None:
-                meter.add(step, sampled_from)
-            yield step
-
-    @staticmethod
-    def _record(trace: Trace, position, token_id, text, is_prompt, row, threshold, seconds) -> Step:
-        clean = [None if math.isnan(s) else s for s in row]
-        step = Step(position, token_id, text, is_prompt, clean, [None if s is None else s >= threshold for s in clean],
-                    threshold, seconds)
-        trace.steps.append(step)
-        return step
 
     def run(self, prompt: str, routers: RouterSet | None, config: GenerateConfig) -> Trace:
         """Generate to the end and return the Trace."""

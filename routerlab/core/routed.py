@@ -225,7 +225,7 @@ class Anatomy:
             if not self.per_type_rope:
                 return {"default": rope_tables(*self.rotary(h, pos))}
             return {kind: rope_tables(*self.rotary(h, pos, kind)) for kind in set(self.layer_types)}
-        need = int(positions[-1]) + 1  # positions of one forward increase
+        need = int(positions.max()) + 1  # a forward's positions increase; a decode batch's rows come in any order
         full = self._rope_full.get(h.dtype)
         if full is None or full[0] < need:
             n = max(need, 2 * full[0] if full else 256)

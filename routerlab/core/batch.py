@@ -1,0 +1,156 @@
+"""One decode step for many requests at once: every row's next token in one forward, each row routed as if alone.
+
+A row is one generation (core/generation.py): the token it feeds, its position, its own KV caches and its own
+`Plan` (router set or none, threshold, KV policy). At each routed sub-layer every row decides for itself from its
+own scores; the sub-layer's products run once for the rows that run it (gathered), a `kv` row that skips attention
+writes only its keys and values, and a sub-layer that every row skips is not computed at all. Attention reads each
+row's own cache, so caches stay per row and ragged (`drop` keeps each layer's own positions).
+
+`step_rows` covers what `one_token.run_layer_one` covers (plain layers, hard gates, no stand-ins); a row that
+needs more (`mask`, stand-ins, another family's layers) takes the engine's own forward alone, in the same step.
+A batch of one computes what `run_layer_one` computes. Knows nothing about sampling, traces, threads or the UI.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+from torch.nn import functional as F
+
+from routerlab.core.cache import LayerCache
+from routerlab.core.gates import ALL, Plan, decide
+from routerlab.core.kernels import rope
+from routerlab.core.one_token import one_token_ok
+from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
+
+
+class Row(Protocol):
+    """What a step reads of a generation."""
+
+    feed: tuple[int, int]  # (token, position) this step computes
+    caches: list[LayerCache]
+    plan: Plan
+
+
+def batchable(an: Anatomy, row: Row) -> bool:
+    return one_token_ok(an, row.plan)
+
+
+@torch.inference_mode()
+def step_rows(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]]:
+    """Each row's next-token logits (B, V) and router scores (B lists of L floats, NaN where unrouted)."""
+    from routerlab.core.engine import forward
+
+    logits: list[torch.Tensor | None] = [None] * len(rows)
+    scores: list[list[float] | None] = [None] * len(rows)
+    together = [b for b, r in enumerate(rows) if batchable(an, r)]
+    for b, row in enumerate(rows):  # rows the batched layers do not cover: the engine's forward, one at a time
+        if b not in together:
+            token, position = row.feed
+            out, table = forward(an, torch.tensor([[token]]), torch.tensor([position]), row.caches, row.plan)
+            logits[b], scores[b] = out[0, -1], table[0].tolist()
+    if together:
+        out, table = _step(an, [rows[b] for b in together])
+        for j, b in enumerate(together):
+            logits[b], scores[b] = out[j], table[j]
+    return torch.stack(logits), scores
+
+
+def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]]:
+    device = an.embed.weight.device
+    ids = torch.tensor([[r.feed[0] for r in rows]], device=device)  # (1, B): the rows stand where a prefill's tokens would
+    positions = torch.tensor([r.feed[1] for r in rows], device=device)  # (B,), in any order
+    h = an.embed(ids)  # (1, B, D)
+    tables = an.rope(h, positions)
+    scores: list[dict[int, float]] = [{} for _ in rows]
+    for i, parts in enumerate(an.layers):
+        h = _layer(i, parts, h, tables[parts.attn.rope_key], positions, rows, scores)
+    x = an.final_norm(h)[0]  # (B, D)
+    logits = an.head.batch(x, an.upcast)  # (B, V)
+    if an.final_softcap:
+        logits = torch.tanh(logits / an.final_softcap) * an.final_softcap
+    n = an.n_layers
+    table = [[float(s[i]) if i in s else math.nan for i in range(n)] for s in scores]
+    return logits, torch.tensor(table, dtype=torch.float32).tolist()  # float32, as a forward's score table holds them
+
+
+def _decisions(i: int, x: torch.Tensor, rows: list[Row], scores: list[dict], targets: tuple[str, ...]) -> list[bool]:
+    """Whether each row runs this sub-layer: its own router at layer i on its own input x[:, b] (1, 1, D)."""
+    run = []
+    for b, row in enumerate(rows):
+        plan = row.plan
+        router = plan.routers.get(i) if plan.routers is not None and plan.target in targets else None
+        run.append(router is None or decide(router, x[:, b : b + 1], i, plan, scores[b]) is ALL)
+    return run
+
+
+def _layer(i: int, parts: LayerParts, h: torch.Tensor, table, positions: torch.Tensor, rows: list[Row],
+           scores: list[dict]) -> torch.Tensor:
+    x = parts.attn_norm(h)  # (1, B, D)
+    runs = _decisions(i, x, rows, scores, ("attention", "block"))
+    attend = [b for b, r in enumerate(runs) if r]
+    keys_only = [b for b, r in enumerate(runs) if not r and rows[b].plan.policy == "kv" and rows[b].plan.level != "sequence"]
+    if attend:
+        h = _add(h, attend, _attention(parts.attn, x, attend, table, positions, rows, i))
+    if keys_only:
+        _keys_values(parts.attn, x, keys_only, table, positions, rows, i)
+    blocked = {b for b, r in enumerate(runs) if not r and rows[b].plan.target == "block"}  # a skipped block skips its MLP too
+    x = parts.mlp_norm(h)
+    runs = _decisions(i, x, rows, scores, ("mlp",))
+    mlp = [b for b, r in enumerate(runs) if r and b not in blocked]
+    if mlp:
+        xs = _gather(x, mlp)  # (n, D)
+        gate, up = parts.gate_up.batch(xs, parts.upcast).chunk(2, dim=-1)  # (n, I) each
+        h = _add(h, mlp, parts.down.batch(parts.mlp.act_fn(gate) * up, parts.upcast))
+    return h
+
+
+def _gather(x: torch.Tensor, which: list[int]) -> torch.Tensor:
+    """Rows `which` of x (1, B, D) as (n, D); all of them without a copy."""
+    return x[0] if len(which) == x.shape[1] else x[0, which]
+
+
+def _add(h: torch.Tensor, which: list[int], update: torch.Tensor) -> torch.Tensor:
+    """h (1, B, D) plus update (n, D) on rows `which`."""
+    if len(which) == h.shape[1]:
+        return h + update[None]
+    return h.index_add(1, torch.tensor(which, device=h.device), update[None])
+
+
+def _table(table, which: list[int], b: int):
+    """The rotary table (cos, sin), each (1, 1, B, hd), cut to rows `which` (n of them)."""
+    if len(which) == b:
+        return table
+    idx = torch.tensor(which, device=table[0].device)
+    return table[0].index_select(2, idx), table[1].index_select(2, idx)
+
+
+def _attention(a: AttentionParts, x: torch.Tensor, which: list[int], table, positions: torch.Tensor, rows: list[Row],
+               i: int) -> torch.Tensor:
+    """The attention update (n, D) of rows `which`: one q|k|v product for them all, then each row's query against
+    its own cache (after appending its own key and value)."""
+    n, hd = len(which), a.head_dim
+    y = a.qkv.batch(_gather(x, which), a.upcast)  # (n, q_size + 2 * kv_size)
+    heads = a.n_heads + a.n_kv_heads
+    qk = rope(y[:, : heads * hd].reshape(n, heads, hd).transpose(0, 1)[None], _table(table, which, x.shape[1]))  # (1, H, n, hd)
+    values = y[:, y.shape[1] - a.kv_size :].reshape(n, a.n_kv_heads, hd)  # (n, Hkv, hd)
+    g = a.n_heads // a.n_kv_heads
+    out = []
+    for j, b in enumerate(which):
+        k, v, _ = rows[b].caches[i].append(qk[:, a.n_heads :, j : j + 1], values[j][None, :, None], positions[b : b + 1])
+        q = qk[:, : a.n_heads, j].reshape(1, a.n_kv_heads, g, hd)  # the query heads of each KV group, folded
+        out.append(F.scaled_dot_product_attention(q, k, v, scale=a.scaling).reshape(1, a.q_size))  # (1, q_size)
+    return a.o.batch(torch.cat(out), a.upcast)  # (n, D)
+
+
+def _keys_values(a: AttentionParts, x: torch.Tensor, which: list[int], table, positions: torch.Tensor, rows: list[Row],
+                 i: int) -> None:
+    """What skipping rows still write under `kv`: their keys and values at this layer."""
+    n, hd = len(which), a.head_dim
+    y = a.kv.batch(_gather(x, which), a.upcast)  # (n, 2 * kv_size)
+    keys = rope(y[:, : a.kv_size].reshape(n, a.n_kv_heads, hd).transpose(0, 1)[None], _table(table, which, x.shape[1]))
+    values = y[:, a.kv_size :].reshape(n, a.n_kv_heads, hd)
+    for j, b in enumerate(which):
+        rows[b].caches[i].append(keys[:, :, j : j + 1], values[j][None, :, None], positions[b : b + 1])

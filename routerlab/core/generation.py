@@ -1,0 +1,123 @@
+"""One request's decode as a state machine: prefill, then begin / end around each token's forward.
+
+`Generation` holds what a request owns (its caches, Plan, sampler, quality meter, trace) and does everything of a
+decode step except the forward itself: `begin` scores a due quality chunk, honours Stop, samples the next token,
+handles end of text and the last token, and says what to feed (`feed`); `end` records the forward's scores and
+logits. So the same request decodes alone (`Engine._steps`: its own one-token forward) or as a row of a shared
+batch (`core/room.py`: `batch.step_rows` over many rows), with the same tokens and records either way.
+Knows nothing about threads, batches or the UI.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from routerlab.core.config import GenerateConfig
+from routerlab.core.gates import Plan
+from routerlab.core.router import RouterSet
+from routerlab.core.trace import Step, Trace
+
+
+def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
+    logits = logits[0, -1].float()  # (V,)
+    if config.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / config.temperature, dim=-1)
+    if config.top_p < 1.0:
+        sorted_p, idx = probs.sort(descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < config.top_p
+        probs = torch.zeros_like(probs).scatter(0, idx[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Generation:
+    """A request's decode state. Call `prefill` once, then `begin`; while `feed` is set, run that token through the
+    model (the request's `caches` and `plan`) and pass its logits and scores to `end`, then `begin` again."""
+
+    def __init__(self, engine, ids: list[int], routers: RouterSet | None, config: GenerateConfig, control, trace: Trace):
+        self.engine, self.ids, self.config, self.control, self.trace = engine, ids, config, control, trace
+        self.plan = Plan(routers, control.threshold, config.kv_policy)
+        self.sequence = self.plan.level == "sequence"  # decided once at prefill, with the threshold in force then
+        self.sampler = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+        self.caches = engine.new_caches(len(ids) + config.max_new_tokens)
+        self.meter = control.meter = engine.quality_meter(ids, routers, config)
+        self.generated: list[int] = []
+        self.logits: torch.Tensor | None = None  # (1, 1, V): the distribution the next token is drawn from
+        self.feed: tuple[int, int] | None = None  # (token, position) the next forward computes
+        self.done = False
+        self._t0 = 0.0
+        self._piece = ""
+
+    def prefill(self) -> list[Step]:
+        t0 = time.perf_counter()
+        self.logits, scores = self.engine._forward(self.ids, 0, self.caches, self.plan)
+        seconds = time.perf_counter() - t0
+        self.trace.meta.update(prefill_seconds=seconds, prompt_tokens=len(self.ids), stop_reason="max_new_tokens")
+        text = self.engine._token_text
+        return [self._record(p, tid, text(tid), True, row, seconds / len(self.ids)) for p, (tid, row) in enumerate(zip(self.ids, scores))]
+
+    def begin(self) -> list[Step]:
+        """Everything before the next forward. Sets `feed` when a token must run through the model; else the run is
+        `done` and the Steps returned (the last token, if any) are its last."""
+        self.feed = None
+        self._t0 = time.perf_counter()
+        meter = self.meter
+        if meter is not None:
+            meter.pump()  # a full chunk is scored here, so its time counts in this token's seconds
+            self.trace.meta["quality_seconds_in_steps"] = meter.seconds  # that share of the steps' seconds (the final flush is in none)
+        if self.control.stop_requested:
+            return self._finish("stopped")
+        token = sample(self.logits, self.config, self.sampler)
+        if token in self.engine.eos_ids and not self.config.ignore_eos:
+            return self._finish("eos")
+        self.generated.append(token)
+        self._piece = self.engine._piece(self.generated)
+        position = len(self.ids) + len(self.generated) - 1
+        if len(self.generated) == self.config.max_new_tokens:  # the last token is never fed back: no scores for it
+            step = self._record(position, token, self._piece, False, [math.nan] * self.engine.n_layers, 0.0)
+            if meter is not None:
+                meter.add(step, self.logits)  # its distribution is known: it was sampled from it
+            return [step, *self._finish(None)]
+        if not self.sequence:
+            self.plan.threshold = self.control.threshold  # a live slider takes effect here, between tokens
+        self.feed = (token, position)
+        return []
+
+    def end(self, logits: torch.Tensor, scores: list[float]) -> Step:
+        """The forward of `feed` gave `logits` (1, 1, V) and `scores` (L floats, NaN where unrouted)."""
+        token, position = self.feed
+        step = self._record(position, token, self._piece, False, scores, time.perf_counter() - self._t0)
+        if self.meter is not None:
+            self.meter.add(step, self.logits)  # the routed distribution this token was drawn from
+        self.logits = logits
+        return step
+
+    def flush(self) -> None:
+        """The run ended (also a consumer that stopped reading): the last tokens (eos, stop, max_new_tokens) are scored too."""
+        if self.meter is not None:
+            self.meter.flush()
+
+    def close(self) -> None:
+        """However the run ended (an error too): record what quality and the caches cost."""
+        meta = self.trace.meta
+        if self.meter is not None:
+            meta.update(quality_seconds=self.meter.seconds, quality_chunks=self.meter.chunks)
+        meta["kv_bytes_held"] = sum(c.nbytes for c in self.caches)
+        meta["kv_bytes_full"] = len(self.trace.steps) * self.engine.n_layers * int(meta["costs"]["kv_bytes"])
+        self.done = True
+
+    def _finish(self, reason: str | None) -> list[Step]:
+        if reason is not None:
+            self.trace.meta["stop_reason"] = reason
+        self.done = True
+        return []
+
+    def _record(self, position, token_id, text, is_prompt, row, seconds) -> Step:
+        clean = [None if math.isnan(s) else s for s in row]
+        threshold = self.plan.threshold
+        step = Step(position, token_id, text, is_prompt, clean, [None if s is None else s >= threshold for s in clean], threshold, seconds)
+        self.trace.steps.append(step)
+        return step

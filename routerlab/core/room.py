@@ -1,0 +1,245 @@
+"""The room: one decode loop for the whole process, every running generation one token per step, in one batch.
+
+`Room.submit` takes a request (what `Engine.generate_ids` was given) and returns its Steps as an iterator, read
+by any thread; the Steps are computed by whichever thread runs the room (`run`, or `start` for a thread of its
+own). Each `step`:
+
+  1. admits waiting requests while the batch has room (at most `max_batch` rows, and at most `cache_bytes` of KV
+     caches as the rows' longest runs would fill them), one prompt prefill per step, so streams already running
+     stall for at most one prefill;
+  2. lets each row begin its token (its quality meter's due pass, Stop, sampling, end of text; core/generation.py);
+  3. runs every row that feeds a token through one batched forward (core/batch.py): each row with its own routers,
+     threshold and KV policy; a row that ends leaves at once and its caches go with it;
+  4. advances each solo run (`config.shared=False`: Compare's columns, whose speeds are compared) by one token of
+     its own batch-1 forward, so they decode in lockstep, timed alone, on the same fast thread.
+
+A failure inside the batched forward fails the rows of that step (each reader raises it), never the room.
+Knows nothing about Gradio or the UI.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from routerlab.core.batch import step_rows
+from routerlab.core.generation import Generation
+from routerlab.core.trace import Step, Trace
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 32  # rows in one step (ROUTERLAB_MAX_BATCH): the int4 kernel still gains per row at 32 on 2 cores
+_END = object()
+
+
+@dataclass
+class _Entry:
+    """One request in the room: its reader's queue, and its Generation (shared) or step iterator (solo)."""
+
+    args: tuple  # (ids, routers, config, control, trace)
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    gen: Generation | None = None
+    solo: Iterator[Step] | None = None
+    cache_bytes: int = 0
+
+    @property
+    def control(self):
+        return self.args[3]
+
+
+class Room:
+    def __init__(self, engine, max_batch: int = MAX_BATCH, cache_bytes: int | None = None):
+        self.engine = engine
+        self.max_batch = max(1, int(max_batch))
+        self.cache_bytes = cache_bytes  # None: no cap beyond max_batch
+        self._cond = threading.Condition()
+        self._waiting: deque[_Entry] = deque()
+        self._rows: list[_Entry] = []
+        self._solos: list[_Entry] = []
+        self._closed = False
+        self.thread_name: str | None = None  # the thread that runs the loop, once it runs
+        self.steps = 0  # batched steps so far
+        self.largest = 0  # the largest batch so far
+
+    # -- the readers' side -------------------------------------------------------------------------
+    def submit(self, ids: list[int], routers, config, control, trace: Trace) -> Iterator[Step]:
+        entry = _Entry((ids, routers, config, control, trace), cache_bytes=self.row_bytes(len(ids) + config.max_new_tokens))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the room is closed")
+            self._waiting.append(entry)
+            self._cond.notify_all()
+        return self._read(entry)
+
+    @staticmethod
+    def _read(entry: _Entry) -> Iterator[Step]:
+        try:
+            while True:
+                item = entry.out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:  # also a reader that stopped reading (a closed tab): the row leaves at its next step
+            entry.control.request_stop()
+
+    def row_bytes(self, tokens: int) -> int:
+        """KV cache bytes one row of `tokens` positions holds at most (every layer keeps every position)."""
+        return tokens * self.engine.n_layers * int(self.engine.costs(None)["kv_bytes"])
+
+    @property
+    def busy(self) -> dict:
+        with self._cond:
+            return {"rows": len(self._rows), "solo": len(self._solos), "waiting": len(self._waiting)}
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Run the loop in the calling thread until `stop` is set or the room is closed."""
+        self.thread_name = threading.current_thread().name
+        log.info("the room decodes in thread %r (batches of up to %d rows)", self.thread_name, self.max_batch)
+        while not (stop is not None and stop.is_set()):
+            with self._cond:
+                while not (self._waiting or self._rows or self._solos or self._closed or (stop is not None and stop.is_set())):
+                    self._cond.wait(0.5)
+                if self._closed:
+                    return
+            self.step()
+
+    def start(self) -> threading.Thread:
+        """Run the loop in a daemon thread of its own."""
+        thread = threading.Thread(target=self.run, name="routerlab-room", daemon=True)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def step(self) -> None:
+        """One step of the whole room (see the module docstring)."""
+        self._admit()
+        rows = []
+        for entry in list(self._rows):
+            try:
+                self._put(entry, entry.gen.begin())
+            except Exception as err:  # e.g. the quality meter's pass: this row fails, the others go on
+                self._end(entry, err)
+                continue
+            if entry.gen.done:
+                self._end(entry)
+            else:
+                rows.append(entry)
+        if rows:
+            self._forward(rows)
+        for entry in list(self._solos):
+            try:
+                step = next(entry.solo, _END)
+            except Exception as err:
+                step = err
+            if step is _END or isinstance(step, BaseException):
+                self._solos.remove(entry)
+            entry.out.put(step)
+
+    def _admit(self) -> None:
+        with self._cond:
+            admitted = None
+            held = sum(e.cache_bytes for e in self._rows)
+            for entry in list(self._waiting):
+                ids, routers, config, control, trace = entry.args
+                if not config.shared:
+                    self._waiting.remove(entry)
+                    entry.solo = self.engine._loop(ids, routers, config, control, trace)
+                    self._solos.append(entry)
+                elif admitted is None and len(self._rows) < self.max_batch and (
+                        self.cache_bytes is None or not self._rows or held + entry.cache_bytes <= self.cache_bytes):
+                    self._waiting.remove(entry)
+                    admitted = entry
+        if admitted is not None:
+            self._prefill(admitted)
+
+    def _prefill(self, entry: _Entry) -> None:
+        ids, routers, config, control, trace = entry.args
+        try:
+            entry.gen = Generation(self.engine, ids, routers, config, control, trace)
+            with torch.inference_mode():
+                self._put(entry, entry.gen.prefill())
+        except Exception as err:
+            self._end(entry, err)
+            return
+        self._rows.append(entry)
+
+    def _forward(self, rows: list[_Entry]) -> None:
+        n = len(rows)
+        self.steps += 1
+        self.largest = max(self.largest, n)
+        try:
+            logits, scores = step_rows(self.engine.anatomy, [e.gen for e in rows])
+        except Exception as err:
+            log.error("a batched step of %d rows failed", n, exc_info=err)
+            for entry in rows:
+                self._end(entry, err)
+            return
+        for j, entry in enumerate(rows):
+            gen = entry.gen
+            step = gen.end(logits[j].view(1, 1, -1), scores[j])
+            room = gen.trace.meta.setdefault("room", {"steps": 0, "shared_steps": 0, "largest_batch": 1})
+            room["steps"] += 1
+            room["shared_steps"] += n > 1
+            room["largest_batch"] = max(room["largest_batch"], n)
+            entry.control.sharing = n
+            entry.out.put(step)
+
+    def _put(self, entry: _Entry, steps: list[Step]) -> None:
+        for step in steps:
+            entry.out.put(step)
+
+    def _end(self, entry: _Entry, error: BaseException | None = None) -> None:
+        """The row leaves: its last tokens scored (unless it failed), its costs recorded, its reader told."""
+        gen = entry.gen
+        if gen is not None:
+            try:
+                if error is None:
+                    gen.flush()
+            except Exception as err:
+                error = err
+            finally:
+                gen.close()
+        if entry in self._rows:
+            self._rows.remove(entry)
+        entry.control.sharing = 0
+        entry.out.put(error if error is not None else _END)
+
+
+def measured_thread_choice(engine, rounds: int = 3) -> dict:
+    """Seconds one full-depth decode step's products take from this thread and from a new worker thread: torch's
+    parallel kernels run several times slower outside the main thread on some machines (docs/operators.md)."""
+    an = engine.anatomy
+    x = torch.zeros(1, an.hidden_size, dtype=engine.dtype)
+
+    def products() -> float:
+        best = float("inf")
+        with torch.inference_mode():
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for p in an.layers:
+                    p.attn.qkv.batch(x, p.upcast)
+                    if p.gate_up is not None:
+                        p.gate_up.batch(x, p.upcast)
+                best = min(best, time.perf_counter() - t0)
+        return best
+
+    here = products()
+    there: list[float] = []
+    worker = threading.Thread(target=lambda: there.append(products()), name="routerlab-probe")
+    worker.start()
+    worker.join()
+    return {"this_thread_s": here, "worker_thread_s": there[0], "this_thread": threading.current_thread().name}

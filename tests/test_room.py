@@ -1,0 +1,250 @@
+"""The room (core/room.py, core/batch.py): many generations in one batched step, each row routed as if alone.
+
+Every test runs the same requests alone (`Engine.generate_ids` without a room) and as rows of one room, stepped
+from the test's own thread (`Room.step`): nothing depends on how fast a thread runs. Rows are mixed on purpose:
+other router sets, thresholds, KV policies, prompt lengths, sampling with a seed, rows that end early or join late.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+from routerlab.core.config import GenerateConfig, RoutingConfig
+from routerlab.core.engine import Control, Engine
+from routerlab.core.models import TINY_FAMILIES, tiny_model
+from routerlab.core.room import Room
+from routerlab.core.router import RouterSet
+from routerlab.core.weights import LowBitPlan
+
+SCORE_TOL = 1e-4  # a row's scores in the batch against alone (float32; products of n rows may round differently)
+
+
+def _routers(model, granularity: str, seed: int) -> RouterSet:
+    rs = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, [1, 2]))
+    g = torch.Generator().manual_seed(seed)
+    for r in rs.routers.values():
+        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3.0  # about half the cells skip at 0.5
+    return rs
+
+
+def _requests(model) -> list[tuple]:
+    """(prompt ids, routers, config): one of each kind a room meets."""
+    def cfg(**kw):
+        return GenerateConfig(**{"max_new_tokens": 12, "ignore_eos": True, **kw})
+
+    att = _routers(model, "attention-token", 0)
+    return [
+        ([5, 17, 42, 9], None, cfg()),  # the full model
+        ([5, 17, 42, 9, 33, 71, 2], att, cfg(threshold=0.5, kv_policy="kv")),
+        ([88, 3, 19], att, cfg(threshold=0.3, kv_policy="drop")),
+        ([7, 7, 8, 9, 10, 11, 12, 13, 14], att, cfg(threshold=0.6, kv_policy="mask")),  # not batched: its own forward, same step
+        ([44, 45], _routers(model, "mlp-token", 1), cfg(threshold=0.5)),
+        ([61, 62, 63, 64, 65], _routers(model, "block-token", 2), cfg(threshold=0.5, kv_policy="drop")),
+        ([100, 101, 102, 103], _routers(model, "attention-sequence", 3), cfg(threshold=0.5)),
+        ([9, 8, 7, 6, 5], att, cfg(temperature=0.9, seed=4)),  # sampling with a seed
+        ([21, 22, 23], att, cfg(max_new_tokens=4)),  # ends while the others run
+        ([31, 32, 33, 34], att, cfg(quality=True, quality_chunk=3, quality_refresh=None)),  # its meter's passes between steps
+    ]
+
+
+def _alone(engine, request):
+    ids, routers, config = request
+    control = Control(config.threshold)
+    list(engine.generate_ids(ids, routers, config, control))
+    return control.trace
+
+
+def _in_room(engine, requests, join_at: dict[int, int] | None = None, max_batch: int = 32):
+    """Run the requests as rows of one room, stepped here; request k joins after `join_at[k]` steps (default 0)."""
+    join_at = join_at or {}
+    room = engine.room = Room(engine, max_batch=max_batch)
+    try:
+        controls, readers, steps = {}, {}, 0
+        while True:
+            for k, (ids, routers, config) in enumerate(requests):
+                if k not in controls and join_at.get(k, 0) <= steps:
+                    controls[k] = Control(config.threshold)
+                    readers[k] = engine.generate_ids(ids, routers, config, controls[k])
+            busy = room.busy
+            if len(controls) == len(requests) and not any(busy.values()):
+                break
+            room.step()
+            steps += 1
+        for reader in readers.values():
+            list(reader)  # every Step is already queued: reading never waits
+        return [controls[k].trace for k in range(len(requests))], room
+    finally:
+        engine.room = None
+
+
+def _same_run(alone, shared, threshold_of):
+    """Same tokens; scores within SCORE_TOL; a decision that differs lies within SCORE_TOL of its threshold."""
+    assert [s.token_id for s in shared.steps] == [s.token_id for s in alone.steps]
+    worst = 0.0
+    for a, b in zip(alone.steps, shared.steps):
+        for sa, sb, ea, eb in zip(a.scores, b.scores, a.executed, b.executed):
+            assert (sa is None) == (sb is None)
+            if sa is None:
+                continue
+            worst = max(worst, abs(sa - sb))
+            assert abs(sa - sb) <= SCORE_TOL
+            if ea != eb:
+                assert abs(sa - threshold_of(a)) <= SCORE_TOL
+    assert shared.meta["stop_reason"] == alone.meta["stop_reason"]
+    return worst
+
+
+@pytest.mark.parametrize("lowbit", [None, "int4"])
+def test_mixed_rows_decode_as_they_do_alone(lowbit):
+    model = tiny_model("llama")
+    engine = Engine(model, lowbit=LowBitPlan(lowbit) if lowbit else None)
+    requests = _requests(model)
+    alone = [_alone(engine, r) for r in requests]
+    shared, room = _in_room(engine, requests, join_at={4: 3, 7: 6})  # two rows join mid-run
+    assert room.largest >= 8
+    for a, s in zip(alone, shared):
+        _same_run(a, s, lambda step: step.threshold)
+    quality = shared[-1].generated_steps
+    assert all(s.kl_full is not None for s in quality) and shared[-1].meta["quality_chunks"] >= 4
+    assert shared[1].meta["room"]["shared_steps"] > 0 and shared[1].meta["room"]["largest_batch"] == room.largest
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_every_family_decodes_in_a_room_as_alone(family):
+    """Families the batched layers do not cover (per-head norms, sandwich norms, sliding windows, MoE) run their
+    rows through the engine's own forward in the same step: the same tokens either way."""
+    model = tiny_model(family)
+    engine = Engine(model)
+    requests = _requests(model)[:3]
+    shared, _ = _in_room(engine, requests)
+    for request, s in zip(requests, shared):
+        _same_run(_alone(engine, request), s, lambda step: step.threshold)
+
+
+def test_a_batch_of_one_is_the_one_token_step_exactly():
+    model = tiny_model("llama")
+    engine = Engine(model, lowbit=LowBitPlan("int4"))
+    request = _requests(model)[1]
+    alone = _alone(engine, request)
+    (shared,), _ = _in_room(engine, [request])
+    assert [s.scores for s in shared.steps] == [s.scores for s in alone.steps]
+    assert [s.token_id for s in shared.steps] == [s.token_id for s in alone.steps]
+
+
+def test_a_threshold_moved_between_steps_applies_to_that_row_only():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    att = _routers(model, "attention-token", 0)
+    config = GenerateConfig(max_new_tokens=10, ignore_eos=True, threshold=0.5)
+    room = engine.room = Room(engine)
+    try:
+        a, b = Control(0.5), Control(0.5)
+        ra, rb = engine.generate_ids([1, 2, 3], att, config, a), engine.generate_ids([1, 2, 3], att, config, b)
+        for _ in range(4):
+            room.step()
+        a.threshold = 0.9
+        while any(room.busy.values()):
+            room.step()
+        list(ra), list(rb)
+    finally:
+        engine.room = None
+    assert {s.threshold for s in a.trace.generated_steps[-4:]} == {0.9}
+    assert {s.threshold for s in b.trace.steps} == {0.5}
+    assert all(e is None or e == (s >= st.threshold) for st in a.trace.steps for s, e in zip(st.scores, st.executed) if s is not None)
+
+
+def test_stop_and_a_reader_that_leaves_free_their_rows():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    config = GenerateConfig(max_new_tokens=50, ignore_eos=True)
+    room = engine.room = Room(engine)
+    try:
+        a, b, c = Control(0.5), Control(0.5), Control(0.5)
+        readers = [engine.generate_ids([1, 2, 3], None, config, ctl) for ctl in (a, b, c)]
+        for _ in range(5):
+            room.step()
+        a.request_stop()
+        next(readers[1])
+        readers[1].close()  # a closed tab: Gradio closes the stream's generator it was reading
+        for _ in range(3):
+            room.step()
+        assert room.busy == {"rows": 1, "solo": 0, "waiting": 0}
+        assert a.trace.meta["stop_reason"] == "stopped" and b.trace.meta["stop_reason"] == "stopped"
+        c.request_stop()
+        room.step()
+        list(readers[0]), list(readers[2])
+    finally:
+        engine.room = None
+    assert len(c.trace.generated_steps) < 50
+
+
+def test_the_batch_cap_makes_newcomers_wait_and_solo_runs_decode_alone():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    requests = _requests(model)[:4]
+    shared, room = _in_room(engine, requests, max_batch=2)
+    assert room.largest == 2
+    for request, s in zip(requests, shared):
+        _same_run(_alone(engine, request), s, lambda step: step.threshold)
+    import dataclasses
+
+    solo = [(ids, rs, dataclasses.replace(c, shared=False)) for ids, rs, c in requests[:2]]
+    traces, room = _in_room(engine, solo)
+    assert room.steps == 0 and all("room" not in t.meta for t in traces)  # no batched step: each its own forward
+    for request, t in zip(solo, traces):
+        _same_run(_alone(engine, request), t, lambda step: step.threshold)
+
+
+def test_a_row_that_fails_ends_alone_with_its_error():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    config = GenerateConfig(max_new_tokens=8, ignore_eos=True, quality=True, quality_chunk=2, quality_refresh=None)
+    att = _routers(model, "attention-token", 0)
+    room = engine.room = Room(engine)
+    try:
+        bad, good = Control(0.5), Control(0.5)
+        rb = engine.generate_ids([1, 2, 3], att, config, bad)
+        rg = engine.generate_ids([4, 5, 6], att, config, good)
+        room.step(), room.step()
+
+        def broken(*args):
+            raise RuntimeError("a broken quality pass")
+
+        bad.meter.full_forward = broken
+        while any(room.busy.values()):
+            room.step()
+        with pytest.raises(RuntimeError, match="broken quality pass"):
+            list(rb)
+        assert len([s for s in rg if not s.is_prompt]) == 8
+    finally:
+        engine.room = None
+
+
+def test_the_room_runs_in_a_thread_of_its_own_and_closes():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    room = engine.room = Room(engine)
+    thread = room.start()
+    try:
+        controls = [Control(0.5) for _ in range(3)]
+        results = [None] * 3
+
+        def visitor(k):
+            results[k] = list(engine.generate_ids([k + 1, 2, 3], None, GenerateConfig(max_new_tokens=6, ignore_eos=True), controls[k]))
+
+        threads = [threading.Thread(target=visitor, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert all(r is not None and len([s for s in r if not s.is_prompt]) == 6 for r in results)
+        assert room.thread_name == "routerlab-room"
+    finally:
+        room.close()
+        thread.join(10)
+        engine.room = None
+    assert not thread.is_alive() and math.isfinite(room.steps)
