@@ -413,7 +413,7 @@ def conditions(name: str, r: dict) -> str | None:
                 f"({_short_path(r.get('costs_source', 'measured in the run'))}); a stand-in per skipped cell: {ranks}.")
     if name.startswith("train_tab"):
         return f"the Train tab's default job (`train-job`), {r['dtype']} base, {r.get('machine', 'machine not recorded')}."
-    if name.startswith("load"):
+    if name.startswith("load") or name in ("soak.json", "room.json"):
         m = r.get("machine") or {}
         parts = [f"started {r['started']}" if r.get("started") else None,
                  f"{m['cpus']} CPUs" if m.get("cpus") else None,
