@@ -119,6 +119,12 @@ result = train_routers(tiny_model("llama"), examples, TrainConfig(steps=3, batch
                        accelerator=acc, progress=False)
 weights = torch.cat([p.detach().flatten() for p in result.routers.parameters()]).tolist()
 json.dump({"weights": weights, "report": result.report}, open(f"{folder}/rank{acc.process_index}.json", "w"))
+# End like a real distributed job: meet, then destroy the gloo process group while the interpreter is still whole.
+# Left to interpreter exit, a gloo worker thread still holding the last collective's tensors can need the GIL
+# during finalization and the rank dies of SIGABRT ("terminate called without an active exception"), after its
+# JSON is written (issue 32; on 2 loaded cores about 1 run in 40, and 9 in 31 with the last collective right at exit).
+acc.wait_for_everyone()
+acc.end_training()
 """
 
 
@@ -126,6 +132,7 @@ def test_two_processes_train_the_same_routers(tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU (accelerate 1.15 runs `--cpu --num_processes 2`
     as ONE process; `--multi_gpu` without GPUs starts 2 gloo CPU ranks): each rank sees its own shard, gradients are averaged."""
     import os
+    import shlex
     import subprocess
     import sys
     from pathlib import Path
@@ -133,10 +140,33 @@ def test_two_processes_train_the_same_routers(tmp_path):
     (tmp_path / "job.py").write_text(_JOB)
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    # --main_process_port 0: accelerate picks a free port (bind to port 0) instead of its fixed 29500, which any
+    # other job on the machine may hold.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1", "--multi_gpu",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "job.py"), str(tmp_path)]
-    run = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-2000:]
+           "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(tmp_path / "job.py"), str(tmp_path)]
+    # All of both ranks' output goes to files (kept in pytest's basetemp); a failure names them and quotes the tail.
+    out_path, err_path = tmp_path / "launch.stdout.log", tmp_path / "launch.stderr.log"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        out.write(f"$ {shlex.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=out, stderr=err, text=True)
+        try:
+            returncode = proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            returncode = "timeout after 240 s"
+        finally:  # a timeout or Ctrl-C: SIGTERM makes torchrun take both ranks (their own sessions) down with it
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    err_text = err_path.read_text(errors="replace")  # a rank's own last words come first, the launcher's summary last
+    quoted = err_text if len(err_text) <= 4000 else f"{err_text[:1500]}\n[...]\n{err_text[-2500:]}"
+    assert returncode == 0, (f"accelerate launch: exit {returncode}; full output in {out_path} and {err_path}; "
+                             f"stderr:\n{quoted}")
     a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert a["weights"] == b["weights"] and any(w != 0 for w in a["weights"])  # averaged gradients: identical updates
     assert a["report"]["processes"] == 2

@@ -483,6 +483,10 @@ def run_training(args) -> dict | None:
     log_path = out.parent / f".{out.name}.train_log.jsonl"
     result = train_routers(loaded.model, train, cfg, accelerator=accelerator, log_path=log_path,
                            progress=not args.no_progress, data_name=str(args.data or DEFAULT.name))
+    # Every rank leaves the process group before it exits: a gloo worker thread still holding the last collective's
+    # tensors at interpreter shutdown aborts the process (SIGABRT; tests/test_train.py, the two-process test).
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     if not accelerator.is_main_process:
         return None
     report = result.report
