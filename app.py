@@ -5,7 +5,8 @@
 
 Environment (all optional): GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, ROUTERLAB_MODEL,
 ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTERLAB_MAX_NEW_TOKENS
-(256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (16), ROUTERLAB_CONCURRENCY (2),
+(256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (64), ROUTERLAB_CONCURRENCY (32),
+ROUTERLAB_ROOM (on|off: one batched decode loop for every visitor), ROUTERLAB_MAX_BATCH (32), ROUTERLAB_ROOM_CACHE_MB (2048),
 ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16),
 ROUTERLAB_ROUTERS (extra router sets: folders or Hub repo ids), ROUTERLAB_TRAINING (on|off) and its caps.
 """
@@ -83,7 +84,15 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = ui.build_demo(res)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
-    demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options())
+    if not limits.room:  # each generation decodes alone, in a worker thread of its own
+        demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options())
+        return 0
+    from routerlab.core.room import Room, run_where_fastest
+
+    room = engine.room = Room(engine, limits.max_batch, limits.room_cache_mb << 20)
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, **ui.launch_options())
+    run_where_fastest(room, engine, log=lambda m: print(f"RouterLab: {m}", flush=True))  # until Ctrl-C
+    demo.close()
     return 0
 
 

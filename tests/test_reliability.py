@@ -77,6 +77,33 @@ def test_the_soak_runs_at_the_page_defaults_and_every_run_completes(server):
     assert all(r["tokens"] > 0 and r["server_after"]["live"] == 0 for r in report["levels"].values())
 
 
+@pytest.fixture(scope="module")
+def room_server(embedded):
+    """The app with its room: every generation a row of one batched decode loop (core/room.py), in a thread here."""
+    from routerlab.core.engine import Engine
+
+    srv = lt.serve(Engine(embedded.model, embedded.tokenizer, name=embedded.name),
+                   ui.Limits(max_new_tokens=CAP, max_prompt_chars=4000, queue_size=8, concurrency=8))
+    assert srv.room is not None
+    yield srv
+    lt.forget(srv.url)
+    srv.close()
+
+
+def test_a_room_serves_visitors_at_once_each_with_its_own_threshold(room_server):
+    from routerlab.bench.load.room import level_run
+    from routerlab.bench.load.soak import page_defaults
+
+    report = lt.load_test(room_server.url, sessions=3, generations=6, max_new=6, deadline_s=240, log=None)
+    assert report["errors"] == 0, report["error_messages"]
+    assert report["traces_checked"] == 6 and report["decision_errors"] == 0 and len(report["thresholds"]) == 3
+    assert report["server_after"]["live"] == 0
+    row = level_run(room_server.url, 4, page_defaults(room_server.url), ui.load_prompts(), new_tokens=5)
+    assert row["served"] == 4 and row["errors"] == row["refusals"] == 0 and row["tokens"] > 0
+    stats = lt.probe(room_server.url)["room"]
+    assert stats["steps"] > 0 and stats["rows"] == stats["waiting"] == 0 and stats["thread"] == "routerlab-room"
+
+
 @pytest.fixture
 def one_more_token_after_an_interrupt(monkeypatch):
     """Gradio acts on a cancel or a closed tab when the stream yields its next frame, and a held run yields
@@ -179,7 +206,8 @@ def test_router_loader_fuzz_fails_only_with_clean_errors():
 def test_safe_defaults_and_env_caps():
     report = lt.safe_loading_checks()
     assert report["load_model_trust_remote_code_default"] is False
-    assert report["defaults"] == dict(max_new_tokens=256, max_prompt_chars=4000, queue_size=16, concurrency=2, allowed_models=[])
+    assert report["defaults"] == dict(max_new_tokens=256, max_prompt_chars=4000, queue_size=64, concurrency=32, allowed_models=[],
+                                      room=True, max_batch=32, room_cache_mb=2048)  # sized for a room of 32 visitors
     assert report["from_env"]["max_new_tokens"] == 7 and report["from_env"]["allowed_models"] == ["org/a", "org/b"]
     assert report["junk_env_falls_back"] == dict(max_new_tokens=256, queue_size=1)
 

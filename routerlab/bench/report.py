@@ -110,6 +110,7 @@ SOURCES = {
     "standins.json": ("Skip stand-ins: router-only against router + stand-in at equal skip rates", "make standins-table"),
     "load.json": ("Load, faults and bad input", "python -m routerlab bench load"),
     "soak.json": ("Every generation completes: the soak at the page's defaults", "make soak"),
+    "room.json": ("A room at once: the shared decode loop against each generation alone", "make room"),
     "train_tab.json": ("Router-Tuning in three minutes: the Train tab's job", "make train-tab"),
     "train_tab_seed1.json": ("Router-Tuning in three minutes: the same job again, seed 1", "make train-tab-repeat"),
     "load_training.json": ("Generating while a visitor trains", "python -m routerlab.bench.load --phases training --fuzz-cases 0 --out assets/bench/load_training.json"),
@@ -390,7 +391,36 @@ def soak_markdown(r: dict) -> list[str]:
     return out + [_matrix(rows), ""]
 
 
-RENDERERS = {"soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
+def room_markdown(r: dict) -> list[str]:
+    room, alone = r["modes"]["room"], r["modes"]["alone"]
+    loop = room.get("loop") or {}
+    out = [f"Every visitor starts one generation of {r['new_tokens']} new tokens at the same moment (the page's example prompts "
+           f"and defaults: {room['settings']['router_set']}, threshold {room['settings']['threshold']}, quality on). **room**: one "
+           f"decode loop (in the {loop.get('where')} thread, batches of up to {loop.get('max_batch')}); **alone**: each generation "
+           f"in a worker thread of its own, with the caps it had ({', '.join(f'{k}={v}' for k, v in alone['server_env'].items())}).", ""]
+    rows = {}
+    for n in r["levels"]:
+        for mode, m in (("room", room), ("alone", alone)):
+            row = m["levels"].get(str(n))
+            if row:
+                rows[f"{n} {mode}"] = {k: v for k, v in row.items() if k not in ("sessions", "failures")}
+    out += [_matrix(rows), "", "Ratios (room): " + "; ".join(f"{n} at once: aggregate {v['aggregate_vs_one_session']}x one session, "
+            f"slowest visitor (p5) {v['visitor_p5_vs_one_session']}x, {v['aggregate_vs_alone_path']}x the alone path"
+            for n, v in r["ratios"].items()), ""]
+    if room.get("one_visitor_vs_cli"):
+        v = room["one_visitor_vs_cli"]
+        out += [f"One visitor alone in the app against `python -m routerlab {v['cli_command']}` on the same prompt, alternating: "
+                f"app {v['app_tokens_per_s']} tokens/s, command line {v['cli_tokens_per_s']}: **{v['app_vs_cli']}x** (medians).", ""]
+    if room.get("eight_sessions"):
+        out += ["Eight at once, with the room: does skipping pay when rows share a step?", "",
+                _matrix({k: {f: v for f, v in row.items() if f not in ("sessions", "failures")} for k, row in room["eight_sessions"].items()}), ""]
+    if r.get("steps"):
+        out += [f"The batched step itself, in the benchmark's main thread ({r['steps']['routers']} at {r['steps']['threshold']}):", "",
+                _matrix({f"{n} rows": v for n, v in r["steps"]["sizes"].items()}), ""]
+    return out
+
+
+RENDERERS = {"room.json": room_markdown, "soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
              "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
 

@@ -7,8 +7,8 @@ writes only its keys and values, and a sub-layer that every row skips is not com
 row's own cache, so caches stay per row and ragged (`drop` keeps each layer's own positions).
 
 `step_rows` covers what `one_token.run_layer_one` covers (plain layers, hard gates, no stand-ins); a row that
-needs more (`mask`, stand-ins, another family's layers) takes the engine's own forward alone, in the same step.
-A batch of one computes what `run_layer_one` computes. Knows nothing about sampling, traces, threads or the UI.
+needs more (`mask`, stand-ins, another family's layers) takes the engine's own forward alone, in the same step, and
+so does a batch of one (the engine's one-token step, fewer tensor ops than a batch needs). Knows nothing about sampling, traces, threads or the UI.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def step_rows(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[flo
     logits: list[torch.Tensor | None] = [None] * len(rows)
     scores: list[list[float] | None] = [None] * len(rows)
     together = [b for b, r in enumerate(rows) if batchable(an, r)]
+    if len(together) == 1:  # a batch of one takes the engine's one-token step: nobody alone is slower than before
+        together = []
     for b, row in enumerate(rows):  # rows the batched layers do not cover: the engine's forward, one at a time
         if b not in together:
             token, position = row.feed
@@ -77,12 +79,23 @@ def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]
 
 
 def _decisions(i: int, x: torch.Tensor, rows: list[Row], scores: list[dict], targets: tuple[str, ...]) -> list[bool]:
-    """Whether each row runs this sub-layer: its own router at layer i on its own input x[:, b] (1, 1, D)."""
-    run = []
+    """Whether each row runs this sub-layer, by its own router at layer i on its own input x[:, b] against its own
+    threshold. Rows that share a router are scored in one product (`Router.score_rows`)."""
+    run = [True] * len(rows)
+    groups: dict[int, tuple] = {}
     for b, row in enumerate(rows):
         plan = row.plan
         router = plan.routers.get(i) if plan.routers is not None and plan.target in targets else None
-        run.append(router is None or decide(router, x[:, b : b + 1], i, plan, scores[b]) is ALL)
+        if router is None:
+            continue
+        if plan.level == "sequence":  # decided at prefill, once for the request
+            run[b] = decide(router, x[:, b : b + 1], i, plan, scores[b]) is ALL
+        else:
+            groups.setdefault(id(router), (router, []))[1].append(b)
+    for router, members in groups.values():
+        for b, score in zip(members, router.score_rows(x[0, members])):
+            scores[b][i] = score
+            run[b] = score >= rows[b].plan.threshold
     return run
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import statistics
 import threading
 import time
 from collections import deque
@@ -65,6 +66,7 @@ class Room:
         self._solos: list[_Entry] = []
         self._closed = False
         self.thread_name: str | None = None  # the thread that runs the loop, once it runs
+        self.where: str | None = None  # "main" or "worker", when chosen by `run_where_fastest`
         self.steps = 0  # batched steps so far
         self.largest = 0  # the largest batch so far
 
@@ -219,27 +221,58 @@ class Room:
         entry.out.put(error if error is not None else _END)
 
 
-def measured_thread_choice(engine, rounds: int = 3) -> dict:
-    """Seconds one full-depth decode step's products take from this thread and from a new worker thread: torch's
-    parallel kernels run several times slower outside the main thread on some machines (docs/operators.md)."""
+def run_where_fastest(room: Room, engine, log=print) -> None:
+    """Run the room's loop where torch is fastest on this machine (measured from the calling thread, which should be
+    the main one) until Ctrl-C or `room.close()`."""
+    where, m = where_to_run(engine)
+    log(f"one decode loop serves every visitor, in the {where} thread (a step's products took {m['this_thread_s'] * 1e3:.1f} ms "
+        f"from this thread, {m['worker_thread_s'] * 1e3:.1f} ms from a worker; batches of up to {room.max_batch})")
+    room.where = where
+    try:
+        if where == "main":
+            room.run()
+        else:
+            room.start().join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        room.close()
+
+
+def where_to_run(engine) -> tuple[str, dict]:
+    """'main' when torch's products run at least 10% faster from the calling (main) thread than from a worker thread
+    on this machine, else 'worker'; with the measurements, for the log."""
+    m = measured_thread_choice(engine)
+    return ("main" if m["this_thread_s"] <= 0.9 * m["worker_thread_s"] else "worker"), m
+
+
+def measured_thread_choice(engine, rounds: int = 5) -> dict:
+    """Seconds one full-depth decode step's products take from this thread and from a worker thread (the median of
+    `rounds`, the two alternating after a warm-up of each): torch's parallel kernels run several times slower
+    outside the main thread on some machines (docs/operators.md)."""
     an = engine.anatomy
     x = torch.zeros(1, an.hidden_size, dtype=engine.dtype)
 
     def products() -> float:
-        best = float("inf")
         with torch.inference_mode():
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                for p in an.layers:
-                    p.attn.qkv.batch(x, p.upcast)
-                    if p.gate_up is not None:
-                        p.gate_up.batch(x, p.upcast)
-                best = min(best, time.perf_counter() - t0)
-        return best
+            t0 = time.perf_counter()
+            for p in an.layers:
+                p.attn.qkv.batch(x, p.upcast)
+                if p.gate_up is not None:
+                    p.gate_up.batch(x, p.upcast)
+            return time.perf_counter() - t0
 
-    here = products()
-    there: list[float] = []
-    worker = threading.Thread(target=lambda: there.append(products()), name="routerlab-probe")
-    worker.start()
-    worker.join()
-    return {"this_thread_s": here, "worker_thread_s": there[0], "this_thread": threading.current_thread().name}
+    def in_worker() -> float:
+        out: list[float] = []
+        worker = threading.Thread(target=lambda: out.append(min(products() for _ in range(3))), name="routerlab-probe")
+        worker.start()
+        worker.join()
+        return out[0]
+
+    products(), in_worker()  # warm-up: first calls pay one-time set-up
+    here, there = [], []
+    for _ in range(rounds):
+        here.append(min(products() for _ in range(3)))
+        there.append(in_worker())
+    return {"this_thread_s": statistics.median(here), "worker_thread_s": statistics.median(there),
+            "this_thread": threading.current_thread().name}

@@ -92,6 +92,16 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logits(x))  # (B, T) in (0, 1)
 
+    def score_rows(self, x: torch.Tensor) -> list[float]:
+        """The scores of n tokens (x: (n, D)) as Python floats: a decode batch's rows that share this router, in one
+        product and one host read. One row: `score_one` (so a batch of one scores exactly as a request alone)."""
+        if x.shape[0] == 1:
+            return [self.score_one(x)]
+        c = self.calibration
+        w = self.proj.weight.view(-1)
+        z = torch.mv(x.float(), w if w.dtype == torch.float32 else w.float()).tolist()  # (n,)
+        return [sigmoid(c.scale * v + c.shift) for v in z]
+
     def score_one(self, x: torch.Tensor) -> float:
         """The score of one token (x: (1, 1, D)) as a Python float: the decode hot path.
 

@@ -70,7 +70,8 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
         label = router_label if router_label not in (None, "", FULL) else UNTRAINED
         routers = res.routers_for(engine, label, session.router_sets)
         seed = 0 if float(temperature or 0) > 0 else None  # the same samples in every column when sampling
-        config = dataclasses.replace(res.generate_config(max_new_tokens, temperature, ladder[0], kv_policy, seed=seed), quality=True)
+        # shared=False: with the room, the columns decode alone, in lockstep, so their speeds compare like with like
+        config = dataclasses.replace(res.generate_config(max_new_tokens, temperature, ladder[0], kv_policy, seed=seed), quality=True, shared=False)
         configs = [config] + [dataclasses.replace(config, threshold=t) for t in ladder]
         controls = [Control(c.threshold) for c in configs]
         runs = [engine.generate(prompt, None if k == 0 else routers, c, ctl) for k, (c, ctl) in enumerate(zip(configs, controls))]

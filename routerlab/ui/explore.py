@@ -40,7 +40,7 @@ def _done_status(trace: Trace, res: Resources, wall: float) -> str:
         "stop" if m.get("stop_reason") == "stopped" else "ok",
         f"Done: {n} tokens in {wall:.1f} s ({reason}); {qp.speed_phrase(stats)}{quality}; "
         f"skip rate {trace.skip_rate():.0%}, granularity {m.get('granularity')}, kv policy {m.get('kv_policy_effective')}. "
-        "Move the threshold slider to see a what-if view from the recorded scores.",
+        "Move the threshold slider to see a what-if view from the recorded scores." + _shared_note(m),
     )
 
 
@@ -101,7 +101,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
                 continue  # still prefilling
             if draw_plot:
                 live_frame = plots.heatmap_json(snap, live=True, cache=columns)
-                status = _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}")
+                status = _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}{_sharing(control)}")
                 if time.perf_counter() >= next_stats:
                     next_stats = time.perf_counter() + STATS_INTERVAL
                     stats = session.views["stats"] = plots.stats_html(plots.live_stats(snap, costs), running=True)
@@ -119,6 +119,21 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled
         session.running = False
     yield (*_final_view(res, session, trace, time.perf_counter() - start),)
+
+
+def _sharing(control) -> str:
+    """' · 3 generations share each step' while the room batches this run with others (core/room.py)."""
+    n = getattr(control, "sharing", 0)
+    return f" · {n} generations share each step" if n > 1 else ""
+
+
+def _shared_note(meta: dict) -> str:
+    """How much of a finished run shared the room's steps: its tokens/s is then a share of a batched step."""
+    room = meta.get("room") or {}
+    if not room.get("shared_steps"):
+        return ""
+    return (f" Measured while sharing: {room['shared_steps']} of its {room['steps']} steps were batched with other "
+            f"visitors' generations (up to {room['largest_batch']} at once), so its tokens/s is its share of each step.")
 
 
 def _heat_note(message: str):

@@ -52,13 +52,16 @@ class Limits:
 
     max_new_tokens: int = 256
     max_prompt_chars: int = 4000
-    queue_size: int = 16
-    concurrency: int = 2  # generations running at once (each Compare runs two models in turn)
+    queue_size: int = 64
+    concurrency: int = 32  # generations in flight at once (with the room, they share its decode steps)
     allowed_models: tuple[str, ...] = ()
     training: bool = True  # the Train tab (ROUTERLAB_TRAINING=on|off)
     training_minutes: float = 10.0  # the longest training a visitor may ask for
     training_max_chars: int = 1_000_000  # the most text a visitor may train on
     training_nice: int = 10  # how much lower the training worker's scheduling priority is than generation's (0: the same)
+    room: bool = True  # one decode loop for every visitor, a batched step (core/room.py); off: each generation decodes alone
+    max_batch: int = 32  # the most rows in one step of the room
+    room_cache_mb: int = 2048  # the most KV cache the room's rows may hold (as their longest runs would fill them)
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -66,13 +69,16 @@ class Limits:
         return cls(
             max_new_tokens=_env_int("ROUTERLAB_MAX_NEW_TOKENS", 256),
             max_prompt_chars=_env_int("ROUTERLAB_MAX_PROMPT_CHARS", 4000),
-            queue_size=_env_int("ROUTERLAB_QUEUE_SIZE", 16),
-            concurrency=_env_int("ROUTERLAB_CONCURRENCY", 2),
+            queue_size=_env_int("ROUTERLAB_QUEUE_SIZE", 64),
+            concurrency=_env_int("ROUTERLAB_CONCURRENCY", 32),
             allowed_models=allowed,
             training=os.environ.get("ROUTERLAB_TRAINING", "on").strip().lower() not in ("off", "0", "false", "no"),
             training_minutes=float(_env_int("ROUTERLAB_TRAINING_MINUTES", 10)),
             training_max_chars=_env_int("ROUTERLAB_TRAINING_MAX_CHARS", 1_000_000),
             training_nice=min(19, _env_int("ROUTERLAB_TRAINING_NICE", 10, low=0)),
+            room=os.environ.get("ROUTERLAB_ROOM", "on").strip().lower() not in ("off", "0", "false", "no"),
+            max_batch=_env_int("ROUTERLAB_MAX_BATCH", 32),
+            room_cache_mb=_env_int("ROUTERLAB_ROOM_CACHE_MB", 2048),
         )
 
 

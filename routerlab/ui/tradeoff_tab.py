@@ -231,6 +231,7 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
         label = router_label if router_label not in (None, "", FULL) else UNTRAINED
         routers = res.routers_for(engine, label, own)
         config = res.generate_config(min(32, res.limits.max_new_tokens), 0.0, 0.5, kv_policy)
+        config = dataclasses.replace(config, shared=False)  # with the room: each run alone, its speed compared with the others'
     except RouterLabError as err:
         return plots.tradeoff_curve(None), None, _warn(err)
     thresholds = [0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]

@@ -28,6 +28,7 @@ from routerlab.bench.load.training import training_load_test
 from routerlab.core.paths import ASSETS
 
 DEFAULT_OUT = ASSETS / "bench" / "load.json"
+ROOM_OUT = ASSETS / "bench" / "room.json"
 DESCRIPTION = "Load, fault, bad-input and loader-fuzz tests of the real app, over HTTP on localhost, measured."
 
 
@@ -41,7 +42,7 @@ def _cpu() -> str:
 def run_all(args, log=print) -> dict:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     env = {"ROUTERLAB_MAX_NEW_TOKENS": str(args.cap), "ROUTERLAB_QUEUE_SIZE": str(args.queue_size),
-           "ROUTERLAB_CONCURRENCY": str(args.concurrency), "ROUTERLAB_MAX_PROMPT_CHARS": "4000",
+           "ROUTERLAB_CONCURRENCY": str(args.concurrency), "ROUTERLAB_MAX_PROMPT_CHARS": "4000", "ROUTERLAB_ROOM": args.room,
            "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="routerlab-gradio-")}
     report: dict[str, Any] = {"command": "python -m routerlab.bench.load " + " ".join(args.argv), "started": started,
                               "server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")},
@@ -94,13 +95,16 @@ def run_all(args, log=print) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m routerlab.bench.load", description=DESCRIPTION)
-    p.add_argument("mode", nargs="?", default="run", choices=["run", "serve"], help="run the tests (default) or only serve")
+    p.add_argument("mode", nargs="?", default="run", choices=["run", "serve", "room"],
+                   help="run the tests (default), only serve, or the room benchmark (1-32 visitors at once, with the room and without; "
+                        "writes --out, default assets/bench/room.json)")
     p.add_argument("--port", type=int, default=None, help="serve: port on 127.0.0.1")
     p.add_argument("--sessions", type=int, default=8, help="concurrent gradio_client visitors")
     p.add_argument("--generations", type=int, default=50, help="generations shared by the visitors")
     p.add_argument("--max-new", type=int, default=16, help="new tokens per load-test generation")
     p.add_argument("--cap", type=int, default=48, help="the server's ROUTERLAB_MAX_NEW_TOKENS (the token-cap fault test asks for exactly this)")
-    p.add_argument("--concurrency", type=int, default=2, help="the server's ROUTERLAB_CONCURRENCY")
+    p.add_argument("--concurrency", type=int, default=8, help="the server's ROUTERLAB_CONCURRENCY (8: every session's run in flight)")
+    p.add_argument("--room", choices=["on", "off"], default="on", help="the server's ROUTERLAB_ROOM: one batched decode loop, or each run alone")
     p.add_argument("--queue-size", type=int, default=16, help="the server's ROUTERLAB_QUEUE_SIZE")
     p.add_argument("--fuzz-cases", type=int, default=200)
     p.add_argument("--deadline", type=float, default=1500.0, help="seconds the load phase may take at most")
@@ -114,12 +118,42 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _step_costs() -> dict:
+    """The batched step itself, in this (main) thread: ms per step and per step's products at 1-32 rows."""
+    from routerlab.bench.batch import batch_steps
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import load_model
+    from routerlab.tuning.checkpoint import load_routers
+    from routerlab.ui.resources import ROUTERS_DIR
+
+    engine = Engine.from_loaded(load_model(device="cpu"))
+    routers = load_routers(ROUTERS_DIR / "attention-token", engine.model)[0]
+    return {"routers": "attention-token", "threshold": 0.5, "sizes": batch_steps(engine, routers)}
+
+
+def _room(args) -> int:
+    from routerlab.bench.load.room import room_bench
+
+    report = {"command": "python -m routerlab.bench.load " + " ".join(args.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+              **room_bench(log=lambda *a: print(*a, file=sys.stderr, flush=True))}
+    report["machine"].update(cpu=_cpu())
+    report["steps"] = _step_costs()
+    out = ROOM_OUT if args.out == str(DEFAULT_OUT) else args.out
+    if out != "-":
+        Path(out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    print(json.dumps(report["ratios"], indent=1))
+    failed = sum(r["errors"] for m in report["modes"].values() for r in m["levels"].values())
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
     if args.mode == "serve":
         return _serve_forever(args.port or 7861)
+    if args.mode == "room":
+        return _room(args)
     if args.queue_size < 1 or args.concurrency < 1 or args.sessions < 1 or args.generations < 1:
         print("error: sessions, generations, concurrency and queue size must be at least 1", file=sys.stderr)
         return 2

@@ -120,7 +120,8 @@ def safe_loading_checks() -> dict:
     return {
         "load_model_trust_remote_code_default": default_trc,
         "defaults": dict(max_new_tokens=defaults.max_new_tokens, max_prompt_chars=defaults.max_prompt_chars,
-                         queue_size=defaults.queue_size, concurrency=defaults.concurrency, allowed_models=list(defaults.allowed_models)),
+                         queue_size=defaults.queue_size, concurrency=defaults.concurrency, allowed_models=list(defaults.allowed_models),
+                         room=defaults.room, max_batch=defaults.max_batch, room_cache_mb=defaults.room_cache_mb),
         "from_env": dict(max_new_tokens=set_.max_new_tokens, max_prompt_chars=set_.max_prompt_chars, queue_size=set_.queue_size,
                          concurrency=set_.concurrency, allowed_models=list(set_.allowed_models)),
         "junk_env_falls_back": dict(max_new_tokens=junk.max_new_tokens, queue_size=junk.queue_size),

@@ -158,6 +158,7 @@ class Server:
     pid: int
     res: Any = None  # in-process only
     watched: WatchedEngine | None = None  # in-process only
+    room: Any = None  # the engine's core.room.Room, when it has one (in-process only)
 
 
 def build_server(engine, limits=None, router_sets=None, workdir: Path | None = None):
@@ -184,7 +185,7 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
                            "allowed_models": list(limits.allowed_models), "training": limits.training,
                            "training_nice": limits.training_nice},
                 "router_labels": res.router_labels(), "default_model": res.default_model,
-                "training_phase": res.trainer.phase() if res.trainer else None}
+                "training_phase": res.trainer.phase() if res.trainer else None, "room": _room_stats(engine)}
 
     def trim():
         before = rss_bytes()
@@ -198,20 +199,45 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
     return demo, res, watched
 
 
+def _room_stats(engine) -> dict | None:
+    """Where the engine's room decodes and how full it has been (None: each generation decodes alone)."""
+    room = getattr(engine, "room", None)
+    if room is None:
+        return None
+    return {"where": room.where, "thread": room.thread_name, "max_batch": room.max_batch, "steps": room.steps,
+            "largest_batch": room.largest, **room.busy}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def serve(engine, limits=None, router_sets=None, port: int | None = None) -> Server:
-    """Launch the watched app in this process on 127.0.0.1 (non-blocking)."""
+def serve(engine, limits=None, router_sets=None, port: int | None = None, room_thread: bool = True) -> Server:
+    """Launch the watched app in this process on 127.0.0.1 (non-blocking). With `limits.room` and an Engine itself (a
+    test's Holding wrapper decodes alone), the engine gets a room: its loop runs in a thread of its own, unless
+    `room_thread` is False (the caller then runs `server.room`'s loop, e.g. in the main thread)."""
     from routerlab import ui
+    from routerlab.core.engine import Engine
+    from routerlab.core.room import Room
 
     demo, res, watched = build_server(engine, limits, router_sets)
+    room = None
+    if res.limits.room and isinstance(engine, Engine):
+        room = engine.room = Room(engine, res.limits.max_batch, res.limits.room_cache_mb << 20)
+        if room_thread:
+            room.start()
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port or free_port(), prevent_thread_lock=True,
                             quiet=True, **ui.launch_options())
-    return Server(url=url, limits=res.limits, close=demo.close, pid=os.getpid(), res=res, watched=watched)
+
+    def close():
+        demo.close()
+        if room is not None:
+            room.close()
+            engine.room = None
+
+    return Server(url=url, limits=res.limits, close=close, pid=os.getpid(), res=res, watched=watched, room=room)
 
 
 def spawn(port: int | None = None, env: dict | None = None, timeout: float = 600.0, log_path: Path | None = None) -> Server:
@@ -252,10 +278,15 @@ def _serve_forever(port: int) -> int:
     from routerlab.core.engine import Engine
     from routerlab.core.models import load_model
 
+    from routerlab.core.room import run_where_fastest
+
     loaded = load_model(device="cpu")
-    server = serve(Engine.from_loaded(loaded), port=port)
+    engine = Engine.from_loaded(loaded)
+    server = serve(engine, port=port, room_thread=False)
     print(READY, server.url, flush=True)
     try:
+        if server.room is not None:
+            run_where_fastest(server.room, engine, log=lambda m: print(m, file=sys.stderr, flush=True))  # as app.py does
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -1,0 +1,154 @@
+"""The room benchmark: a whole room presses Generate at once, with the shared decode loop and without it, in one run.
+
+Owns `room_bench`: for each mode (the room: one batched decode loop, `ROUTERLAB_ROOM=on` at the app's defaults; and
+today's path before it: each generation alone in a worker thread, `ROUTERLAB_ROOM=off` with the caps it had, 2 at
+once and a queue of 16) it starts the real app in a child process, then at each level 1, 2, 4, 8, 16 and 32
+visitors start one generation each at the same moment (64 new tokens, the page's example prompts and its default
+settings: quality on). Per level: aggregate tokens/s, each visitor's own streaming rate (p5, p50), time to first
+token (p50, p95), errors (a status without ✓ counts) and refusals (a full queue). At 8 visitors, with the room, the
+full model and the default set at thresholds 0.5 and 0.7 (does skipping pay when rows share a step?). Knows nothing
+about tensors; the server says where its loop ran.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from routerlab.bench.load.driver import client, probe, submit, tokens_shown, trace_of
+from routerlab.bench.load.server import spawn
+from routerlab.bench.load.soak import page_defaults
+from routerlab.bench.load.traffic import pct
+
+LEVELS = (1, 2, 4, 8, 16, 32)
+MODES = {"room": {"ROUTERLAB_ROOM": "on"},
+         "alone": {"ROUTERLAB_ROOM": "off", "ROUTERLAB_CONCURRENCY": "2", "ROUTERLAB_QUEUE_SIZE": "16"}}  # today's path, its caps
+
+
+def _visitor(url: str, prompt: str, settings: dict, new_tokens: int, deadline: float, out: dict) -> None:
+    c = client(url)
+    t0 = time.perf_counter()
+    first = last = None
+    seen = 0
+    try:
+        job = submit(c, prompt, settings["threshold"], settings["router_set"], settings["kv_policy"], new_tokens)
+        while not job.done():
+            if time.perf_counter() > deadline:
+                job.cancel()
+                raise TimeoutError("not served before the deadline")
+            shown = tokens_shown(job)
+            if shown > seen:
+                last = time.perf_counter()
+                first, seen = first or last, shown
+            time.sleep(0.02)
+        result = job.result(timeout=30)
+        end = time.perf_counter()
+        status = str(result[3])
+        tokens = len(trace_of(result).generated_steps)
+        out.update(ok=status.startswith("✓"), status=status[:160], tokens=tokens, ttft=(first or end) - t0,
+                   rate=(tokens - 1) / (end - first) if first and tokens > 1 and end > first else None, end=end)
+    except Exception as err:
+        text = f"{type(err).__name__}: {err}"
+        out.update(ok=False, status=text[:200], tokens=0, refused="queue" in text.lower() and "full" in text.lower())
+    finally:
+        c.close()
+
+
+def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, deadline_s: float = 240.0) -> dict:
+    """`sessions` visitors start one generation each at the same moment."""
+    outs = [dict() for _ in range(sessions)]
+    start = time.perf_counter()
+    threads = [threading.Thread(target=_visitor, args=(url, prompts[k % len(prompts)], settings, new_tokens, start + deadline_s, outs[k]),
+                                daemon=True) for k in range(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(deadline_s + 60)
+    ok = [o for o in outs if o.get("ok")]
+    wall = max((o["end"] for o in ok), default=start) - start
+    rates = [o["rate"] for o in ok if o.get("rate")]
+    ttft = [o["ttft"] for o in ok]
+    tokens = sum(o["tokens"] for o in ok)
+    return {
+        "sessions": sessions, "served": len(ok), "errors": sum(not o.get("ok") and not o.get("refused") for o in outs),
+        "refusals": sum(bool(o.get("refused")) for o in outs), "tokens": tokens,
+        "aggregate_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
+        "visitor_tokens_per_s_p5": round(pct(rates, 0.05), 1) if rates else None,
+        "visitor_tokens_per_s_p50": round(statistics.median(rates), 1) if rates else None,
+        "time_to_first_token_s_p50": round(pct(ttft, 0.5), 2) if ttft else None,
+        "time_to_first_token_s_p95": round(pct(ttft, 0.95), 2) if ttft else None,
+        "wall_s": round(wall, 1), "failures": [o["status"] for o in outs if not o.get("ok")][:5],
+    }
+
+
+def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, rounds: int = 3) -> dict:
+    """One visitor alone in the app against `python -m routerlab generate` (a fresh process each round) on the same
+    prompt and settings, alternating; decode tokens/s as each records it (the trace, the CLI's JSON)."""
+    import json
+    import subprocess
+    import sys
+
+    from routerlab.core.paths import ROOT
+
+    app, cli = [], []
+    cmd = [sys.executable, "-m", "routerlab", "generate", "--prompt", prompt, "--max-new-tokens", str(new_tokens),
+           "--threshold", str(settings["threshold"]), "--kv-policy", settings["kv_policy"], "--json"]
+    for _ in range(rounds):
+        c = client(url)
+        try:
+            result = submit(c, prompt, settings["threshold"], settings["router_set"], settings["kv_policy"], new_tokens).result(timeout=300)
+            app.append(trace_of(result).decode_tokens_per_second())
+        finally:
+            c.close()
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=600)
+        cli.append(json.loads(run.stdout)["decode_tokens_per_second"])
+    a, b = statistics.median(app), statistics.median(cli)
+    return {"prompt": prompt, "new_tokens": new_tokens, "app_tokens_per_s": [round(x, 1) for x in app],
+            "cli_tokens_per_s": [round(x, 1) for x in cli], "app_vs_cli": round(a / b, 2), "cli_command": " ".join(cmd[1:])}
+
+
+def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print) -> dict:
+    from routerlab import ui
+
+    prompts = ui.load_prompts()
+    report: dict = {"levels": list(levels), "new_tokens": new_tokens, "modes": {}}
+    for mode, env in MODES.items():
+        env = {**env, "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="routerlab-room-")}
+        server = spawn(env=env, log_path=Path(tempfile.gettempdir()) / f"routerlab-room-{mode}.log")
+        try:
+            settings = page_defaults(server.url)
+            level_run(server.url, 1, settings, prompts, 8)  # warm-up: first calls pay one-time set-up
+            rows = {}
+            for n in levels:
+                rows[str(n)] = level_run(server.url, n, settings, prompts, new_tokens)
+                if log:
+                    log(f"[room] {mode}, {n} at once: {rows[str(n)]}")
+            out = {"server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")}, "settings": settings,
+                   "loop": probe(server.url).get("room"), "levels": rows}
+            if mode == "room":
+                out["one_visitor_vs_cli"] = app_vs_cli(server.url, settings, prompts[0], new_tokens)
+                if log:
+                    log(f"[room] one visitor against the command line: {out['one_visitor_vs_cli']}")
+            if mode == "room" and 8 in levels:
+                variants = {"full model": dict(settings, router_set=ui.FULL),
+                            f"{settings['router_set']} at 0.5": dict(settings, threshold=0.5),
+                            f"{settings['router_set']} at 0.7": dict(settings, threshold=0.7)}
+                out["eight_sessions"] = {name: level_run(server.url, 8, s, prompts, new_tokens) for name, s in variants.items()}
+                if log:
+                    log(f"[room] 8 at once: {out['eight_sessions']}")
+            report["modes"][mode] = out
+        finally:
+            server.close()
+    room, alone = report["modes"]["room"]["levels"], report["modes"]["alone"]["levels"]
+    one = room.get("1", {}).get("aggregate_tokens_per_s")
+    report["ratios"] = {n: {"aggregate_vs_one_session": round(r["aggregate_tokens_per_s"] / one, 2) if one and r["aggregate_tokens_per_s"] else None,
+                            "visitor_p5_vs_one_session": round(r["visitor_tokens_per_s_p5"] / one, 2) if one and r["visitor_tokens_per_s_p5"] else None,
+                            "aggregate_vs_alone_path": round(r["aggregate_tokens_per_s"] / alone[n]["aggregate_tokens_per_s"], 2)
+                            if alone.get(n, {}).get("aggregate_tokens_per_s") and r["aggregate_tokens_per_s"] else None}
+                        for n, r in room.items()}
+    report["machine"] = {"cpus": os.cpu_count()}
+    return report
