@@ -5,11 +5,15 @@ by any thread; the Steps are computed by whichever thread runs the room (`run`, 
 own). Each `step`:
 
   1. admits waiting requests while the batch has room (at most `max_batch` rows, and at most `cache_bytes` of KV
-     caches as the rows' longest runs would fill them), one prompt prefill per step, so streams already running
-     stall for at most one prefill;
+     caches as the rows' longest runs would fill them), prefilling their prompts until PREFILL_BUDGET_S of the step
+     is spent (at least one), so streams already running stall for about that long at most, and a crowd that
+     arrives together is read within a few steps;
   2. lets each row begin its token (its quality meter's due pass, Stop, sampling, end of text; core/generation.py);
   3. runs every row that feeds a token through one batched forward (core/batch.py): each row with its own routers,
      threshold and KV policy; a row that ends leaves at once and its caches go with it;
+  While rows share the step, their quality meters score full chunks only (and what is left when a row ends), never
+     a partial chunk on a timer: a full-depth pass over a few tokens costs nearly what one over a whole chunk does,
+     and every row in the room waits for it. A row alone refreshes on its timer, as a generation alone does.
   4. advances each solo run (`config.shared=False`: Compare's columns, whose speeds are compared) by one token of
      its own batch-1 forward, so they decode in lockstep, timed alone, on the same fast thread.
 
@@ -37,6 +41,7 @@ from routerlab.core.trace import Step, Trace
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 32  # rows in one step (ROUTERLAB_MAX_BATCH): the int4 kernel still gains per row at 32 on 2 cores
+PREFILL_BUDGET_S = 0.3  # prompt prefills one step may take before the running rows get their next token
 _END = object()
 
 
@@ -130,6 +135,10 @@ class Room:
         """One step of the whole room (see the module docstring)."""
         self._admit()
         rows = []
+        shared = len(self._rows) > 1
+        for entry in self._rows:  # quality passes while shared: full chunks only (module docstring)
+            if entry.gen.meter is not None:
+                entry.gen.meter.refresh_seconds = None if shared else entry.gen.config.quality_refresh
         for entry in list(self._rows):
             try:
                 self._put(entry, entry.gen.begin())
@@ -152,21 +161,29 @@ class Room:
             entry.out.put(step)
 
     def _admit(self) -> None:
-        with self._cond:
-            admitted = None
-            held = sum(e.cache_bytes for e in self._rows)
-            for entry in list(self._waiting):
-                ids, routers, config, control, trace = entry.args
-                if not config.shared:
-                    self._waiting.remove(entry)
-                    entry.solo = self.engine._loop(ids, routers, config, control, trace)
-                    self._solos.append(entry)
-                elif admitted is None and len(self._rows) < self.max_batch and (
-                        self.cache_bytes is None or not self._rows or held + entry.cache_bytes <= self.cache_bytes):
-                    self._waiting.remove(entry)
-                    admitted = entry
-        if admitted is not None:
+        """Solo runs join at once; shared ones while the batch and the cache cap allow, prefilled one after another until
+        PREFILL_BUDGET_S of this step is spent (at least one), so a crowd arriving together is read in a few steps while
+        the streams already running pause for at most about that long."""
+        start = time.perf_counter()
+        while True:
+            with self._cond:
+                admitted = None
+                held = sum(e.cache_bytes for e in self._rows)
+                for entry in list(self._waiting):
+                    ids, routers, config, control, trace = entry.args
+                    if not config.shared:
+                        self._waiting.remove(entry)
+                        entry.solo = self.engine._loop(ids, routers, config, control, trace)
+                        self._solos.append(entry)
+                    elif admitted is None and len(self._rows) < self.max_batch and (
+                            self.cache_bytes is None or not self._rows or held + entry.cache_bytes <= self.cache_bytes):
+                        self._waiting.remove(entry)
+                        admitted = entry
+            if admitted is None:
+                return
             self._prefill(admitted)
+            if time.perf_counter() - start >= PREFILL_BUDGET_S:
+                return
 
     def _prefill(self, entry: _Entry) -> None:
         ids, routers, config, control, trace = entry.args
