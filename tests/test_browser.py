@@ -684,3 +684,67 @@ def test_report_train_tab_in_the_browser(browser, app_url, capsys):
     with capsys.disabled():
         print(f"\n[browser] the Train tab's default job watched in Chromium on this machine ({os.cpu_count()} CPUs), "
               f"{time.perf_counter() - started:.0f} s:\n{result}")
+
+
+@pytest.fixture(scope="module")
+def room_app(embedded):
+    """The app with its room (core/room.py); the room's loop is started by the test, once every page has asked."""
+    from routerlab.core.engine import Engine
+    from routerlab.core.room import Room
+
+    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    room = engine.room = Room(engine)
+    res = ui.Resources(engine, ui.Limits(max_new_tokens=256))
+    demo = ui.build_demo(res)
+    demo.queue(max_size=16, default_concurrency_limit=8)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True, **ui.launch_options())
+    yield url, room
+    demo.close()
+    room.close()
+    engine.room = None
+
+
+def test_several_pages_generate_at_once_in_one_room(browser, room_app):
+    """Three visitors press Generate; their runs wait in the room until all three have asked, then decode in shared
+    steps: each page streams its own text and heatmap, and its status says its speed was measured while sharing.
+    Saves the three pages side by side (assets/screenshots/room.png)."""
+    from PIL import Image
+
+    url, room = room_app
+    pages = [browser.new_page(viewport={"width": 900, "height": 1000}) for _ in range(3)]
+    prompts = [p["prompt"] for p in json.loads((Path(__file__).resolve().parent.parent / "assets" / "prompts.json").read_text())[:3]]
+    try:
+        for page, prompt in zip(pages, prompts):
+            page.goto(url)
+            page.locator("#rl-prompt textarea").fill(prompt)
+            page.locator("#rl-max-new input[type=number]").fill("60")
+            page.locator("#rl-max-new input[type=number]").press("Enter")
+            page.evaluate(WATCH_BUSY)
+            page.get_by_role("button", name="Generate", exact=True).click()
+        deadline = time.time() + 60
+        while room.busy["waiting"] < 3:  # every page's request is in the room before its loop starts
+            assert time.time() < deadline, f"the pages' requests did not reach the room: {room.busy}"
+            time.sleep(0.05)
+        thread = room.start()
+        for page in pages:
+            page.wait_for_function(DONE_AFTER_BUSY, arg="", timeout=120_000)
+        for page, prompt in zip(pages, prompts):
+            status = page.locator("#rl-status").inner_text()
+            assert "Done:" in status and "Measured while sharing" in status, status
+            assert page.locator("#rl-text .rl-tok").count() > 0
+        shots = []
+        for k, page in enumerate(pages):
+            path = Path(tempfile.gettempdir()) / f"routerlab-room-{k}.png"
+            page.screenshot(path=str(path), clip={"x": 0, "y": 0, "width": 900, "height": 1000})
+            shots.append(Image.open(path))
+        sheet = Image.new("RGB", (sum(s.width for s in shots), max(s.height for s in shots)), "white")
+        x = 0
+        for s in shots:
+            sheet.paste(s, (x, 0))
+            x += s.width
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        sheet.save(SHOTS / "room.png")
+        assert room.largest >= 2 and thread.is_alive()
+    finally:
+        for page in pages:
+            page.close()

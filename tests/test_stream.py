@@ -51,3 +51,15 @@ def test_a_finished_pass_redraws_even_without_new_tokens():
     assert p.due(0.1, 10, [r]) is True
     assert p.due(0.2, 10, [r]) is None
 
+
+
+def test_frames_come_less_often_for_each_visitor_as_a_room_grows():
+    """Up to SHARED_ROWS_PER_PACE generations sharing a step: the usual pace; 8 sharing: twice the intervals."""
+    from routerlab.ui.stream import SHARED_ROWS_PER_PACE
+
+    alone, shared = SimpleNamespace(measuring=False, scoring=False, quality_chunks=0, sharing=SHARED_ROWS_PER_PACE), \
+        SimpleNamespace(measuring=False, scoring=False, quality_chunks=0, sharing=2 * SHARED_ROWS_PER_PACE)
+    for r, factor in ((alone, 1.0), (shared, 2.0)):
+        p = Pacer(text_every=0.5, plot_every=2.0)
+        assert p.due(0.0, 1, [r]) is True
+        assert p.next_text == 0.5 * factor and p.next_plot == 2.0 * factor

@@ -238,12 +238,12 @@ class Room:
         entry.out.put(error if error is not None else _END)
 
 
-def run_where_fastest(room: Room, engine, log=print) -> None:
-    """Run the room's loop where torch is fastest on this machine (measured from the calling thread, which should be
-    the main one) until Ctrl-C or `room.close()`."""
-    where, m = where_to_run(engine)
+def run_where_fastest(room: Room, engine, log=print, choice: tuple[str, dict] | None = None) -> None:
+    """Run the room's loop where torch is fastest on this machine, until Ctrl-C or `room.close()`. Call it from the main
+    thread; `choice`: a `where_to_run` measured earlier (measure while the machine is quiet, before serving)."""
+    where, m = choice or where_to_run(engine)
     log(f"one decode loop serves every visitor, in the {where} thread (a step's products took {m['this_thread_s'] * 1e3:.1f} ms "
-        f"from this thread, {m['worker_thread_s'] * 1e3:.1f} ms from a worker; batches of up to {room.max_batch})")
+        f"from the main thread, {m['worker_thread_s'] * 1e3:.1f} ms from a worker; batches of up to {room.max_batch})")
     room.where = where
     try:
         if where == "main":
@@ -257,10 +257,11 @@ def run_where_fastest(room: Room, engine, log=print) -> None:
 
 
 def where_to_run(engine) -> tuple[str, dict]:
-    """'main' when torch's products run at least 10% faster from the calling (main) thread than from a worker thread
-    on this machine, else 'worker'; with the measurements, for the log."""
+    """'main' unless torch's products run at least 10% faster from a worker thread than from the calling (main) thread:
+    on some machines its parallel kernels run several times slower outside the main thread, and the gap can grow under
+    load beyond what a quiet start-up shows. With the measurements, for the log."""
     m = measured_thread_choice(engine)
-    return ("main" if m["this_thread_s"] <= 0.9 * m["worker_thread_s"] else "worker"), m
+    return ("worker" if m["worker_thread_s"] <= 0.9 * m["this_thread_s"] else "main"), m
 
 
 def measured_thread_choice(engine, rounds: int = 5) -> dict:

@@ -28,6 +28,10 @@ TEXT_INTERVAL = 0.5  # seconds between text updates while streaming
 # decode steps do when the browser takes a core); after, it is a second redraw for nothing new.
 MEASURED_PLOT_SLACK = 2.0
 POLL = 0.02  # seconds between looks while a frame is due but held: never spin, the decoder needs the GIL
+# In a room (core/room.py) every visitor's frames are drawn on the machine that decodes for all of them: with more
+# than this many generations sharing a step, a visitor's frames come proportionally less often (8 sharing: every
+# 1 s and 4 s; 32: every 4 s and 16 s), so drawing keeps its share of the machine as the room grows.
+SHARED_ROWS_PER_PACE = 4
 
 
 class RunState(Protocol):
@@ -36,6 +40,7 @@ class RunState(Protocol):
     measuring: bool
     scoring: bool
     quality_chunks: int
+    sharing: int  # generations in its last shared step (0: none)
 
 
 @dataclass
@@ -46,7 +51,8 @@ class Pacer:
     a run's quality pass is scoring (a full-depth forward on every core) nothing is due: a redraw in the
     browser would slow the pass down. Right after a pass the plot is due at once (its strip has new
     scores); with runs that measure quality, the clock draws the plot only after MEASURED_PLOT_SLACK x
-    `plot_every` without a pass.
+    `plot_every` without a pass. In a room both intervals stretch with the generations sharing the step
+    (SHARED_ROWS_PER_PACE).
     """
 
     text_every: float
@@ -65,10 +71,11 @@ class Pacer:
         draw = chunks > self.chunks_seen or (size != self.plot_seen and now >= self.next_plot)
         if not draw and (size == self.text_seen or now < self.next_text):
             return None
-        self.text_seen, self.next_text = size, now + self.text_every
+        pace = max(1.0, max((getattr(r, "sharing", 0) for r in runs), default=0) / SHARED_ROWS_PER_PACE)
+        self.text_seen, self.next_text = size, now + self.text_every * pace
         if draw:
             slack = MEASURED_PLOT_SLACK if any(r.measuring for r in runs) else 1.0
-            self.plot_seen, self.chunks_seen, self.next_plot = size, chunks, now + slack * self.plot_every
+            self.plot_seen, self.chunks_seen, self.next_plot = size, chunks, now + slack * self.plot_every * pace
         return draw
 
     def wait(self, now: float) -> float:

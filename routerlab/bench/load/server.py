@@ -278,15 +278,16 @@ def _serve_forever(port: int) -> int:
     from routerlab.core.engine import Engine
     from routerlab.core.models import load_model
 
-    from routerlab.core.room import run_where_fastest
+    from routerlab.core.room import run_where_fastest, where_to_run
 
     loaded = load_model(device="cpu")
     engine = Engine.from_loaded(loaded)
     server = serve(engine, port=port, room_thread=False)
+    choice = where_to_run(engine) if server.room is not None else None  # measured before any client arrives
     print(READY, server.url, flush=True)
     try:
         if server.room is not None:
-            run_where_fastest(server.room, engine, log=lambda m: print(m, file=sys.stderr, flush=True))  # as app.py does
+            run_where_fastest(server.room, engine, log=lambda m: print(m, file=sys.stderr, flush=True), choice=choice)  # as app.py does
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
