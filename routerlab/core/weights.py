@@ -33,9 +33,9 @@ from torch.nn import functional as F
 
 UPCAST_MIN_TOKENS = 8  # rows from which an fp32 product beats the emulated bf16 one (see bench speed)
 FEW_ROWS = 4  # products of at most this many rows use a low-bit copy: a decode step (int4 loses to dense beyond)
-# A decode batch's rows (core/batch.py) use the low-bit copy up to this many rows: measured on a 2-core Xeon with native
-# bf16, the int4 kernel beat the dense bf16 product for the embedded model's 30 layers at every batch from 1 to 32 rows
-# (27 vs 41 ms at 8 rows, 89 vs 95 ms at 32); `make room` measures both on the machine at hand (room.json, "steps").
+# A decode batch's rows (core/batch.py) use the low-bit copy up to this many rows: on a 2-core Xeon with native bf16
+# the int4 kernel took 27 ms for the embedded model's products at 8 rows against 48 ms dense, and drew level at 32
+# (assets/bench/room.json, "steps": `make room` measures both on the machine at hand).
 BATCH_ROWS = 32
 KERNEL_DTYPE = torch.bfloat16  # the int4 / int8 CPU kernels' fast path
 FORMATS = ("16bit", "int4", "int8")  # what --quantize accepts (16bit: no low-bit copy)
