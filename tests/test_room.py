@@ -248,3 +248,25 @@ def test_the_room_runs_in_a_thread_of_its_own_and_closes():
         thread.join(10)
         engine.room = None
     assert not thread.is_alive() and math.isfinite(room.steps)
+
+
+def test_the_embedded_model_in_a_room_writes_what_it_writes_alone(embedded, capsys):
+    """The page's six example prompts, greedy, as rows of one room against each alone, on the embedded model's default
+    path (bf16, the file's 4-bit codes): products of several rows may round differently from one row's, so a token
+    may differ; nearly all must match."""
+    from routerlab.tuning.checkpoint import load_routers
+    from routerlab.ui.resources import ROUTERS_DIR, load_prompts
+
+    engine = Engine.from_loaded(embedded)
+    routers = load_routers(ROUTERS_DIR / "attention-token", engine.model)[0]
+    config = GenerateConfig(max_new_tokens=32, ignore_eos=True)
+    requests = [(engine.encode(p, config), routers, config) for p in load_prompts()]
+    alone = [[s.token_id for s in _alone(engine, r).generated_steps] for r in requests]
+    shared, room = _in_room(engine, requests)
+    together = [[s.token_id for s in t.generated_steps] for t in shared]
+    same = sum(a == b for x, y in zip(alone, together) for a, b in zip(x, y))
+    total = sum(len(x) for x in alone)
+    with capsys.disabled():
+        print(f"\n[room] embedded model, {len(requests)} example prompts in one room (largest batch {room.largest}): "
+              f"{same} of {total} greedy tokens as alone ({same / total:.1%}); runs identical: {sum(x == y for x, y in zip(alone, together))}")
+    assert room.largest == len(requests) and same / total >= 0.9
