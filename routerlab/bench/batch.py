@@ -16,8 +16,9 @@ from torch.nn import functional as F
 
 from routerlab.core.config import GenerateConfig
 from routerlab.core.engine import Control
-from routerlab.core.generation import Generation
 from routerlab.core.batch import step_rows
+from routerlab.core.generation import Generation
+from routerlab.core.trace import Trace
 
 SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -40,8 +41,6 @@ def batch_steps(engine, routers, threshold: float = 0.5, sizes=SIZES, rounds: in
         for k in range(n):
             control = Control(threshold)
             config = GenerateConfig(max_new_tokens=64, ignore_eos=True)
-            from routerlab.core.trace import Trace
-
             control.trace = Trace(engine.n_layers, meta=engine.trace_meta(routers, config))
             gen = Generation(engine, [1 + (7 * k + j) % 1000 for j in range(40)], routers, config, control, control.trace)
             gen.prefill()

@@ -11,11 +11,12 @@ own). Each `step`:
   2. lets each row begin its token (its quality meter's due pass, Stop, sampling, end of text; core/generation.py);
   3. runs every row that feeds a token through one batched forward (core/batch.py): each row with its own routers,
      threshold and KV policy; a row that ends leaves at once and its caches go with it;
-  While rows share the step, their quality meters score full chunks only (and what is left when a row ends), never
-     a partial chunk on a timer: a full-depth pass over a few tokens costs nearly what one over a whole chunk does,
-     and every row in the room waits for it. A row alone refreshes on its timer, as a generation alone does.
   4. advances each solo run (`config.shared=False`: Compare's columns, whose speeds are compared) by one token of
      its own batch-1 forward, so they decode in lockstep, timed alone, on the same fast thread.
+
+While rows share the step, their quality meters score full chunks only (and what is left when a row ends), never a
+partial chunk on a timer: a full-depth pass over a few tokens costs nearly what one over a whole chunk does, and every
+row in the room waits for it. A row alone refreshes on its timer, as a generation alone does.
 
 A failure inside the batched forward fails the rows of that step (each reader raises it), never the room.
 Knows nothing about Gradio or the UI.
@@ -74,6 +75,7 @@ class Room:
         self.where: str | None = None  # "main" or "worker", when chosen by `run_where_fastest`
         self.steps = 0  # batched steps so far
         self.largest = 0  # the largest batch so far
+        self._position_bytes = engine.n_layers * int(engine.costs(None)["kv_bytes"])  # KV bytes of one position, all layers
 
     # -- the readers' side -------------------------------------------------------------------------
     def submit(self, ids: list[int], routers, config, control, trace: Trace) -> Iterator[Step]:
@@ -100,7 +102,7 @@ class Room:
 
     def row_bytes(self, tokens: int) -> int:
         """KV cache bytes one row of `tokens` positions holds at most (every layer keeps every position)."""
-        return tokens * self.engine.n_layers * int(self.engine.costs(None)["kv_bytes"])
+        return tokens * self._position_bytes
 
     @property
     def busy(self) -> dict:

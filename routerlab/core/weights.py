@@ -244,28 +244,25 @@ class Weight:
         as the engine passes them), else the dense weight."""
         if self.low is None or x.dim() != 3 or x.shape[0] != 1 or x.shape[1] > FEW_ROWS:
             return linear(x, self.dense, self.bias, upcast)
-        y = self.low.mm(x[0])  # (T, N) in the kernel's dtype
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
-        y = y[None]  # (1, T, N)
-        return y if self.bias is None else y + self.bias
+        return self._low_rows(x[0])[None]  # (1, T, N)
 
     def one(self, x: torch.Tensor) -> torch.Tensor:
         """x (1, 1, K) or (1, K) -> (1, N) in x's dtype: one token's product (a decode step), in as few ops as it takes."""
         x = x.view(1, -1)
         if self.low is None:
             return F.linear(x, self.dense, self.bias)
-        y = self.low.mm(x)
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
-        return y if self.bias is None else y + self.bias
+        return self._low_rows(x)
 
     def batch(self, x: torch.Tensor, upcast: bool = False) -> torch.Tensor:
         """x (n, K) -> (n, N) in x's dtype: one row per request of a decode batch; the low-bit copy up to BATCH_ROWS
         rows (for one row, the same product as `one`)."""
         if self.low is None or x.shape[0] > BATCH_ROWS:
             return linear(x, self.dense, self.bias, upcast)
-        y = self.low.mm(x)
+        return self._low_rows(x)
+
+    def _low_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x (n, K) -> (n, N) through the low-bit copy, in x's dtype, plus the bias."""
+        y = self.low.mm(x)  # (n, N) in the kernel's dtype
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias
