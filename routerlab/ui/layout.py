@@ -21,6 +21,7 @@ from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
+from routerlab.ui.links import COPY_LINK_JS, TABS, View, open_link, view_link
 from routerlab.ui.resources import UNTRAINED, Resources
 from routerlab.ui.session import Session, _delete_session, _status
 from routerlab.ui import train_plots
@@ -192,6 +193,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         session = gr.State(Session(), delete_callback=_delete_session)
         gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
         status = gr.Markdown(res.status, elem_id="rl-status")
+        link_note = gr.Markdown(visible=False, elem_id="rl-link-note")  # what a link opened (or could not), see links.py
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
                 threshold = NumberSlider(0.0, 1.0, value=start_threshold, step=0.01, label="Threshold", info=_threshold_info(default_set.expected_skips if default_set else ""), elem_id="rl-threshold")
@@ -201,9 +203,12 @@ def build_demo(res: Resources) -> gr.Blocks:
                 temperature = NumberSlider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
                 measure = gr.Checkbox(value=True, label="Measure quality (full-model pass)", info="each token's KL to the full model and its top token, scored in chunks (slows decoding a little)", elem_id="rl-quality")
                 model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
+                link_btn = gr.Button("Copy link to this view", size="sm", elem_id="rl-copy-link")
+                link_box = gr.Textbox(label="Link to this view: these settings, this tab, this prompt", visible=False, interactive=False,
+                                      buttons=["copy"], elem_id="rl-link")
             with gr.Column(scale=4):
                 with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
-                    with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore"):
+                    with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore") as tab_explore:
                         prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt")
                         gr.Examples([[p] for p in res.prompts], inputs=[prompt], label="Example prompts")
                         with gr.Row():
@@ -218,7 +223,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                             trace_dl = gr.DownloadButton("Download trace (JSON)", visible=False, size="sm", elem_id="rl-dl-trace")
                             html_dl = gr.DownloadButton("Download heatmap (HTML)", visible=False, size="sm", elem_id="rl-dl-html")
                         gr.Markdown("PNG: use the camera icon in the heatmap's toolbar.", elem_classes=["rl-muted"])
-                    with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare"):
+                    with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare") as tab_compare:
                         gr.Markdown("A **threshold ladder**: the same prompt through the **full model** and the router set on the left at up to three thresholds, "
                                     "one token each in turn, so their speeds are measured side by side. Higher threshold = more skipped. Leave a box empty for fewer columns.")
                         c_prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt")
@@ -230,7 +235,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         with gr.Row(elem_id="rl-ladder-cols"):
                             c_columns = [gr.HTML(column_html(None, None, t), elem_id=f"rl-c-col{k}") for k, t in enumerate([None, *LADDER])]
                         c_heat = gr.Plot(plots.empty_heatmap(HEAT_EMPTY), label="Highest threshold: layers × tokens", elem_id="rl-c-heatmap")
-                    with gr.Tab("Trade-off", id="tradeoff", elem_id="rl-tab-tradeoff"):
+                    with gr.Tab("Trade-off", id="tradeoff", elem_id="rl-tab-tradeoff") as tab_tradeoff:
                         results = load_results(calibrations={r.granularity: r.meta.get("calibration") for r in reversed(shipped)})
                         fig_quality, fig_speed, fig_time = tradeoff_figures(results)
                         gr.Markdown(_tradeoff_intro(results), elem_id="rl-t-intro")
@@ -243,7 +248,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         table = bench_table(results["df"])
                         t_table = gr.Dataframe(table, interactive=False, wrap=True, max_height=420, column_widths=column_widths(table), elem_id="rl-t-table")
                         t_btn = gr.Button("Run a quick sweep on the Explore prompt (about a minute)", elem_id="rl-sweep")
-                    with gr.Tab("Train", id="train", elem_id="rl-tab-train"):
+                    with gr.Tab("Train", id="train", elem_id="rl-tab-train") as tab_train:
                         gr.Markdown(TRAIN_INTRO if limits.training else "Training is turned off on this server (ROUTERLAB_TRAINING=off).")
                         with gr.Row(equal_height=True):
                             tr_gran = gr.Dropdown(list(GRANULARITIES), value="attention-token", label="What to route", elem_id="rl-tr-gran",
@@ -276,13 +281,15 @@ def build_demo(res: Resources) -> gr.Blocks:
                             tr_upload = gr.File(label="Upload a router set: its zip, or router.json + routers.safetensors", file_count="multiple",
                                                 file_types=[".zip", ".json", ".safetensors", ".md"], elem_id="rl-tr-upload")
                         tr_timer = gr.Timer(2.0, active=False)
-                    with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers"):
+                    with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers") as tab_layers:
                         gr.Markdown("Per-layer view of the last Explore run (follows the what-if threshold after a run).")
                         l_bar = gr.Plot(plots.layer_skip_bar(None), label="Skip rate per layer", elem_id="rl-layer-bar")
                         l_hist = gr.Plot(plots.score_histogram(None), label="Router scores per layer", elem_id="rl-layer-hist")
-                    with gr.Tab("About", id="about", elem_id="rl-tab-about"):
+                    with gr.Tab("About", id="about", elem_id="rl-tab-about") as tab_about:
                         gr.HTML(DIAGRAM)
                         gr.Markdown(ABOUT_MD)
+
+        tab_shown = gr.State("explore")  # the tab on screen, for the copied link (a gr.Tabs has no value to read)
 
         run_inputs = [prompt, threshold, router_label, kv_policy, max_new, temperature, model, session, measure]  # the switch last: API callers may leave it out
         run_outputs = [text, heat, stats, status, trace_dl, html_dl, l_bar, l_hist, go_btn, live_heat]
@@ -336,4 +343,17 @@ def build_demo(res: Resources) -> gr.Blocks:
                       api_name=False, concurrency_limit=None, show_progress="hidden")
         tr_stop.click(train_stop, [session], [status], api_name="stop_training", queue=False)
         tr_upload.upload(lambda f, s: upload_set(res, s, f), [tr_upload, session], [status, router_label, tr_upload], api_name=False, concurrency_limit=None)
+
+        # Links that open a state (links.py): applied on page load; the copied link is made absolute in the browser.
+        start_view = View(prompt=res.prompts[0], routers=default_routers, max_new_tokens=min(96, limits.max_new_tokens))
+        link_outputs = [tabs, tab_shown, prompt, c_prompt, router_label, threshold, kv_policy, max_new, temperature, measure, link_note]
+
+        def _open_link(request: gr.Request):
+            return open_link(res, start_view, request)
+
+        demo.load(_open_link, None, link_outputs, queue=False, api_name=False)
+        for tab_id, tab in zip(TABS, (tab_explore, tab_compare, tab_tradeoff, tab_train, tab_layers, tab_about)):
+            tab.select(lambda t=tab_id: t, None, tab_shown, queue=False, api_name=False, show_progress="hidden")
+        link_btn.click(lambda *values: view_link(res, *values), [prompt, c_prompt, threshold, router_label, kv_policy, max_new, temperature, measure, tab_shown],
+                       [link_box, link_note], queue=False, api_name=False).then(None, [link_box], [link_box], js=COPY_LINK_JS, queue=False, api_name=False)
     return demo

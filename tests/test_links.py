@@ -1,0 +1,78 @@
+"""Links that open the app in a state (ui/links.py): every setting read and written, bad values named, round trips."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+import pytest
+
+from routerlab.ui.links import FIELDS, TABS, View, link_query, read_link, router_key
+
+FULL, UNTRAINED = "full model (no routing)", "attention-token (untrained)"
+LABELS = [FULL, "attention-token (trained)", "mlp-token (trained)", "block-token (my-set)", UNTRAINED]
+DEFAULT = View(prompt="Explain the sky.", routers="attention-token (trained)")
+
+
+def _read(query: str):
+    return read_link(dict(parse_qsl(query.lstrip("?"), keep_blank_values=True)), DEFAULT, LABELS, FULL, UNTRAINED, 256, 4000)
+
+
+def test_every_setting_a_link_carries_is_applied():
+    view, problems, given = _read("?tab=Compare&prompt=Hi%20there&routers=mlp-token&threshold=0.7&kv=drop"
+                                  "&max_new_tokens=40&temperature=0.3&quality=off")
+    assert problems == []
+    assert given == set(FIELDS)
+    assert view == View(tab="compare", prompt="Hi there", routers="mlp-token (trained)", threshold=0.7, kv_policy="drop",
+                        max_new_tokens=40, temperature=0.3, quality=False)
+
+
+@pytest.mark.parametrize("value, label", [("full", FULL), ("untrained", UNTRAINED), ("attention-token", "attention-token (trained)"),
+                                          ("block-token (my-set)", "block-token (my-set)"), ("MLP-TOKEN", "mlp-token (trained)")])
+def test_router_sets_by_short_name_or_label(value, label):
+    view, problems, _ = _read(f"?routers={value}")
+    assert problems == [] and view.routers == label
+
+
+@pytest.mark.parametrize("query, named", [
+    ("?threshold=abc", "`threshold=abc` is not a number from 0 to 1"),
+    ("?threshold=1.5", "`threshold=1.5` is not a number"),
+    ("?threshold=nan", "`threshold=nan`"),
+    ("?kv=fast", "`kv=fast` is not a KV policy (mask, kv, drop)"),
+    ("?tab=settings", "`tab=settings` is not a tab"),
+    ("?routers=mlp-sequence", "`routers=mlp-sequence` is not a router set on this server (full, attention-token, mlp-token"),
+    ("?max_new_tokens=1000", "`max_new_tokens=1000` is not a whole number from 1 to 256"),
+    ("?max_new_tokens=2.5", "`max_new_tokens=2.5`"),
+    ("?temperature=-1", "`temperature=-1` is not a number from 0 to 1.5"),
+    ("?quality=maybe", "`quality=maybe` is not on or off"),
+    ("?prompt=", "`prompt=` is not a prompt of 1 to 4000 characters"),
+    ("?colour=red", "`colour` is not a setting a link can carry (tab, prompt"),
+])
+def test_a_bad_value_is_named_and_keeps_the_default(query, named):
+    view, problems, given = _read(query)
+    assert len(problems) == 1 and problems[0].startswith(named), problems
+    assert view == DEFAULT and given == set()
+
+
+def test_good_values_survive_bad_ones_and_gradio_keys_are_not_reported():
+    view, problems, _ = _read("?threshold=0.3&kv=nope&__theme=dark&view=api")
+    assert view.threshold == 0.3 and view.kv_policy is None
+    assert len(problems) == 1 and "kv=nope" in problems[0]
+
+
+def test_a_long_value_is_shortened_in_the_message():
+    _, problems, _ = _read("?tab=" + "x" * 500)
+    assert len(problems[0]) < 120 and "…" in problems[0]
+
+
+@pytest.mark.parametrize("tab", TABS)
+def test_link_query_round_trips(tab):
+    view = View(tab=tab, prompt="Write a poem & a story? 100% = yes", routers="block-token (my-set)", threshold=0.42,
+                kv_policy="mask", max_new_tokens=17, temperature=1.25, quality=False)
+    again, problems, _ = _read(link_query(view, FULL, UNTRAINED))
+    assert problems == [] and again == view
+
+
+def test_link_query_names_routers_short_and_leaves_out_what_is_unset():
+    query = link_query(View(prompt="hi", routers=FULL), FULL, UNTRAINED)
+    assert query.startswith("?tab=explore&prompt=hi&routers=full&") and "threshold" not in query and "kv=" not in query
+    assert router_key("attention-token (trained)", FULL, UNTRAINED) == "attention-token"
