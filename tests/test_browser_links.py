@@ -1,0 +1,144 @@
+"""Links that open the app in a state, in a real browser (Debian's headless Chromium, driven by Playwright).
+
+Every link in the workshop lesson (docs/workshop.md) opens with its settings applied, one bad link opens the
+defaults with a note naming each bad value, and "Copy link to this view" round-trips what is on screen. Skips,
+with the reason, where Chromium or the playwright package is missing; never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+from test_browser import ARGS, CHROMIUM, _free_port
+
+from routerlab import ui
+from routerlab.ui.links import View, _defaults, read_link
+from routerlab.ui.resources import FULL, UNTRAINED
+
+LESSON = Path(__file__).resolve().parent.parent / "docs" / "workshop.md"
+LESSON_HOST = "http://127.0.0.1:7860/"
+TAB_NAMES = {"explore": "Explore", "compare": "Compare", "tradeoff": "Trade-off", "train": "Train", "layers": "Layers", "about": "About"}
+
+
+def lesson_links() -> list[str]:
+    """The query of every app link in the lesson (`http://127.0.0.1:7860/?...`), in order, once each."""
+    found = re.findall(re.escape(LESSON_HOST) + r"(\?[^)\s`\"'<>]+)", LESSON.read_text())
+    return list(dict.fromkeys(found))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ROUTERLAB_CHROMIUM)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def app(embedded):
+    from routerlab.core.engine import Engine
+
+    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    res = ui.Resources(engine, ui.Limits(max_new_tokens=256), status="Pick a prompt and press **Generate**.")
+    demo = ui.build_demo(res)
+    demo.queue(max_size=8)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True, **ui.launch_options())
+    yield url, res
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, permissions=["clipboard-read", "clipboard-write"])
+    p = context.new_page()
+    p.set_default_timeout(60_000)
+    yield p
+    context.close()
+
+
+def _open(page, url: str) -> str:
+    page.goto(url)
+    page.locator("#rl-link-note").wait_for()
+    return page.locator("#rl-link-note").inner_text()
+
+
+def _on_screen(page) -> View:
+    tab = page.locator("#rl-tabs [role=tab][aria-selected=true]").inner_text().strip()
+    prompt_box = "#rl-c-prompt textarea" if tab == "Compare" else "#rl-prompt textarea"
+    return View(
+        tab={v: k for k, v in TAB_NAMES.items()}[tab],
+        prompt=page.locator(prompt_box).input_value(),
+        routers=page.locator("#rl-granularity input").input_value(),
+        threshold=float(page.locator("#rl-threshold input[type=number]").input_value()),
+        kv_policy=page.locator("#rl-kv input:checked").input_value(),
+        max_new_tokens=int(float(page.locator("#rl-max-new input[type=number]").input_value())),
+        temperature=float(page.locator("#rl-temperature input[type=number]").input_value()),
+        quality=page.locator("#rl-quality input").is_checked(),
+    )
+
+
+def _expected(res, query: str) -> tuple[View, list[str]]:
+    default = View(prompt=res.prompts[0], routers="attention-token (trained)", max_new_tokens=96)
+    view, problems, _ = read_link(dict(parse_qsl(query.lstrip("?"))), default, res.router_labels(), FULL, UNTRAINED,
+                                  res.limits.max_new_tokens, res.limits.max_prompt_chars)
+    return _defaults(res, view), problems
+
+
+def test_the_lesson_has_a_link_for_every_exercise():
+    text = LESSON.read_text()
+    exercises = re.findall(r"^## Exercise \d", text, flags=re.M)
+    assert 5 <= len(exercises) <= 7, exercises
+    for block in re.split(r"^## ", text, flags=re.M):
+        if block.startswith("Exercise"):
+            assert LESSON_HOST + "?" in block, f"no app link in: {block.splitlines()[0]}"
+
+
+def test_every_lesson_link_opens_its_settings(app, page):
+    url, res = app
+    links = lesson_links()
+    assert len(links) >= 7, links
+    for query in links:
+        want, problems = _expected(res, query)
+        assert problems == [], (query, problems)
+        note = _open(page, url + query)
+        assert note.startswith("✓ Opened a link"), (query, note)
+        assert _on_screen(page) == want, query
+
+
+def test_a_bad_link_names_each_bad_value_and_opens_the_defaults(app, page):
+    url, res = app
+    note = _open(page, url + "?threshold=abc&kv=fast&tab=settings&colour=red")
+    for named in ("threshold=abc", "kv=fast", "tab=settings", "colour", "keep their defaults"):
+        assert named in note, (named, note)
+    want, _ = _expected(res, "")
+    assert _on_screen(page) == want
+    page.get_by_role("button", name="Generate", exact=True).wait_for()  # the page works
+
+
+def test_copy_link_round_trips_what_is_on_screen(app, page):
+    url, res = app
+    _open(page, url + "?routers=mlp-token&kv=drop&prompt=What+is+a+router%3F&quality=off")
+    box = page.locator("#rl-threshold input[type=number]")
+    box.fill("0.62")
+    box.press("Enter")
+    page.locator("#rl-temperature input[type=number]").fill("0.4")
+    page.locator("#rl-temperature input[type=number]").press("Enter")
+    page.get_by_role("tab", name="Layers").click()
+    shown = _on_screen(page)
+    assert (shown.threshold, shown.temperature, shown.tab, shown.kv_policy) == (0.62, 0.4, "layers", "drop")
+    page.locator("#rl-copy-link").click()
+    link_box = page.locator("#rl-link textarea, #rl-link input").first
+    page.wait_for_function("() => { const b = document.querySelector('#rl-link textarea, #rl-link input');"
+                           " return !!b && b.value.startsWith('http'); }")
+    link = link_box.input_value()
+    assert urlsplit(link).netloc == urlsplit(url).netloc and page.url == link
+    assert page.evaluate("navigator.clipboard.readText()") == link
+    note = _open(page, link)
+    assert note.startswith("✓ Opened a link"), note
+    assert _on_screen(page) == shown
