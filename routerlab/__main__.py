@@ -16,6 +16,7 @@ from routerlab.tuning.data import SPLITS
 from routerlab.core.errors import RouterLabError
 from routerlab.core.precision import CHOICES as DTYPE_CHOICES
 from routerlab.core.weights import FORMATS as WEIGHT_FORMATS
+from routerlab.figures import add_command as add_figures_command
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -253,15 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     c.set_defaults(func=_calibrate)
-
-    fg = sub.add_parser("figures", help="a teacher's slide figures (PNG 1920x1080 and SVG) and numbers.json with every "
-                        "number they show, from the shipped results and fresh greedy runs of the example prompts")
-    fg.add_argument("--out", required=True, help="folder to write: <figure>.png, <figure>.svg, numbers.json")
-    fg.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per run (default 96, as the app)")
-    fg.add_argument("--only", default=None, help="comma-separated figures to write (default all): heatmap, tradeoff, "
-                    "layers, ladder, kv")
-    fg.add_argument("--formats", default="png,svg", help="comma-separated: png, svg (default both)")
-    fg.set_defaults(func=_figures)
+    add_figures_command(sub)  # the workshop's slide figures: routerlab/figures.py owns its options
     return parser
 
 
@@ -300,8 +293,6 @@ def _machine() -> str:
 
 
 def _train_job(args) -> int:
-    from pathlib import Path
-
     from routerlab.core.models import load_model
     from routerlab.core.routed import Anatomy
     from routerlab.tuning.checkpoint import shipped_routers
@@ -353,15 +344,6 @@ def _calibrate(args) -> int:
     result.pop("_text")
     if args.json:
         print(json.dumps(result))
-    return 0
-
-
-def _figures(args) -> int:
-    from routerlab.figures import parse_formats, parse_names, write_figures
-
-    names, formats = parse_names(args.only), parse_formats(args.formats)  # bad options fail before any slow work
-    built = write_figures(args.out, names, formats, args.max_new_tokens, log=lambda m: print(m, file=sys.stderr, flush=True))
-    print("\n".join(str(p) for p in built.paths))
     return 0
 
 

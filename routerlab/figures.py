@@ -6,7 +6,7 @@ the app's heatmap with its quality strip), `tradeoff` (the Trade-off tab's first
 `layers` (skip rate per layer over the six examples), `ladder` (the Compare tab's threshold ladder on the first
 example) and `kv` (the three KV policies at the calibrated threshold on the first example).
 
-Owns the option parsers (`parse_names`, `parse_formats`), `build` (the runs and the figures as plotly objects,
+Owns its command line (`add_command`: the subcommand's options and handler), the option parsers (`parse_names`, `parse_formats`), `build` (the runs and the figures as plotly objects,
 with their numbers: what the tests check) and `write_figures` (the files). The runs live in slides/runs.py, the
 numbers in slides/numbers.py, the drawing in slides/draw.py, PNG and SVG in slides/export.py.
 """
@@ -214,3 +214,23 @@ def write_figures(out: str | Path, names: tuple[str, ...] = FIGURES, formats: tu
     path.write_text(json.dumps(rounded(record), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     built.paths = [*paths, path]
     return built
+
+
+def add_command(sub) -> None:
+    """`python -m routerlab figures`: the subparser on __main__'s subcommands, with its handler."""
+    fg = sub.add_parser("figures", help="a teacher's slide figures (PNG 1920x1080 and SVG) and numbers.json with every "
+                        "number they show, from the shipped results and fresh greedy runs of the example prompts")
+    fg.add_argument("--out", required=True, help="folder to write: <figure>.png, <figure>.svg, numbers.json")
+    fg.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help=f"new tokens per run (default {MAX_NEW_TOKENS}, as the app)")
+    fg.add_argument("--only", default=None, help=f"comma-separated figures to write (default all): {', '.join(FIGURES)}")
+    fg.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated: {', '.join(FORMATS)} (default all)")
+    fg.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    import sys
+
+    names, formats = parse_names(args.only), parse_formats(args.formats)  # bad options fail before any slow work
+    built = write_figures(args.out, names, formats, args.max_new_tokens, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print("\n".join(str(p) for p in built.paths))
+    return 0
