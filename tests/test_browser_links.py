@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from test_browser import ARGS, CHROMIUM, _free_port
+from test_browser import ARGS, CHROMIUM, SHOTS, _free_port
 
 from routerlab import ui
 from routerlab.ui.links import View, _defaults, read_link
@@ -142,3 +142,7 @@ def test_copy_link_round_trips_what_is_on_screen(app, page):
     note = _open(page, link)
     assert note.startswith("✓ Opened a link"), note
     assert _on_screen(page) == shown
+    _open(page, link.replace("tab=layers", "tab=explore"))  # the screenshot docs/workshop.md shows: a link opened, then copied
+    page.locator("#rl-copy-link").click()
+    page.wait_for_function("() => (document.querySelector('#rl-link textarea, #rl-link input') || {}).value?.startsWith('http')")
+    page.screenshot(path=str(SHOTS / "link.png"), full_page=True)

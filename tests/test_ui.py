@@ -255,6 +255,21 @@ def test_compare_streams_both_and_marks_divergence(res):
     assert "applies to the next generation" in ui.threshold_moved(res, 0.2, session)[3]  # the slider never steers a ladder
 
 
+
+def test_a_link_threshold_is_not_announced_twice(res):
+    """Opening a link sets the slider: the link's note says so; the slider's change event adds no second line."""
+    from types import SimpleNamespace
+
+    from routerlab.ui.links import View, open_link
+
+    session = ui.Session()
+    request = SimpleNamespace(query_params={"threshold": "0.62"})
+    out = open_link(res, View(prompt="Hi", routers=RANDOM), request, session)
+    assert out[5].value == 0.62 and "threshold 0.62" in out[-1].value
+    assert ui.threshold_moved(res, 0.62, session) == (gr.skip(),) * 6
+    assert "applies to the next generation" in ui.threshold_moved(res, 0.4, session)[3]  # a move of the user's own is
+    assert "applies to the next generation" in ui.threshold_moved(res, 0.62, session)[3]
+
 def test_full_model_choice_runs_without_routers(res):
     session = ui.Session()
     run_all(explore(res, session, label=ui.FULL))
@@ -290,7 +305,8 @@ def test_available_router_sets_lists_valid_folders_then_untrained(tmp_path, res)
     # choosing it starts from its calibrated threshold and trained KV policy
     slider, radio, status = ui.router_set_chosen(shipped, sets[0].label)
     assert slider.value == 0.5 and radio.value == "kv" and "calibrated" in status
-    assert all(is_skip(v) for v in ui.router_set_chosen(shipped, ui.UNTRAINED))
+    slider, *rest = ui.router_set_chosen(shipped, ui.UNTRAINED)  # no calibration: the slider keeps its value, loses the set's skip rates
+    assert all(is_skip(v) for v in rest) and slider.info == ui.layout.THRESHOLD_INFO
 
 
 def test_operator_allowed_models_load_once_others_are_refused(res):

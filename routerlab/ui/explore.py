@@ -203,6 +203,9 @@ def threshold_moved(res: Resources, threshold, session: Session):
         return skip, skip, skip, _status("run", f"Threshold → {value:.2f} from the next token (Explore run)."), skip, skip
     trace = session.trace
     if trace is None or not trace.steps:
+        echo, session.link_threshold = session.link_threshold == value, None
+        if echo:  # a link set it, and its note already says so
+            return (skip,) * 6
         return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip
     stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")), threshold=value)
     recorded = trace.skip_rate()

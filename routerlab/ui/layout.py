@@ -51,8 +51,8 @@ def router_set_chosen(res: Resources, label: str, session: Session | None = None
     threshold and the KV policy it was trained for."""
     own = own_set(session, label)
     info = own[0] if own else next((r for r in res.router_sets if r.label == label), None)
-    if info is None or info.path is None:
-        return gr.skip(), gr.skip(), gr.skip()
+    if info is None or info.path is None:  # the full model or untrained routers: no calibration to show
+        return gr.Slider(info=THRESHOLD_INFO), gr.skip(), gr.skip()
     threshold, policy = float(info.meta.get("threshold", 0.5)), info.meta.get("kv_policy", "kv")
     return (
         gr.Slider(value=threshold, info=_threshold_info(info.expected_skips)),
@@ -163,6 +163,12 @@ def launch_options() -> dict:
     large share of the browser's time while streaming, CPU a laptop's decoder also needs."""
     return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS,
                 run_history=False)
+
+
+def threshold_help(res: Resources, label: str) -> str:
+    """The slider's help text for a shipped router set (its measured skip rates), or the plain one."""
+    info = next((r for r in res.router_sets if r.label == label), None)
+    return _threshold_info(info.expected_skips if info is not None and info.path is not None else "")
 
 
 def _threshold_info(marks: str) -> str:
@@ -348,10 +354,10 @@ def build_demo(res: Resources) -> gr.Blocks:
         start_view = View(prompt=res.prompts[0], routers=default_routers, max_new_tokens=min(96, limits.max_new_tokens))
         link_outputs = [tabs, tab_shown, prompt, c_prompt, router_label, threshold, kv_policy, max_new, temperature, measure, link_note]
 
-        def _open_link(request: gr.Request):
-            return open_link(res, start_view, request)
+        def _open_link(s, request: gr.Request):
+            return open_link(res, start_view, request, s)
 
-        demo.load(_open_link, None, link_outputs, queue=False, api_name=False)
+        demo.load(_open_link, [session], link_outputs, queue=False, api_name=False)
         for tab_id, tab in zip(TABS, (tab_explore, tab_compare, tab_tradeoff, tab_train, tab_layers, tab_about)):
             tab.select(lambda t=tab_id: t, None, tab_shown, queue=False, api_name=False, show_progress="hidden")
         link_btn.click(lambda *values: view_link(res, *values), [prompt, c_prompt, threshold, router_label, kv_policy, max_new, temperature, measure, tab_shown],

@@ -6,11 +6,11 @@ Owns `View` (what a link can set: the settings column, the prompt and the tab), 
 query parameters -> the View to show and, for each bad or unknown value, a message naming it; a bad value
 falls back to the default, never breaks the page), `link_query` (a View -> its relative link, `?...`,
 which works wherever the app runs) and `router_key` (a dropdown label -> its short name in a link).
-Pure Python, no Gradio: layout.py applies a View to the components and turns the messages into the
-note above the settings.
+Those four are pure Python.
 
-`open_link` / `view_link` are the page's handlers: the settings a page opened with, and the link for what is on
-screen (layout.py wires them; `COPY_LINK_JS` makes the link absolute and copies it in the browser).
+`open_link` / `view_link` are the page's handlers: the settings a page opened with (applied to the components,
+the messages turned into the note above the settings), and the link for what is on screen (layout.py wires
+them; `COPY_LINK_JS` makes the link absolute and copies it in the browser).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def _describe(view: View, full: str) -> str:
             f"{view.max_new_tokens} new tokens, temperature {view.temperature:g}, quality {'on' if view.quality else 'off'}")
 
 
-def open_link(res, default: View, request: gr.Request | None):
+def open_link(res, default: View, request: gr.Request | None, session=None):
     """The page loaded: apply the settings its URL carries. Returns, for layout.LINK_OUTPUTS: tabs, tab state, prompt,
     Compare's prompt, router set, threshold, KV policy, max new tokens, temperature, quality, note. No settings in the
     URL: nothing changes."""
@@ -188,7 +188,12 @@ def open_link(res, default: View, request: gr.Request | None):
         note = "⚠ Opened a link, but " + "; ".join(problems) + ". Those settings keep their defaults. Now: " + _describe(view, FULL) + "."
     else:
         note = "✓ Opened a link: " + _describe(view, FULL) + ". Press **" + ("Compare" if view.tab == "compare" else "Generate") + "** to run it."
-    return (gr.Tabs(selected=view.tab), view.tab, view.prompt, view.prompt, view.routers, view.threshold, view.kv_policy,
+    from routerlab.ui.layout import threshold_help
+
+    if session is not None and view.threshold is not None:
+        session.link_threshold = float(view.threshold)
+    threshold = gr.Slider(value=view.threshold, info=threshold_help(res, view.routers))  # the help names the set's skip rates
+    return (gr.Tabs(selected=view.tab), view.tab, view.prompt, view.prompt, view.routers, threshold, view.kv_policy,
             view.max_new_tokens, view.temperature, view.quality, gr.Markdown(note, visible=True))
 
 

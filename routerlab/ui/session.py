@@ -38,6 +38,7 @@ class Session:
         self.job = None  # the Train tab's running tuning.job.TrainJob, if any
         self.job_drawn: tuple | None = None  # (steps, checkpoints) its figures last showed: unchanged ones are not sent again
         self.router_sets: dict[str, tuple[Any, Any]] = {}  # label -> (RouterSetInfo, RouterSet): sets trained or uploaded here
+        self.link_threshold: float | None = None  # the threshold a link just set: the link's note says it, the slider's echo does not
         self._dir: str | None = None
 
     def workdir(self) -> Path:
