@@ -143,6 +143,7 @@ def test_copy_link_round_trips_what_is_on_screen(app, page):
     assert note.startswith("✓ Opened a link"), note
     assert _on_screen(page) == shown
     _open(page, link.replace("tab=layers", "tab=explore"))  # the screenshot docs/workshop.md shows: a link opened, then copied
+    assert "mlp-token: 0.30" in page.locator("#rl-threshold").inner_text()  # the slider's help is the linked set's
     page.locator("#rl-copy-link").click()
     page.wait_for_function("() => (document.querySelector('#rl-link textarea, #rl-link input') || {}).value?.startsWith('http')")
     page.screenshot(path=str(SHOTS / "link.png"), full_page=True)

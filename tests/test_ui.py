@@ -265,7 +265,7 @@ def test_a_link_threshold_is_not_announced_twice(res):
     session = ui.Session()
     request = SimpleNamespace(query_params={"threshold": "0.62"})
     out = open_link(res, View(prompt="Hi", routers=RANDOM), request, session)
-    assert out[5].value == 0.62 and "threshold 0.62" in out[-1].value
+    assert out[5] == 0.62 and "threshold 0.62" in out[-1].value
     assert ui.threshold_moved(res, 0.62, session) == (gr.skip(),) * 6
     assert "applies to the next generation" in ui.threshold_moved(res, 0.4, session)[3]  # a move of the user's own is
     assert "applies to the next generation" in ui.threshold_moved(res, 0.62, session)[3]

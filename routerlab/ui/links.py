@@ -188,12 +188,9 @@ def open_link(res, default: View, request: gr.Request | None, session=None):
         note = "⚠ Opened a link, but " + "; ".join(problems) + ". Those settings keep their defaults. Now: " + _describe(view, FULL) + "."
     else:
         note = "✓ Opened a link: " + _describe(view, FULL) + ". Press **" + ("Compare" if view.tab == "compare" else "Generate") + "** to run it."
-    from routerlab.ui.layout import threshold_help
-
     if session is not None and view.threshold is not None:
         session.link_threshold = float(view.threshold)
-    threshold = gr.Slider(value=view.threshold, info=threshold_help(res, view.routers))  # the help names the set's skip rates
-    return (gr.Tabs(selected=view.tab), view.tab, view.prompt, view.prompt, view.routers, threshold, view.kv_policy,
+    return (gr.Tabs(selected=view.tab), view.tab, view.prompt, view.prompt, view.routers, view.threshold, view.kv_policy,
             view.max_new_tokens, view.temperature, view.quality, gr.Markdown(note, visible=True))
 
 
