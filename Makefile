@@ -42,10 +42,11 @@ chromium:
 test: dev chromium
 	$(BIN)/python -m pytest -q
 
-# The browser measurements docs/method.md quotes ("Streaming overhead") and the Train tab's job watched in the browser
-# (docs/experiments.md, "Three minutes"): printed, never asserted; ~13 min.
+# The browser measurements docs/method.md quotes ("Streaming overhead"), the Train tab's job watched in the browser
+# (docs/experiments.md, "Three minutes") and the app's streaming rate through gradio_client: printed, never asserted
+# (tests marked `report`); ~14 min.
 browser-reports: dev chromium
-	ROUTERLAB_BROWSER_REPORTS=1 $(BIN)/python -m pytest -q -s tests/test_browser.py -k "report_"
+	ROUTERLAB_BROWSER_REPORTS=1 $(BIN)/python -m pytest -q -s -m report tests/test_browser.py tests/test_app_client.py
 
 # The workshop's slide figures and the numbers docs/workshop.md quotes (tests/test_workshop_doc.py checks them); ~1 min.
 figures: dev chromium

@@ -1,6 +1,7 @@
 """Shared pytest fixtures. Expensive ones are session-scoped so their cost is paid once per run.
 
-Knows nothing about what the tests check; it only builds the objects they share.
+Knows nothing about what the tests check; it only builds the objects they share, and keeps the `report` tests
+(measurements that print, never assert) out of `make test`: they run with `make browser-reports`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,22 @@ import os
 import pytest
 
 from routerlab.core.models import LoadedModel, load_model
+
+
+REPORTS = "ROUTERLAB_BROWSER_REPORTS"  # set by `make browser-reports`
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "report: a measurement that prints, never asserts; runs only with `make browser-reports`")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get(REPORTS):
+        return
+    skip = pytest.mark.skip(reason="a measurement, not a test: `make browser-reports` runs it")
+    for item in items:
+        if item.get_closest_marker("report"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -218,10 +218,12 @@ def test_generate_takes_named_arguments(app):
     assert trace.meta["model"] == page["model"] == res.default_model and trace.meta["kv_policy"] == page["kv_policy"]
 
 
+@pytest.mark.report
 def test_report_streaming_rate_and_overhead(app, capsys):
     """Prints heatmap updates per second while streaming, and decode tokens/s with and without the app
     streaming to a client (same prompt, greedy, alternating runs; the engine times each decode step, so
-    any CPU the UI takes from decoding shows up there). Reported, never asserted: this box is shared."""
+    any CPU the UI takes from decoding shows up there). Reported, never asserted: this box is shared.
+    `make browser-reports` runs it."""
     url, res = app
     engine = res.engine
     routers = res.routers_for(engine, ui.UNTRAINED)

@@ -419,12 +419,10 @@ WINDOW_S, EDGE_S = 1.5, 0.25  # within-run windows: frames through / held back i
 
 
 # The two reports below measure and print (never assert): minutes of a test run for numbers that docs/method.md
-# quotes. They run with `make browser-reports` (ROUTERLAB_BROWSER_REPORTS=1), not in every `make test`.
-reports_only = pytest.mark.skipif(not os.environ.get("ROUTERLAB_BROWSER_REPORTS"),
-                                  reason="a measurement, not a test: `make browser-reports` runs it")
+# quotes. They run with `make browser-reports` (ROUTERLAB_BROWSER_REPORTS=1), not in every `make test` (conftest.py).
 
 
-@reports_only
+@pytest.mark.report
 def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, monkeypatch):
     """Decode tokens/s of a run streamed to a real browser against the same run without streaming, with the
     quality switch off and on; printed, never asserted (machines are noisy). docs/method.md ("Streaming
@@ -570,7 +568,7 @@ def _chromium_seconds() -> float:
     return total
 
 
-@reports_only
+@pytest.mark.report
 def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypatch):
     """Printed, never asserted: the browser side of docs/method.md ("Streaming overhead").
 
@@ -666,7 +664,7 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-@reports_only
+@pytest.mark.report
 def test_report_train_tab_in_the_browser(browser, app_url, capsys):
     """The Train tab's default job (built-in prompts, attention-token, 3 minutes), started and watched in Chromium on
     the same machine as the server: how many steps it gets, and its held-out table. Printed, never asserted;
