@@ -2,7 +2,7 @@
 
 Executes the notebook with nbclient in a fresh kernel of *this* interpreter (a kernel spec written to a
 temporary JUPYTER_PATH, so no globally registered `python3` kernel is picked up), from the repository
-root, with a per-cell timeout. Takes about two minutes on 2 cores, most of it the notebook's one-minute
+root, with a per-cell timeout. Takes about 80 s on 2 cores, most of it the notebook's one-minute
 training. Skips where nbclient / nbformat / ipykernel (requirements-dev.txt) or the embedded model are
 missing.
 """
