@@ -44,7 +44,7 @@ test: dev chromium
 
 # The browser measurements docs/method.md quotes ("Streaming overhead"), the Train tab's job watched in the browser
 # (docs/experiments.md, "Three minutes") and the app's streaming rate through gradio_client: printed, never asserted
-# (tests marked `report`); ~14 min.
+# (tests marked `report`); ~13 min, ~20 s of it the gradio_client one.
 browser-reports: dev chromium
 	ROUTERLAB_BROWSER_REPORTS=1 $(BIN)/python -m pytest -q -s -m report tests/test_browser.py tests/test_app_client.py
 

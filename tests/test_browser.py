@@ -418,7 +418,7 @@ IN_RUN_TOKENS, IN_RUN_RUNS = 192, 4
 WINDOW_S, EDGE_S = 1.5, 0.25  # within-run windows: frames through / held back in turns; steps this near an edge are left out
 
 
-# The two reports below measure and print (never assert): minutes of a test run for numbers that docs/method.md
+# The reports below measure and print (never assert): minutes of a test run for numbers that docs/method.md
 # quotes. They run with `make browser-reports` (ROUTERLAB_BROWSER_REPORTS=1), not in every `make test` (conftest.py).
 
 

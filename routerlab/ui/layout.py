@@ -355,10 +355,12 @@ def build_demo(res: Resources) -> gr.Blocks:
         link_outputs = [tabs, tab_shown, prompt, c_prompt, router_label, threshold, kv_policy, max_new, temperature, measure, link_note]
 
         def _open_link(s, request: gr.Request):
-            out = list(open_link(res, start_view, request, s))
-            if isinstance(out[4], str):  # a link set the router set: the slider's help names the linked set's measured skip rates
-                out[5] = gr.Slider(value=out[5], info=threshold_help(res, out[4]))
-            return tuple(out)
+            out = open_link(res, start_view, request, s)
+            routers, threshold = out[4], out[5]
+            if not isinstance(routers, str):  # gr.skip(): the URL carries no settings
+                return out
+            # the slider's help names the linked set's measured skip rates (links.py cannot import this module)
+            return (*out[:5], gr.Slider(value=threshold, info=threshold_help(res, routers)), *out[6:])
 
         demo.load(_open_link, [session], link_outputs, queue=False, api_name=False)
         for tab_id, tab in zip(TABS, (tab_explore, tab_compare, tab_tradeoff, tab_train, tab_layers, tab_about)):

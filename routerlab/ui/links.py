@@ -172,7 +172,7 @@ def _describe(view: View, full: str) -> str:
 
 
 def open_link(res, default: View, request: gr.Request | None, session=None):
-    """The page loaded: apply the settings its URL carries. Returns, for layout.LINK_OUTPUTS: tabs, tab state, prompt,
+    """The page loaded: apply the settings its URL carries. Returns, for layout's link outputs: tabs, tab state, prompt,
     Compare's prompt, router set, threshold, KV policy, max new tokens, temperature, quality, note. No settings in the
     URL: nothing changes."""
     from routerlab.ui.resources import FULL, UNTRAINED
