@@ -1,5 +1,7 @@
-"""`python -m routerlab figures`: a teacher's slide figures, PNG at 1920 x 1080 and SVG, and numbers.json with
-every number they show, from the shipped results and fresh greedy runs of the example prompts.
+"""`python -m routerlab figures`: a teacher's slide figures, PNG at 1920 x 1080 and SVG, numbers.json with
+every number they show, from the shipped results and fresh greedy runs of the example prompts, and room-sheet.md:
+what the room will see on this machine, exercise by exercise, with whether each of the lesson's claims holds here
+(slides/sheet.py, slides/claims.py).
 
 Figures (FIGURES): `heatmap` (the first example with the shipped attention-token set at its calibrated threshold,
 the app's heatmap with its quality strip), `tradeoff` (the Trade-off tab's first figure, from assets/bench/),
@@ -183,7 +185,8 @@ def command_line(out, names: tuple[str, ...], formats: tuple[str, ...], max_new_
 
 def write_figures(out: str | Path, names: tuple[str, ...] = FIGURES, formats: tuple[str, ...] = FORMATS,
                   max_new_tokens: int = MAX_NEW_TOKENS, loaded=None, log: Callable[[str], None] = lambda m: None) -> Built:
-    """`out/<figure>.<format>` for every figure and format, and `out/numbers.json`; what was built, with the paths written.
+    """`out/<figure>.<format>` for every figure and format, `out/numbers.json` and (with any figure but tradeoff)
+    `out/room-sheet.md`; what was built, with the paths written.
 
     Bad options and a missing kaleido or Chromium fail first, before the model loads or anything decodes.
     """
@@ -213,6 +216,15 @@ def write_figures(out: str | Path, names: tuple[str, ...] = FIGURES, formats: tu
     path = out / "numbers.json"
     path.write_text(json.dumps(rounded(record), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     built.paths = [*paths, path]
+    if set(names) - {"tradeoff"}:  # the sheet is about the fresh runs
+        from routerlab.slides import claims, sheet
+
+        sheet_path = out / sheet.NAME
+        sheet_path.write_text(sheet.room_sheet(rounded(record)), encoding="utf-8")
+        built.paths.append(sheet_path)
+        failed = [c.says.replace("**", "") for c, ok, _ in claims.check(rounded(record)) if not ok]
+        log(f"the lesson's claims on this machine: {len(claims.CLAIMS) - len(failed)} of {len(claims.CLAIMS)} hold"
+            + "".join(f"\n  does not hold here: {s}" for s in failed))
     return built
 
 
@@ -220,7 +232,7 @@ def add_command(sub) -> None:
     """`python -m routerlab figures`: the subparser on __main__'s subcommands, with its handler."""
     fg = sub.add_parser("figures", help="a teacher's slide figures (PNG 1920x1080 and SVG) and numbers.json with every "
                         "number they show, from the shipped results and fresh greedy runs of the example prompts")
-    fg.add_argument("--out", required=True, help="folder to write: <figure>.png, <figure>.svg, numbers.json")
+    fg.add_argument("--out", required=True, help="folder to write: <figure>.png, <figure>.svg, numbers.json, room-sheet.md")
     fg.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help=f"new tokens per run (default {MAX_NEW_TOKENS}, as the app)")
     fg.add_argument("--only", default=None, help=f"comma-separated figures to write (default all): {', '.join(FIGURES)}")
     fg.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated: {', '.join(FORMATS)} (default all)")

@@ -41,7 +41,7 @@ def test_every_figure_is_written_as_png_at_slide_size_and_as_svg(written):
         root = ET.parse(svg).getroot()
         assert root.tag.endswith("svg") and root.get("width") == "1920" and root.get("height") == "1080", name
         assert svg.stat().st_size > 10_000 and sum(1 for _ in root.iter()) > 100, f"{name}.svg is nearly empty"
-    assert {p.name for p in built.paths} == {f"{n}.{f}" for n in FIGURES for f in ("png", "svg")} | {"numbers.json"}
+    assert {p.name for p in built.paths} == {f"{n}.{f}" for n in FIGURES for f in ("png", "svg")} | {"numbers.json", "room-sheet.md"}
 
 
 def _values(trace) -> list:
@@ -108,6 +108,23 @@ def test_numbers_hold_what_the_figures_show(written):
     calibrated = next(r for r in rows if r["calibrated"])  # the heatmap's run is the ladder's calibrated rung: one run, one number
     assert calibrated["skip_rate"] == heat["skip_rate"] and calibrated["mean_kl"] == heat["mean_kl"]
     assert figures["tradeoff"]["series"] and all(s["skipped_percent"] for s in figures["tradeoff"]["series"])
+
+
+def test_the_room_sheet_gives_this_machines_numbers_and_checks_every_claim(written):
+    from routerlab.slides.claims import CLAIMS
+
+    out, _ = written
+    record = json.loads((out / "numbers.json").read_text())
+    sheet = (out / "room-sheet.md").read_text()
+    assert record["machine"]["cpu"] in sheet and record["command"] in sheet
+    figures = record["figures"]
+    assert f"**{100 * figures['heatmap']['skip_rate']:.1f}%**" in sheet  # exercise 1's skip rate, as this machine measured it
+    for row in figures["ladder"]["rows"][1:]:  # each rung's row: its skip rate, first difference and speed ratio
+        line = next(l for l in sheet.splitlines() if l.startswith(f"| {row['column']} |"))
+        assert f"{100 * row['skip_rate']:.1f}%" in line and f"{row['speedup']:.2f}x" in line
+        assert (f"token {row['first_difference_token']}" in line) if row["first_difference_token"] else "same text" in line
+    assert figures["ladder"]["full_model_text"].strip() in sheet  # the answers word for word
+    assert sheet.count("exercise ") >= len(CLAIMS) and "of %d hold" % len(CLAIMS) in sheet
 
 
 def test_option_lists_keep_the_canonical_order():

@@ -1,8 +1,11 @@
-"""The workshop lesson (docs/workshop.md) quotes numbers: each must be what its command wrote.
+"""The workshop lesson (docs/workshop.md): what it states as fact holds on every machine we ran, and every number
+it quotes is what its command wrote.
 
-`python -m routerlab figures --out assets/workshop` writes numbers.json; `make room` writes assets/bench/room.json;
-`make train-tab` writes assets/bench/train_tab.json. Rerun a command and this test names every number the lesson
-must change. The lesson's figures are the files the figures command wrote.
+`python -m routerlab figures --out assets/workshop` writes numbers.json and room-sheet.md; the same runs on other
+kernel paths (another CPU, one thread) are kept in assets/workshop/machines/. Each of the lesson's claims
+(slides/claims.py) is in its text and holds on every one of those records. `make room` writes
+assets/bench/room.json and `make train-tab` assets/bench/train_tab.json: the lesson quotes those, machine named.
+Rerun a command and this test names every claim or number the lesson must change.
 """
 
 from __future__ import annotations
@@ -24,46 +27,9 @@ def _pct(x: float) -> str:
 
 
 def _quoted() -> list[tuple[str, str]]:
-    """(what, the text the lesson must contain)."""
-    n = _json(FIGURES / "numbers.json")
-    fig = n["figures"]
-    heat, ladder, kv, layers = fig["heatmap"], fig["ladder"]["rows"], fig["kv"]["policies"], fig["layers"]
-    rungs = {r["threshold"]: r for r in ladder if r["threshold"] is not None}
-    full = next(r for r in ladder if r["threshold"] is None)
-    quoted = [
-        ("heatmap tokens", f"answer had {heat['generated_tokens']}\ntokens"),
-        ("heatmap skip", f"**{_pct(heat['skip_rate'])}** of the routed attention runs"),
-        ("heatmap KL", f"**{heat['mean_kl']:.3f}** nats per token"),
-        ("heatmap agreement", f"**{heat['agreement']:.0%}** of the"),
-        ("full model tokens", f"full model's answer had {full['generated_tokens']} tokens"),
-        ("full model speed", f"full model's {full['tokens_per_second']:.1f} tokens/s"),
-    ]
-    for t, r in rungs.items():
-        quoted += [
-            (f"{t} skip", f"**{_pct(r['skip_rate'])}**"),
-            (f"{t} KL", f"**{r['mean_kl']:.3f}**"),
-            (f"{t} agreement", f"**{r['agreement']:.0%}**"),
-            (f"{t} first difference", f"at **{t:.2f}** at {'generated ' if t == 0.3 else ''}token **{r['first_difference_token']}**"),
-        ]
-    quoted.append(("0.7 length", f"shorter one ({rungs[0.7]['generated_tokens']} tokens)"))
-    for name in ("mask", "kv", "drop"):
-        quoted.append((f"{name} speed", f"{name} {kv[name]['speedup']:.2f}x"))
-    quoted += [
-        ("kv work saved", f"**{_pct(kv['kv']['attention_flops_saved'])}** of the\nattention work saved"),
-        ("drop work saved", f"**{_pct(kv['drop']['attention_flops_saved'])}** of the attention work"),
-        ("drop cache saved", f"**{kv['drop']['kv_bytes_saved'] / 1024:.1f} KiB**"),
-        ("drop cache share", f"(**{_pct(kv['drop']['kv_bytes_saved'] / kv['drop']['kv_bytes_full'])}** of what the run stored)"),
-        ("drop first difference", f"at token {kv['drop']['first_difference_token']} (kv's at\ntoken {kv['kv']['first_difference_token']})"),
-    ]
-    pooled = {int(k): v for k, v in layers["all_prompts"].items() if v is not None}
-    top = sorted(pooled, key=pooled.get, reverse=True)[:3]
-    quoted += [(f"layer {k}", f"layer **{k}**") for k in top]
-    quoted += [(f"layer {k} share", f"**{pooled[k]:.0%}**") for k in top]
-    never = [k for k, v in sorted(pooled.items()) if v == 0.0]
-    quoted.append(("never skipped", "layers " + ", ".join(map(str, never[:-1])) + f" and {never[-1]}\nwere never skipped"))
-    rates = dict(zip(layers["prompts"], layers["skip_rate"]))
-    quoted += [("poem", f"poem skipped **{_pct(rates['Poem'])}**"), ("recipe", f"**{_pct(rates['Recipe'])}**, the advice **{_pct(rates['Advice'])}**")]
-
+    """(what, the text the lesson must contain): the numbers it quotes from a named machine's `make room` and
+    `make train-tab` (the figures' numbers are the room sheet's: the lesson states claims, checked below)."""
+    quoted = []
     room = _json(ROOT / "assets" / "bench" / "room.json")
     levels, steps = room["modes"]["room"]["levels"], room["steps"]["sizes"]
     quoted += [
@@ -86,9 +52,36 @@ def _quoted() -> list[tuple[str, str]]:
 
 
 def test_every_number_the_lesson_quotes_is_what_its_command_wrote():
-    text = LESSON
-    missing = [f"{what}: {want!r}" for what, want in _quoted() if want not in text]
+    text = " ".join(LESSON.split())
+    missing = [f"{what}: {want!r}" for what, want in _quoted() if " ".join(want.split()) not in text]
     assert not missing, "docs/workshop.md does not say:\n" + "\n".join(missing)
+
+
+def _runs() -> list[Path]:
+    return [FIGURES / "numbers.json", *sorted((FIGURES / "machines").glob("*.json"))]
+
+
+def test_the_lesson_states_every_claim_and_each_holds_on_every_kernel_path_we_ran():
+    from routerlab.slides.claims import CLAIMS, check
+
+    flat = " ".join(LESSON.split()).lower()
+    missing = [c.says for c in CLAIMS if " ".join(c.says.split()).lower() not in flat]
+    assert not missing, "docs/workshop.md does not state:\n" + "\n".join(missing)
+    runs = _runs()
+    machines = {(r["machine"]["cpu"], r["machine"]["vector_unit"], r["machine"]["torch_threads"]) for r in map(_json, runs)}
+    assert len({m[:2] for m in machines}) >= 2 and len(machines) >= 3, f"claims checked on too few kernel paths: {machines}"
+    failed = [f"{path.relative_to(ROOT)}: exercise {c.exercise}, {c.says!r} (measured: {measured})"
+              for path in runs for c, ok, measured in check(_json(path)) if not ok]
+    assert not failed, "claims that do not hold:\n" + "\n".join(failed)
+
+
+def test_the_shipped_room_sheet_is_the_shipped_runs():
+    from routerlab.slides.sheet import room_sheet
+    from routerlab.slides.numbers import rounded
+
+    sheet = (FIGURES / "room-sheet.md").read_text()
+    assert sheet == room_sheet(rounded(_json(FIGURES / "numbers.json"))), "rerun `make figures` (room-sheet.md is stale)"
+    assert "](../assets/workshop/room-sheet.md)" in LESSON
 
 
 def test_the_lesson_shows_every_figure_the_command_wrote():

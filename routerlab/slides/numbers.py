@@ -64,7 +64,7 @@ def ladder(full: Trace, rungs: list[Trace], calibrated: float) -> dict:
     rows = []
     for row, trace in zip(ladder_rows(full, rungs), [full, *rungs]):
         row = {k: v for k, v in row.items() if k != "first_divergence"}
-        row.update(generated_tokens=len(trace.generated_steps), calibrated=row["threshold"] is not None and abs(row["threshold"] - calibrated) < 1e-9)
+        row.update(generated_tokens=len(trace.generated_steps), text=trace.text, calibrated=row["threshold"] is not None and abs(row["threshold"] - calibrated) < 1e-9)
         if trace is not full:
             row.update(_first_difference(full, trace))
         rows.append(row)
@@ -81,7 +81,7 @@ def kv(full: Trace, policies: dict[str, Trace]) -> dict:
             "threshold": trace.meta.get("threshold_start"), "kv_policy_effective": trace.meta.get("kv_policy_effective"),
             "generated_tokens": len(trace.generated_steps), "skip_rate": trace.skip_rate(), "tokens_per_second": tps,
             "speedup": tps / f_tps if tps and f_tps else None, "mean_kl": trace.mean_kl(), "agreement": trace.agreement(),
-            **savings(trace), **_first_difference(full, trace),
+            **savings(trace), **_first_difference(full, trace), "text": trace.text,
         }
     return {"full": {"tokens_per_second": f_tps, "generated_tokens": len(full.generated_steps)}, "policies": out}
 
