@@ -191,7 +191,9 @@ def ttft(engine: Engine, model, ids: list[int], rounds: int, peer=None) -> dict[
             model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False, pad_token_id=0)
         generate_s.append(time.perf_counter() - t0)
         if peer is not None:
-            peer_s.append(peer.ttft(ids))
+            first = peer.ttft(ids)
+            if first is not None:
+                peer_s.append(first)
     return {"engine": statistics.median(engine_s), "generate": statistics.median(generate_s),
             "llama_cpp": statistics.median(peer_s) if peer_s else None, "prompt_tokens": len(ids)}
 
@@ -226,9 +228,40 @@ def kernel_floor(engine: Engine, context: int, repeat: int = 16) -> dict[str, fl
     return times
 
 
+class _Survivor:
+    """A peer in its child process whose crash ends its figures, not the benchmark: after a PeerCrashed every call
+    returns None, and `error` says what happened (the signal), for the result and the report."""
+
+    def __init__(self, peer, log):
+        self.peer, self.log, self.error = peer, log, None
+        self.version, self.path = peer.version, peer.path
+
+    def _call(self, method: str, *args):
+        from routerlab.bench.peers import PeerCrashed
+
+        if self.error is not None:
+            return None
+        try:
+            return getattr(self.peer, method)(*args)
+        except PeerCrashed as err:
+            self.error = str(err)
+            self.log(f"{err}; the benchmark goes on without it")
+            return None
+
+    def decode_rate(self, ids, new_tokens):
+        return self._call("decode_rate", ids, new_tokens)
+
+    def ttft(self, ids):
+        return self._call("ttft", ids)
+
+    def close(self) -> None:
+        self.peer.close()
+
+
 def _llama_cpp(loaded, context: int, log):
-    """llama.cpp on the embedded model's GGUF, or None (another model, or llama-cpp-python not installed)."""
-    from routerlab.bench.peers import LlamaCpp, llama_cpp_available
+    """llama.cpp on the embedded model's GGUF in a child process, or None (another model, llama-cpp-python not
+    installed, or it failed to start: said in the log)."""
+    from routerlab.bench.peers import InChild, LlamaCpp, PeerCrashed, llama_cpp_available
     from routerlab.core.models import EMBEDDED_NAME, embedded_gguf_path
 
     if loaded.name != EMBEDDED_NAME:
@@ -236,7 +269,11 @@ def _llama_cpp(loaded, context: int, log):
     if not llama_cpp_available():
         log("llama-cpp-python is not installed (`make bench-peers` builds it): no llama.cpp figures")
         return None
-    return LlamaCpp(embedded_gguf_path(fetch=False), context, torch.get_num_threads())
+    try:
+        return _Survivor(InChild(LlamaCpp, embedded_gguf_path(fetch=False), context, torch.get_num_threads()), log)
+    except PeerCrashed as err:
+        log(f"{err}: no llama.cpp figures")
+        return None
 
 
 def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, new_tokens: int = 128, rounds: int = 3,
@@ -271,18 +308,20 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
     generate, peer_rates, engine_runs, long_runs, long_peer, floors = [], [], [], [], [], []
     for r in range(rounds):  # generate and llama.cpp cannot run in lockstep: they run between the engine's rounds
         generate.append(generate_rate(model, ids, new_tokens))
-        if peer is not None:
-            peer_rates.append(peer.decode_rate(ids, new_tokens))
+        if peer is not None and (rate := peer.decode_rate(ids, new_tokens)) is not None:
+            peer_rates.append(rate)
         engine_runs.append(measure_speed(engine, [ids], configs, new_tokens, 1, log=lambda *_: None))
         floors.append(kernel_floor(engine, prompt_tokens + new_tokens // 2))
         if long_ids:
             long_runs.append(measure_speed(engine, [long_ids], dense_only, new_tokens, 1, log=lambda *_: None))
-            if peer is not None:
-                long_peer.append(peer.decode_rate(long_ids, new_tokens))
+            if peer is not None and (rate := peer.decode_rate(long_ids, new_tokens)) is not None:
+                long_peer.append(rate)
         log(f"speed round {r + 1}/{rounds} done")
     costs = cost_breakdown(engine, ids, prompt_tokens + new_tokens // 2)
     bandwidth = read_bandwidth()
     first = ttft(engine, model, bench_prompt(tok, ttft_tokens), ttft_rounds, peer) if ttft_tokens else None
+    if peer is not None:
+        peer.close()
 
     def med(name: str, key: str, runs=engine_runs) -> float:
         return statistics.median(run[name][key] for run in runs)
@@ -295,7 +334,7 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
              **{name: med(name, "tokens_per_second") for name in configs}}
     step_bytes = {"engine": engine.anatomy.decode_weight_bytes(), "engine_16bit": decode_weight_bytes(model),
                   "generate": decode_weight_bytes(model)}
-    if peer is not None:
+    if peer_rates:
         from routerlab.bench.peers import gguf_weight_bytes
 
         step_bytes["llama_cpp"] = gguf_weight_bytes(peer.path)
@@ -312,6 +351,7 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "new_tokens": new_tokens,
         "rounds": rounds,
         "llama_cpp_version": peer.version if peer is not None else None,
+        "llama_cpp_error": peer.error if peer is not None else None,  # a crash of its process, with the signal
         "routed_layers": list(default_layers(n)),
         "skipped_layers": list(deep),
         "tokens_per_second": rates,
@@ -379,6 +419,8 @@ def format_speed(r: dict) -> str:
     if r.get("engine_vs_llama_cpp") is not None:
         lines.append(f"  llama.cpp {r.get('llama_cpp_version', '?'):<8} on the same GGUF       {tps['llama_cpp']:7.2f} tok/s   "
                      f"reads {b['llama_cpp'] / 1e6:5.0f} MB   engine_vs_llama_cpp {r['engine_vs_llama_cpp']:.3f}")
+    elif r.get("llama_cpp_error"):
+        lines.append(f"  llama.cpp: {r['llama_cpp_error']} (the rest of the benchmark ran without it; `make bench-peers` rebuilds it)")
     else:
         lines.append("  llama.cpp: not measured (llama-cpp-python not installed: `make bench-peers`; or not the embedded model)")
     lines.append(f"  memory-bandwidth bound of the engine     {r['bandwidth_bound_tokens_per_second']:7.2f} tok/s   "
