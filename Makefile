@@ -58,8 +58,14 @@ bench: setup
 # The peer `bench speed` measures against when it imports: llama.cpp on the same GGUF. Built from source with
 # this machine's compiler (about 6 minutes on 2 cores); never a requirement of the app, `make test` or CI.
 LLAMA_CPP := llama-cpp-python==0.3.36
+# After the build it decodes a few tokens in a child process; where the native build crashes (llama.cpp's AMX path did,
+# on AMX Xeons) it is rebuilt once without the native path, with this CPU's AVX2/AVX-512 switches (peers --cmake-args).
 bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install -q --no-cache-dir $(LLAMA_CPP)
+	@$(BIN)/python -m routerlab.bench.peers --check || { \
+	  echo "rebuilding llama.cpp without its native path: $$($(BIN)/python -m routerlab.bench.peers --cmake-args)"; \
+	  CMAKE_ARGS="$$($(BIN)/python -m routerlab.bench.peers --cmake-args)" $(BIN)/python -m pip install -q --no-cache-dir \
+	    --force-reinstall --no-deps $(LLAMA_CPP) && $(BIN)/python -m routerlab.bench.peers --check; }
 
 # Every generation completes: 100 generations at the page's defaults (quality on, the example prompts, 64-96 new tokens)
 # one at a time, then 100 with 8 visitors at once, through the real app over HTTP; 0 failures required. Rerun it

@@ -44,3 +44,14 @@ def test_bench_speed_completes_when_its_peer_crashes(embedded, monkeypatch):
     assert any("SIGSEGV" in line and "goes on without it" in line for line in logged)
     text = speed.format_speed(r)
     assert "llama.cpp: llama.cpp crashed during decode_rate: its process was killed by SIGSEGV" in text
+
+
+def test_the_rebuild_flags_follow_the_cpu_and_never_take_the_native_or_amx_path():
+    from routerlab.bench.peers import cmake_args, cpu_flags
+
+    flags = cpu_flags("processor : 0\nflags\t\t: fpu sse avx avx2 fma f16c avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile\n")
+    args = cmake_args(flags).split()
+    assert args[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AVX512=ON" in args and "-DGGML_AVX512_BF16=ON" in args
+    assert "-DGGML_AVX512_VBMI=OFF" in args and not any("AMX" in a for a in args)
+    assert "-DGGML_AVX512=OFF" in cmake_args(cpu_flags("flags : avx avx2 fma\n")).split()
+    assert cpu_flags("") == set()

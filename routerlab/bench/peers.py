@@ -8,6 +8,11 @@ A peer runs in a child process of its own (`InChild`): native code can die (llam
 its first decode on AMX machines), and a crash must cost the benchmark that peer's figures, not the run. The child
 times itself, so the pipe costs nothing measured; `PeerCrashed` names how the child ended (its signal).
 
+`python -m routerlab.bench.peers --check` decodes a few tokens with llama.cpp in its child and says whether it ran
+(`make bench-peers` runs it after the build); `--cmake-args` prints the build flags for this CPU without llama.cpp's
+native path (GGML_NATIVE off, AVX2/AVX-512 families on as the CPU has them, AMX never), for the rebuild when the native
+build crashes.
+
 Knows nothing about the engine, routers or the UI.
 """
 
@@ -176,3 +181,65 @@ class InChild:
                 self._proc.kill()
                 self._proc.join(timeout=5)
         self._conn.close()
+
+
+# llama.cpp's per-ISA switches, by the /proc/cpuinfo flag that allows each. AMX is left out on purpose: its path is what
+# crashed natively built llama.cpp on AMX machines, and the AVX-512 paths decode fine there.
+ISA_FLAGS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"), ("bmi2", "GGML_BMI2"),
+             ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"), ("avx512_vnni", "GGML_AVX512_VNNI"),
+             ("avx512_bf16", "GGML_AVX512_BF16"), ("avx_vnni", "GGML_AVX_VNNI"))
+
+
+def cmake_args(cpu_flags: set[str]) -> str:
+    """CMAKE_ARGS for a llama.cpp build without the native path: each ISA switch on where the CPU has it."""
+    switches = ["-DGGML_NATIVE=OFF", *(f"-D{name}={'ON' if flag in cpu_flags else 'OFF'}" for flag, name in ISA_FLAGS)]
+    return " ".join(switches)
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo); empty where it cannot be read."""
+    try:
+        text = cpuinfo if cpuinfo is not None else Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def check(new_tokens: int = 4) -> tuple[bool, str]:
+    """Whether llama.cpp decodes the embedded model's GGUF here (in its child process), and what happened."""
+    if not llama_cpp_available():
+        return False, "llama-cpp-python is not installed (`make bench-peers` builds it)"
+    from routerlab.core.models import embedded_gguf_path
+
+    try:
+        peer = InChild(LlamaCpp, embedded_gguf_path(fetch=False), 64, 1)
+        try:
+            rate = peer.decode_rate([1, 2, 3, 4], new_tokens)
+        finally:
+            peer.close()
+    except PeerCrashed as err:
+        return False, str(err)
+    return True, f"llama.cpp {peer.version} decodes here ({rate:.1f} tokens/s on one thread, {new_tokens} tokens)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m routerlab.bench.peers", description="llama.cpp, the peer of `bench speed`")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check", action="store_true", help="decode a few tokens with llama.cpp in a child process")
+    what.add_argument("--cmake-args", action="store_true", help="print CMAKE_ARGS for a build without the native path")
+    args = parser.parse_args(argv)
+    if args.cmake_args:
+        print(cmake_args(cpu_flags()))
+        return 0
+    ok, message = check()
+    print(message)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
