@@ -81,6 +81,44 @@ def test_decode_speed_takes_out_the_quality_pass():
     assert ui.decode_speed(trace) == pytest.approx(4 / 1.0)
 
 
+def _steps(seconds: list[float]) -> list[Step]:
+    return [Step(0, 1, "a", True, [None], [None], 0.5, 0.1)] + [Step(p + 1, 1, "a", False, [None], [None], 0.5, s) for p, s in enumerate(seconds)]
+
+
+def test_decode_speed_over_some_tokens_takes_out_only_their_quality_pass():
+    trace = Trace(1, _steps([0.5, 0.5, 0.5, 0.5]), {"quality_seconds_by_step": [0.25, 0.0, 0.5, 0.0], "quality_seconds_in_steps": 0.75})
+    assert ui.decode_speed(trace, 2) == pytest.approx(2 / (1.0 - 0.25))
+    assert ui.decode_speed(trace) == pytest.approx(4 / (2.0 - 0.75))
+
+
+def test_a_ladders_speeds_are_timed_over_the_tokens_every_column_decoded():
+    """The full model stopped after 2 tokens; the rung decoded 2 more, fast, after it had ended: those are not
+    compared with anything the full model did, so the speedup is that of the first two tokens (2x, not 3.5x)."""
+    full = Trace(1, _steps([1.0, 1.0]), {})
+    rung = Trace(1, _steps([0.5, 0.5, 0.1, 0.1]), {"threshold_start": 0.5})
+    rows = ui.ladder_rows(full, [rung])
+    assert rows[1]["timed_tokens"] == 2 and rows[1]["speedup"] == pytest.approx(2.0)
+    assert "first 2 generated tokens" in ui.ladder_html(full, [rung])
+    assert "2.00×" in ui.column_html(rung, full, 0.5)
+
+
+def test_every_rung_records_its_quality_pass_per_step(res):
+    session = ui.Session()
+    run_all(ladder(res, session, thresholds="0.3, 0.7"))
+    for rung in session.compare[1:]:
+        per_step = rung.meta["quality_seconds_by_step"]
+        assert len(per_step) == len(rung.generated_steps) and sum(per_step) == pytest.approx(rung.meta["quality_seconds_in_steps"])
+
+
+def test_the_quick_sweep_decodes_its_runs_side_by_side_over_the_same_tokens(res):
+    from routerlab.ui.tradeoff_tab import HEADERS, tradeoff_sweep
+
+    fig, table, status = tradeoff_sweep(res, "Hello there", RANDOM, "kv", res.default_model, progress=lambda *a, **k: None)
+    assert status.startswith("✓") and "side by side" in status and "first " in status
+    speedups = [float(str(v).rstrip("×x")) for v in table[HEADERS["speedup"]]]
+    assert len(table) == 8 and speedups[0] == 1.0 and all(s > 0 for s in speedups)
+
+
 def test_first_difference_from_the_full_model_is_marked(res):
     session = ui.Session()
     *columns, table, _, _ = run_all(ladder(res, session, max_new=32))[-1]

@@ -49,6 +49,7 @@ class Generation:
         self.feed: tuple[int, int] | None = None  # (token, position) the next forward computes
         self.done = False
         self._t0 = 0.0
+        self._quality = 0.0  # seconds the quality pass took inside the current step
         self._piece = ""
 
     def prefill(self) -> list[Step]:
@@ -65,8 +66,11 @@ class Generation:
         self.feed = None
         self._t0 = time.perf_counter()
         meter = self.meter
+        self._quality = 0.0
         if meter is not None:
+            before = meter.seconds
             meter.pump()  # a full chunk is scored here, so its time counts in this token's seconds
+            self._quality = meter.seconds - before
             self.trace.meta["quality_seconds_in_steps"] = meter.seconds  # that share of the steps' seconds (the final flush is in none)
         if self.control.stop_requested:
             return self._finish("stopped")
@@ -78,6 +82,7 @@ class Generation:
         position = len(self.ids) + len(self.generated) - 1
         if len(self.generated) == self.config.max_new_tokens:  # the last token is never fed back: no scores for it
             step = self._record(position, token, self._piece, False, [math.nan] * self.engine.n_layers, 0.0)
+            self._quality_of_step(0.0)
             if meter is not None:
                 meter.add(step, self.logits)  # its distribution is known: it was sampled from it
             return [step, *self._finish(None)]
@@ -90,6 +95,7 @@ class Generation:
         """The forward of `feed` gave `logits` (1, 1, V) and `scores` (L floats, NaN where unrouted)."""
         token, position = self.feed
         step = self._record(position, token, self._piece, False, scores, time.perf_counter() - self._t0)
+        self._quality_of_step(self._quality)
         if self.meter is not None:
             self.meter.add(step, self.logits)  # the routed distribution this token was drawn from
         self.logits = logits
@@ -108,6 +114,12 @@ class Generation:
         meta["kv_bytes_held"] = sum(c.nbytes for c in self.caches)
         meta["kv_bytes_full"] = len(self.trace.steps) * self.engine.n_layers * int(meta["costs"]["kv_bytes"])
         self.done = True
+
+    def _quality_of_step(self, seconds: float) -> None:
+        """Per generated step, the quality pass's share of its seconds: a speed over some of the steps takes out
+        exactly theirs (ui.compare.decode_speed over the steps every column of a ladder ran)."""
+        if self.meter is not None:
+            self.trace.meta.setdefault("quality_seconds_by_step", []).append(seconds)
 
     def _finish(self, reason: str | None) -> list[Step]:
         if reason is not None:

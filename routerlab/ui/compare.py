@@ -135,13 +135,29 @@ class _Ladder:
 
 
 # -- what a ladder shows -----------------------------------------------------------------------------
-def decode_speed(trace: Trace) -> float:
-    """Decode tokens/s of a run, without the time its per-token quality pass took (the engine scores
-    a chunk inside a step and records how much of the steps' seconds that was): the routed model's
-    speed, comparable with the full model's, which has no quality pass to do."""
-    timed = [s.seconds for s in trace.generated_steps if s.seconds > 0]
-    seconds = sum(timed) - float(trace.meta.get("quality_seconds_in_steps", 0.0))
+def decode_speed(trace: Trace, tokens: int | None = None) -> float:
+    """Decode tokens/s of a run over its first `tokens` generated tokens (None: all), without the time its
+    per-token quality pass took (the engine scores a chunk inside a step and records how much of each step's
+    seconds that was): the routed model's speed, comparable with the full model's, which has no quality pass.
+
+    A ladder's columns decode in lockstep, one token each in turn, so their k-th tokens are decoded in the same
+    round: compared over the tokens every column decoded (`shared_tokens`), they are timed over the same rounds
+    and the same context lengths, not a column's late tokens alone against another's early ones."""
+    steps = trace.generated_steps if tokens is None else trace.generated_steps[:tokens]
+    by_step = trace.meta.get("quality_seconds_by_step")
+    if by_step is not None:
+        quality = sum(by_step[: len(steps)])
+    else:  # a trace from before per-step records: only its whole run can be corrected
+        quality = float(trace.meta.get("quality_seconds_in_steps", 0.0)) if tokens is None else 0.0
+    timed = [s.seconds for s in steps if s.seconds > 0]
+    seconds = sum(timed) - quality
     return len(timed) / seconds if timed and seconds > 0 else 0.0
+
+
+def shared_tokens(traces: list[Trace | None]) -> int | None:
+    """How many generated tokens every column of a ladder decoded: the rounds they all ran (None: no column yet)."""
+    counts = [len(t.generated_steps) for t in traces if t is not None]
+    return min(counts) if counts else None
 
 
 def _kl(trace: Trace) -> str:
@@ -162,14 +178,17 @@ def ladder_rows(full: Trace | None, rungs: list[Trace]) -> list[dict]:
     """One row per column: its numbers, measured in the same lockstep run (plain data, for tests and the table)."""
     if full is None:
         return []
-    f_tps = decode_speed(full)
-    rows = [dict(column="full model", threshold=None, skip_rate=0.0, mean_kl=0.0, agreement=1.0, tokens_per_second=f_tps, speedup=1.0 if f_tps else None, first_divergence=None)]
+    n = shared_tokens([full, *rungs])  # every speed over the same rounds of the lockstep
+    f_tps = decode_speed(full, n)
+    rows = [dict(column="full model", threshold=None, skip_rate=0.0, mean_kl=0.0, agreement=1.0, tokens_per_second=f_tps,
+                 speedup=1.0 if f_tps else None, first_divergence=None, timed_tokens=n)]
     for trace in rungs:
-        tps = decode_speed(trace)
+        tps = decode_speed(trace, n)
         rows.append(dict(
             column=f"threshold {trace.meta.get('threshold_start', 0):.2f}", threshold=trace.meta.get("threshold_start"), skip_rate=trace.skip_rate(),
             mean_kl=trace.mean_kl(), agreement=trace.agreement(), tokens_per_second=tps,
             speedup=tps / f_tps if tps and f_tps else None, first_divergence=plots.first_divergence(full, trace),
+            timed_tokens=n,
         ))
     return rows
 
@@ -190,14 +209,16 @@ def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -
              ["0 (itself)"] + [_kl(t) for t in rungs]),
         line("top token as the full model", "share of generated tokens whose most likely next token is the full model's",
              ["100%"] + ["…" if r["agreement"] is None else f"{r['agreement']:.0%}" for r in rows[1:]]),
-        line("decode tok/s", "measured in this run; the quality pass that measures KL is timed out", [f"{r['tokens_per_second']:.1f}" if r["tokens_per_second"] else "–" for r in rows]),
+        line("decode tok/s", "measured in this run over the tokens every column decoded; the quality pass that measures KL is timed out", [f"{r['tokens_per_second']:.1f}" if r["tokens_per_second"] else "–" for r in rows]),
         line("speedup vs full", "this column's decode tok/s over the full model's, measured side by side in lockstep",
              ["1.00× (reference)"] + [f"<b>{r['speedup']:.2f}×</b>" if r["speedup"] else "–" for r in rows[1:]]),
         line("first difference", "the first generated token that is not the full model's (red outline in the text)",
              ["–"] + [_divergence(full, t) for t in rungs]),  # token_label escapes the tokens
     ]
+    timed = rows[0]["timed_tokens"]
     note = ("Still generating: the numbers move until every run ends." if running else
-            f"{len(rows)} runs measured in lockstep (one token each in turn on this machine), so their speeds compare like for like.")
+            f"{len(rows)} runs measured in lockstep (one token each in turn on this machine); every speed is timed over the "
+            f"first {timed} generated tokens, which all of them decoded in the same rounds, so they compare like for like.")
     return (f"<table class='rl-ladder'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             f"<div class='rl-foot'>{html.escape(note)} Router set {html.escape(str(rungs[0].meta.get('granularity') if rungs else '?'))}, "
             f"kv policy {html.escape(str(full.meta.get('kv_policy', '?')))}.</div>")
@@ -218,7 +239,8 @@ def column_html(trace: Trace | None, full: Trace | None, threshold: float | None
         head = f"<b>Full model</b> · {decode_speed(trace):.1f} tok/s"
         return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace)}"
     div = plots.first_divergence(full, trace)
-    f_tps, tps = decode_speed(full), decode_speed(trace)
+    n = shared_tokens([full, trace])
+    f_tps, tps = decode_speed(full, n), decode_speed(trace, n)
     speed = f" · {tps / f_tps:.2f}×" if f_tps and tps else ""
     head = f"<b>Threshold {threshold:.2f}</b> · skipped {trace.skip_rate():.0%} · KL {_kl(trace)}{speed}"
     return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace, diverge_at=div)}"

@@ -22,6 +22,7 @@ import gradio as gr
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
 from routerlab.ui import plots, tradeoff_plots
+from routerlab.ui.compare import decode_speed, shared_tokens
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import _status, _warn
 
@@ -223,8 +224,6 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
     """A quick sweep when no benchmark results ship: tokens/s and agreement with the full model per threshold."""
     import pandas as pd
 
-    from routerlab.core.engine import Control
-
     try:
         res.check_prompt(prompt)
         engine = res.engine_for(model_name)
@@ -235,16 +234,37 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
     except RouterLabError as err:
         return plots.tradeoff_curve(None), None, _warn(err)
     thresholds = [0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
-    progress(0.0, desc="full model")
-    full = engine.run(prompt, None, config)
+    runs = [(None, config)] + [(routers, dataclasses.replace(config, threshold=t)) for t in thresholds]
+    progress(0.0, desc=f"{len(runs)} runs side by side")
+    traces = _lockstep(engine, prompt, runs, lambda done: progress(done, desc=f"{len(runs)} runs side by side"))
+    full, swept = traces[0], traces[1:]
     full_ids = [s.token_id for s in full.generated_steps]
+    n = shared_tokens(traces)  # every speed over the rounds all runs decoded
+    f_tps = decode_speed(full, n) or 1.0
     rows = [dict(method="full", threshold=None, speedup=1.0, agreement=1.0, skip_rate=0.0, kv_policy=kv_policy)]
-    f_tps = full.decode_tokens_per_second() or 1.0
-    for k, t in enumerate(thresholds):
-        progress((k + 1) / (len(thresholds) + 1), desc=f"threshold {t:.2f}")
-        trace = engine.run(prompt, routers, dataclasses.replace(config, threshold=t))
+    for t, trace in zip(thresholds, swept):
         ids = [s.token_id for s in trace.generated_steps]
         same = next((j for j, (a, b) in enumerate(zip(full_ids, ids)) if a != b), min(len(full_ids), len(ids)))
-        rows.append(dict(method=label, threshold=t, speedup=trace.decode_tokens_per_second() / f_tps, agreement=same / max(1, len(full_ids)), skip_rate=trace.skip_rate(), kv_policy=kv_policy))
+        rows.append(dict(method=label, threshold=t, speedup=decode_speed(trace, n) / f_tps, agreement=same / max(1, len(full_ids)), skip_rate=trace.skip_rate(), kv_policy=kv_policy))
     df = pd.DataFrame(rows)
-    return plots.tradeoff_curve(df, quality="agreement"), bench_table(df), _status("ok", "Sweep done: agreement = share of the full model's greedy tokens reproduced before the first difference.")
+    return plots.tradeoff_curve(df, quality="agreement"), bench_table(df), _status("ok", (
+        f"Sweep done: {len(runs)} runs decoded side by side (one token each in turn), every speed timed over the first {n} tokens, "
+        "which all of them decoded; agreement = share of the full model's greedy tokens reproduced before the first difference."))
+
+
+def _lockstep(engine, prompt: str, runs: list[tuple], progress) -> list:
+    """Traces of `runs` ((routers, config) each) on `prompt`, decoded one token each in turn on this thread, who goes
+    first rotating every round, so each run's k-th token is decoded in the same round as every other's."""
+    from routerlab.core.engine import Control
+
+    controls = [Control(config.threshold) for _, config in runs]
+    live = [engine.generate(prompt, routers, config, control) for (routers, config), control in zip(runs, controls)]
+    total, turn = max(config.max_new_tokens for _, config in runs), 0
+    while live:
+        k = turn % len(live)
+        for run in live[k:] + live[:k]:
+            if next(run, None) is None:
+                live.remove(run)
+        turn += 1
+        progress(min(1.0, turn / max(1, total)))
+    return [control.trace for control in controls]
