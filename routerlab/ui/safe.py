@@ -48,7 +48,7 @@ def text(value) -> str:
     """`value` (any object; None -> "") as a string that shows literally in Markdown, HTML, an attribute or a plotly label."""
     if value is None:
         return ""
-    # the table first: the references the two rules then write hold no ':', '.' or list marker for them to meet again
+    # the table first: run after the two rules, it would escape the '&' and '#' of the references they write
     shown = _IN_CONTEXT.sub(_ref, _BREAKS.sub(" ", str(value)).translate(_TABLE))
     return _LINE_START.sub(_marker, shown, count=1)
 

@@ -2,9 +2,9 @@
 
 Owns `Session` (kept in a gr.State, never shared: running Controls, last traces, what the page
 shows now, a temp folder for exports) and its delete callback, the status-line helpers
-(`_status`, `_warn`: an error's message, escaped, in a toast and the status line), `plot_data` /
-`_shown` (figures serialized once and repeated by streams) and `_export` (trace JSON + heatmap
-HTML files). Knows nothing about engines, Resources, tabs or tensors.
+(`_status`, `_warn`), `plot_data` / `_shown` (figures serialized once and repeated by streams)
+and `_export` (trace JSON + heatmap HTML files). Knows nothing about engines, Resources,
+tabs or tensors.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Handlers: `train_start` (checks the settings and the visitor's text, queues a tuning.job.TrainJob on the
 server's one TrainingRunner), `train_tick` (progress, curves, layer map; when the job ends, its set joins
 this session's router-set menu and a zip is offered), `train_stop`, `upload_set` (a zip or loose files,
-validated by tuning.bundle.read_upload). Bad input comes back as a status message (escaped: it names the visitor's file); the inputs are never
+validated by tuning.bundle.read_upload). Bad input comes back as a status message; the inputs are never
 touched, so nothing the visitor entered is lost. No tensors here: the job and the bundle own them.
 """
 
