@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 from urllib.parse import parse_qsl
 
 import pytest
@@ -15,6 +17,11 @@ DEFAULT = View(prompt="Explain the sky.", routers="attention-token (trained)")
 
 def _read(query: str):
     return read_link(dict(parse_qsl(query.lstrip("?"), keep_blank_values=True)), DEFAULT, LABELS, FULL, UNTRAINED, 256, 4000)
+
+
+def _shown(message: str) -> str:
+    """A message as the note reads (its Markdown's escapes undone), with the inline code it sets marked by backticks."""
+    return html.unescape(re.sub(r"</?code>", "`", message))
 
 
 def test_every_setting_a_link_carries_is_applied():
@@ -49,19 +56,34 @@ def test_router_sets_by_short_name_or_label(value, label):
 ])
 def test_a_bad_value_is_named_and_keeps_the_default(query, named):
     view, problems, given = _read(query)
-    assert len(problems) == 1 and problems[0].startswith(named), problems
+    assert len(problems) == 1 and _shown(problems[0]).startswith(named), problems
     assert view == DEFAULT and given == set()
 
 
 def test_good_values_survive_bad_ones_and_gradio_keys_are_not_reported():
     view, problems, _ = _read("?threshold=0.3&kv=nope&__theme=dark&view=api")
     assert view.threshold == 0.3 and view.kv_policy is None
-    assert len(problems) == 1 and "kv=nope" in problems[0]
+    assert len(problems) == 1 and "kv=nope" in _shown(problems[0])
 
 
 def test_a_long_value_is_shortened_in_the_message():
     _, problems, _ = _read("?tab=" + "x" * 500)
-    assert len(problems[0]) < 120 and "…" in problems[0]
+    assert len(_shown(problems[0])) < 120 and "…" in problems[0]
+
+
+@pytest.mark.parametrize("query", [
+    "?quality=%60%3Cimg%20src%3D%2Fgradio_api%2Fpx%3E",  # a backtick closed the old `code span`: a real <img>
+    "?%60%3Ca%20href%3Dx%3Elink%3C%2Fa%3E=1&tab=%3Cform%20action%3Dx%3E",
+    "?kv=%3Cb%20style%3Dposition%3Afixed%3Binset%3A0%3Ecover%3C%2Fb%3E&routers=%60%60%3C%2Fcode%3E%3Cimg%20src%3Dx%3E",
+])
+def test_a_hostile_value_comes_back_as_text(query):
+    """The messages are Markdown: the visitor's part of each is inline code that nothing in it can close or leave."""
+    _, problems, _ = _read(query)
+    assert problems
+    for message in problems:
+        values = re.findall(r"<code>(.*?)</code>", message)
+        assert len(values) == 1 and not set(values[0]) & set("<>`*_[]()"), message
+        assert "<" not in re.sub(r"</?code>", "", message) and "`" not in message, message
 
 
 @pytest.mark.parametrize("tab", TABS)

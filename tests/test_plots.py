@@ -100,14 +100,14 @@ def test_what_if_differs_from_recorded_when_threshold_moves():
 def test_hover_and_ticks_escape_html():
     trace = synthetic_trace(n_prompt=1, n_gen=3, texts=["<script>", " a&b", "\n"])
     fig = plots.heatmap(trace)
-    assert "<script>" not in str(fig.data[0].x) and "&lt;script&gt;" in str(fig.data[0].x)
+    assert "<script>" not in str(fig.data[0].x) and "&#60;script&#62;" in str(fig.data[0].x)  # safe.text: plotly shows it
     assert "⏎" in "".join(fig.layout.xaxis.ticktext)
 
 
 def test_token_html_escapes_and_tints_by_layers_used():
     trace = synthetic_trace(n_prompt=1, n_gen=3, texts=["x", "<b>bold</b>", " & ", "\n"])
     out = plots.token_html(trace)
-    assert "<b>bold</b>" not in out and "&lt;b&gt;bold&lt;/b&gt;" in out
+    assert "<b>bold</b>" not in out and "&#60;b&#62;bold&#60;/b&#62;" in out
     assert out.count("class='rl-tok'") == 3 + 3  # 3 tokens + 3 legend swatches
     assert "layers used" in out
     marked = plots.token_html(trace, diverge_at=1)

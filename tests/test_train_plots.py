@@ -45,3 +45,20 @@ def test_a_tick_without_a_new_step_sends_no_figures():
     assert drawn(train_tick(res, session)) == [True, True]
     snap["checkpoints"] = [{"step": 3, "skip_rate": 0.05, "kl_full": 0.1, "perplexity_increase": 0.02}]
     assert drawn(train_tick(res, session)) == [True, True]
+
+
+def test_result_and_progress_show_names_and_messages_as_text():
+    """A set's label, its rows' names and a job's message (which can name a visitor's file) stay text: no tag, no
+    extra table cell."""
+    import html
+
+    hostile = "<img src=/x>|**b**"
+    result = {"label": hostile, "steps": 3, "seconds": 1.0, "heldout": {"examples": 4, "rows": {
+        hostile: {"threshold": 0.5, "skip_rate": 0.1, "perplexity_increase": 0.02, "kl_full": 0.01}}}}
+    md = train_plots.result_md({"result": result})
+    row = next(line for line in md.splitlines() if "0.0100" in line)
+    assert "<img" not in md and "**b**" not in md and row.count("|") == 6, row
+    assert html.unescape(md).count(hostile) == 2
+    for phase in ("training", "done"):
+        bar = train_plots.progress_html({"phase": phase, "elapsed": 1.0, "message": hostile, "rows": []}, 60.0)
+        assert "<img" not in bar and hostile in html.unescape(bar)

@@ -97,6 +97,20 @@ def test_bad_settings_text_and_uploads_are_status_messages_and_touch_no_input(tm
     assert "No training is running" in train_stop(session)
 
 
+def test_a_training_files_name_is_shown_as_text(tmp_path):
+    """The status names the data's source, a visitor's file name: escaped like any text from outside (ui/safe.py)."""
+    import html
+
+    name = "<img src=hostile-file>.txt"
+    (tmp_path / name).write_text(TEXT)
+    res = tiny_resources()
+    session = ui.Session()
+    status = _start(res, session, text=None, upload=str(tmp_path / name), steps=10_000)[4]
+    train_stop(session)
+    assert "<img" not in status and name in html.unescape(status), status
+    _wait(res, session)
+
+
 def test_training_off_and_one_at_a_time(tmp_path):
     res = tiny_resources()
     res.trainer = None

@@ -12,14 +12,13 @@ Knows nothing about the layout, the Explore tab or tensors.
 from __future__ import annotations
 
 import dataclasses
-import html
 import logging
 
 import gradio as gr
 
 from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Trace
-from routerlab.ui import plots
+from routerlab.ui import plots, safe
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import Session, _shown, _status, _warn, plot_data
 from routerlab.ui.stream import Decoder
@@ -108,7 +107,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
         yield *blank, _warn(err)
     except Exception as err:
         log.error("compare failed", exc_info=err)
-        yield *blank, _status("warn", f"Compare failed: {type(err).__name__}: {err}")
+        yield *blank, _status("warn", f"Compare failed: {type(err).__name__}: {safe.text(err)}")
     finally:
         everything.request_stop()  # ends the decoder if the stream was cancelled
         session.compare = tuple(traces)
@@ -198,10 +197,10 @@ def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -
     if full is None:
         return ""
     rows = ladder_rows(full, rungs)
-    head = "".join(f"<th>{html.escape(r['column'])}</th>" for r in rows)
+    head = "".join(f"<th>{safe.text(r['column'])}</th>" for r in rows)
 
     def line(label: str, hint: str, cells: list[str]) -> str:
-        return f"<tr><th title='{html.escape(hint)}'>{html.escape(label)}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+        return f"<tr><th title='{safe.text(hint)}'>{safe.text(label)}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
     body = [
         line("skipped", "skipped / routed sub-layer runs over the generated tokens", [f"{r['skip_rate']:.0%}" for r in rows]),
@@ -220,8 +219,8 @@ def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -
             f"{len(rows)} runs measured in lockstep (one token each in turn on this machine); every speed is timed over the "
             f"first {timed} generated tokens, which all of them decoded in the same rounds, so they compare like for like.")
     return (f"<table class='rl-ladder'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-            f"<div class='rl-foot'>{html.escape(note)} Router set {html.escape(str(rungs[0].meta.get('granularity') if rungs else '?'))}, "
-            f"kv policy {html.escape(str(full.meta.get('kv_policy', '?')))}.</div>")
+            f"<div class='rl-foot'>{safe.text(note)} Router set {safe.text(rungs[0].meta.get('granularity') if rungs else '?')}, "
+            f"kv policy {safe.text(full.meta.get('kv_policy', '?'))}.</div>")
 
 
 def column_html(trace: Trace | None, full: Trace | None, threshold: float | None) -> str:

@@ -19,6 +19,7 @@ from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Trace
 from routerlab.ui import plots
 from routerlab.ui import quality_plots as qp
+from routerlab.ui import safe
 from routerlab.ui.resources import Resources
 from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data
 from routerlab.ui.stream import Decoder
@@ -39,7 +40,7 @@ def _done_status(trace: Trace, res: Resources, wall: float) -> str:
     return _status(
         "stop" if m.get("stop_reason") == "stopped" else "ok",
         f"Done: {n} tokens in {wall:.1f} s ({reason}); {qp.speed_phrase(stats)}{quality}; "
-        f"skip rate {trace.skip_rate():.0%}, granularity {m.get('granularity')}, kv policy {m.get('kv_policy_effective')}. "
+        f"skip rate {trace.skip_rate():.0%}, granularity {safe.text(m.get('granularity'))}, kv policy {safe.text(m.get('kv_policy_effective'))}. "
         "Move the threshold slider to see a what-if view from the recorded scores." + _shared_note(m),
     )
 
@@ -79,7 +80,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     note = "" if live else (" (full model: the threshold has no effect)" if routers is None else " (sequence level: decided once per prompt)")
     # the heatmap's placeholder for this run: live frames are drawn into it in the browser (never over a final figure)
     heat = _heat_note("Prefilling the prompt: the heatmap draws as tokens arrive.")
-    yield skip, heat, skip, _status("run", f"Prefilling the prompt on {engine.name}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False), skip
+    yield skip, heat, skip, _status("run", f"Prefilling the prompt on {safe.text(engine.name)}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False), skip
 
     start = next_stats = time.perf_counter()
     decoder = Decoder([steps])
@@ -88,7 +89,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     stats = _shown(session, "stats", lambda: plots.stats_html({}))
     bar = _shown(session, "bar", lambda: plot_data(plots.layer_skip_bar(None)))
     hist = _shown(session, "hist", lambda: plot_data(plots.score_histogram(None)))
-    status = _status("run", f"Prefilling the prompt on {engine.name}{note}…")
+    status = _status("run", f"Prefilling the prompt on {safe.text(engine.name)}{note}…")
     columns: dict = {}  # this run's heatmap columns, converted once each (plots._columns)
     spans: dict = {}  # this run's token spans, built once each (plots.token_html)
     costs = res.costs_for(engine.name)
@@ -112,8 +113,8 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         return
     except Exception as err:  # keep the page alive; the console has the traceback
         log.error("generation failed", exc_info=err)
-        gr.Warning(f"Generation failed: {err}")
-        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
+        gr.Warning(f"Generation failed: {safe.text(err)}")
+        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _status("warn", f"Generation failed: {type(err).__name__}: {safe.text(err)}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
         return
     finally:
         control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled

@@ -17,7 +17,7 @@ import gradio as gr
 from routerlab.core.config import GRANULARITIES, KV_POLICIES
 from routerlab.core.paths import ASSETS
 from routerlab.tuning.job import JobSettings
-from routerlab.ui import plots
+from routerlab.ui import plots, safe
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
@@ -39,7 +39,7 @@ class NumberSlider(gr.Slider):
 
     def preprocess(self, payload):
         if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
-            raise gr.Error(f"{self.label}: {str(payload)[:40]!r} is not a number; use a value from {self.minimum} to {self.maximum}.")
+            raise gr.Error(f"{self.label}: {safe.text(repr(str(payload)[:40]))} is not a number; use a value from {self.minimum} to {self.maximum}.")
         return super().preprocess(payload)
 
     def get_block_name(self) -> str:
@@ -57,7 +57,7 @@ def router_set_chosen(res: Resources, label: str, session: Session | None = None
     return (
         gr.Slider(value=threshold, info=_threshold_info(info.expected_skips)),
         gr.Radio(value=policy),
-        _status("ok", f"Router set **{label}**: threshold set to its calibrated {threshold:.2f}; trained for the **{policy}** KV policy."),
+        _status("ok", f"Router set **{safe.text(label)}**: threshold set to its calibrated {threshold:.2f}; trained for the **{safe.text(policy)}** KV policy."),
     )
 
 
@@ -181,7 +181,7 @@ def _tradeoff_intro(results: dict) -> str:
         return ("No benchmark results ship with this build yet (`assets/bench/`). Run a quick sweep on the Explore prompt: "
                 "tokens/s and agreement with the full model's greedy output, per threshold.")
     model = (results["speed"] or results["heldout"] or {}).get("model", "the shipped model")
-    return (f"Speed against quality, from the benchmark results in `assets/bench/` ({model}; `make bench`, `make tradeoff`, "
+    return (f"Speed against quality, from the benchmark results in `assets/bench/` ({safe.text(model)}; `make bench`, `make tradeoff`, "
             f"`make heldout-sampled` measure them again). {bench_summary(results)}")
 
 
@@ -249,7 +249,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         gr.Plot(fig_speed, label="Measured vs ideal speedup", elem_id="rl-t-speed")
                         gr.Plot(fig_time, label="Where the time goes", elem_id="rl-t-time")
                         gr.Markdown("Every row of the trade-off sweep. **Click a tuned row** to use its threshold in Explore." + (
-                            f" Thresholds of {', '.join(results['calibrated'])} are on the slider's calibrated scale (the sweep ran on raw router scores)." if results["calibrated"] else ""),
+                            f" Thresholds of {safe.text(', '.join(results['calibrated']))} are on the slider's calibrated scale (the sweep ran on raw router scores)." if results["calibrated"] else ""),
                             elem_classes=["rl-muted"])
                         table = bench_table(results["df"])
                         t_table = gr.Dataframe(table, interactive=False, wrap=True, max_height=420, column_widths=column_widths(table), elem_id="rl-t-table")

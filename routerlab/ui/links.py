@@ -8,6 +8,9 @@ falls back to the default, never breaks the page), `link_query` (a View -> its r
 which works wherever the app runs) and `router_key` (a dropdown label -> its short name in a link).
 Those four are pure Python.
 
+Every value a link carries is the visitor's: the messages show it through safe.code (inline code that no
+character of the value can close), and the notes escape every name they show.
+
 `open_link` / `view_link` are the page's handlers: the settings a page opened with (applied to the components,
 the messages turned into the note above the settings), and the link for what is on screen (layout.py wires
 them; `COPY_LINK_JS` makes the link absolute and copies it in the browser).
@@ -23,6 +26,7 @@ from urllib.parse import urlencode
 import gradio as gr
 
 from routerlab.core.config import KV_POLICIES
+from routerlab.ui import safe
 
 TABS = ("explore", "compare", "tradeoff", "train", "layers", "about")
 FULL_KEY, UNTRAINED_KEY = "full", "untrained"
@@ -73,7 +77,7 @@ def _number(value: str, low: float, high: float) -> float | None:
 
 def _parsers(labels: list[str], full: str, untrained: str, max_new_tokens: int, max_prompt_chars: int) -> dict:
     """Query parameter -> (View field, parse: text -> value or None when bad, what it accepts)."""
-    names = ", ".join(router_key(label, full, untrained) for label in labels)
+    names = safe.text(", ".join(router_key(label, full, untrained) for label in labels))
 
     def choice(options):
         return lambda v: v.strip().lower() if v.strip().lower() in options else None
@@ -103,19 +107,20 @@ def read_link(params: Mapping[str, str], default: View, labels: list[str], full:
     """The View a page opened with `params` shows, the messages for what it could not use, and which parameters it set.
 
     Starts from `default` and applies each known parameter whose value is valid; a bad value keeps the default and
-    adds one message naming the parameter, the value and what it accepts; an unknown parameter adds a message too."""
+    adds one message naming the parameter, the value and what it accepts; an unknown parameter adds a message too.
+    The messages are Markdown for the page's note: the parameters and values in them are escaped (safe.code)."""
     parsers = _parsers(labels, full, untrained, max_new_tokens, max_prompt_chars)
     view, problems, given = default, [], set()
     for key, value in params.items():
         if key in GRADIO_KEYS or key.startswith("__"):
             continue
         if key not in parsers:
-            problems.append(f"`{_short(key)}` is not a setting a link can carry ({', '.join(FIELDS)})")
+            problems.append(f"{safe.code(_short(key))} is not a setting a link can carry ({safe.text(', '.join(FIELDS))})")
             continue
         field, parse, accepts = parsers[key]
         parsed = parse(str(value))
         if parsed is None:
-            problems.append(f"`{key}={_short(str(value))}` is not {accepts}")
+            problems.append(f"{safe.code(key + '=' + _short(str(value)))} is not {accepts}")
             continue
         view = replace(view, **{field: parsed})
         given.add(key)
@@ -167,7 +172,7 @@ def _defaults(res, view: View) -> View:
 
 def _describe(view: View, full: str) -> str:
     threshold = "" if view.routers == full else f", threshold {view.threshold:.2f}"
-    return (f"**{view.tab.capitalize()}** tab, router set **{view.routers}**{threshold}, KV policy **{view.kv_policy}**, "
+    return (f"**{view.tab.capitalize()}** tab, router set **{safe.text(view.routers)}**{threshold}, KV policy **{safe.text(view.kv_policy)}**, "
             f"{view.max_new_tokens} new tokens, temperature {view.temperature:g}, quality {'on' if view.quality else 'off'}")
 
 
@@ -206,7 +211,7 @@ def view_link(res, prompt, compare_prompt, threshold, routers, kv_policy, max_ne
                 temperature=float(temperature) if isinstance(temperature, (int, float)) else 0.0, quality=bool(quality))
     query = link_query(view, FULL, UNTRAINED)
     if view.routers not in res.router_labels():
-        note = (f"⚠ **{view.routers}** was trained or uploaded in this session and lives only here: whoever opens the link "
+        note = (f"⚠ **{safe.text(view.routers)}** was trained or uploaded in this session and lives only here: whoever opens the link "
                 "gets the default router set. Share its zip (Train tab) with the link.")
         return gr.Textbox(value=query, visible=True), gr.Markdown(note, visible=True)
     return gr.Textbox(value=query, visible=True), gr.skip()

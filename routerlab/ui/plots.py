@@ -17,7 +17,6 @@ Colour conventions, shared by every figure:
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
 from typing import Any
@@ -28,6 +27,7 @@ import plotly.graph_objects as go
 from routerlab.core.costs import estimate_speedup
 from routerlab.core.trace import Step, Trace, savings
 from routerlab.ui import quality_plots as qp
+from routerlab.ui import safe
 from routerlab.ui.text_view import first_divergence, token_html, token_label  # noqa: F401 (callers use plots.token_html)
 
 RAN_SCALE = [[0.0, "#fff3b0"], [0.5, "#f4a259"], [1.0, "#b23a48"]]
@@ -57,7 +57,7 @@ def _empty_figure(message: str, height: int = 260) -> go.Figure:
         plot_bgcolor="white",
         paper_bgcolor="white",
         margin=dict(l=20, r=20, t=30, b=20),
-        annotations=[dict(text=html.escape(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14, color="#6b7280"))],
+        annotations=[dict(text=safe.text(message), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14, color="#6b7280"))],
     )
     return fig
 
@@ -248,7 +248,7 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
 
     if title is None:
         meta = trace.meta
-        where = f"{meta.get('model', 'model')} · {meta.get('granularity', '?')} · kv={meta.get('kv_policy_effective', meta.get('kv_policy', '?'))}"
+        where = safe.text(f"{meta.get('model', 'model')} · {meta.get('granularity', '?')} · kv={meta.get('kv_policy_effective', meta.get('kv_policy', '?'))}")
         if what_if and threshold is not None:
             rate = _skip_rate(decided, generated)
             title = (
@@ -430,7 +430,7 @@ def stats_html(stats: dict[str, Any], running: bool = False) -> str:
         return "<div class='rl-stats rl-muted'>No run yet.</div>"
 
     def card(label: str, value: str, hint: str = "") -> str:
-        return f"<div class='rl-card' title='{html.escape(hint)}'><div class='rl-card-v'>{html.escape(value)}</div><div class='rl-card-l'>{html.escape(label)}</div></div>"
+        return f"<div class='rl-card' title='{safe.text(hint)}'><div class='rl-card-v'>{safe.text(value)}</div><div class='rl-card-l'>{safe.text(label)}</div></div>"
 
     kv_full = stats.get("kv_bytes_full") or 0.0
     kv_saved = stats.get("kv_bytes_saved") or 0.0
@@ -447,7 +447,7 @@ def stats_html(stats: dict[str, Any], running: bool = False) -> str:
     ]
     state = "running…" if running else (f"stopped: {stats['stop_reason']}" if stats.get("stop_reason") else "")
     tokens = f"{stats['generated_tokens']} generated + {stats['prompt_tokens']} prompt tokens"
-    foot = f"<div class='rl-foot'>{tokens} · {html.escape(str(stats.get('granularity') or ''))} · kv policy <b>{html.escape(str(stats.get('kv_policy') or '?'))}</b> · {html.escape(state)}</div>"
+    foot = f"<div class='rl-foot'>{tokens} · {safe.text(stats.get('granularity') or '')} · kv policy <b>{safe.text(stats.get('kv_policy') or '?')}</b> · {safe.text(state)}</div>"
     return f"<div class='rl-stats'>{''.join(cards)}</div>{foot}"
 
 
@@ -473,7 +473,7 @@ def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "p
     extra = [c for c in ("threshold", "granularity", "kv_policy", "skip_rate", "skip_rate_all_layers", "agreement") if c in df.columns and c != quality]
     for method, group in df.groupby("method", sort=False):
         group = group.sort_values("threshold" if "threshold" in group.columns and group["threshold"].notna().all() else "speedup")  # a sweep, in order
-        custom = group[extra].astype(str).values.tolist() if extra else None
+        custom = [[safe.text(v) for v in row] for row in group[extra].astype(str).values.tolist()] if extra else None
         hover = "<b>%{fullData.name}</b><br>speedup %{x:.2f}×<br>" + quality + " %{y:.3f}"
         for k, col in enumerate(extra):
             hover += f"<br>{col} %{{customdata[{k}]}}"
@@ -482,7 +482,7 @@ def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "p
                 x=group["speedup"].astype(float).tolist(),
                 y=group[quality].astype(float).tolist(),
                 mode="lines+markers",
-                name=html.escape(str(method)),
+                name=safe.text(method),
                 customdata=custom,
                 hovertemplate=hover + "<extra></extra>",
             )

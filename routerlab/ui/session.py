@@ -18,7 +18,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from routerlab.core.trace import Trace
-from routerlab.ui import plots
+from routerlab.ui import plots, safe
 
 
 class Session:
@@ -78,14 +78,18 @@ def _shown(session: Session, key: str, make: Callable[[], Any]) -> Any:
 
 
 def _status(kind: str, text: str) -> str:
+    # `text` is the status line's Markdown: whatever in it came from outside the app went through safe.text.
     # Plain symbols, not emoji: they render in every font, offline and in screenshots.
     icon = {"ok": "✓", "run": "▶", "warn": "⚠", "whatif": "◐", "stop": "■"}.get(kind, "")
     return f"{icon} {text}".strip()
 
 
 def _warn(err: Exception) -> str:
-    gr.Warning(str(err))
-    return _status("warn", str(err))
+    # The message names what the visitor sent (a file name, a zip member, a JSON value): the toast renders HTML and
+    # the status line Markdown, so it is escaped for both (safe.py).
+    message = safe.text(err)
+    gr.Warning(message)
+    return _status("warn", message)
 
 
 def _export(session: Session, trace: Trace) -> tuple[str, str]:

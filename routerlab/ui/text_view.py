@@ -13,10 +13,11 @@ from typing import Iterable
 
 from routerlab.core.trace import Step, Trace
 from routerlab.ui import quality_plots as qp
+from routerlab.ui import safe
 
 
 def token_label(text: str, width: int = 10) -> str:
-    """A short, visible label for a token: whitespace made visible, HTML escaped, truncated."""
+    """A short, visible label for a token: whitespace made visible, truncated, escaped (safe.text: HTML and plotly alike)."""
     shown = text.replace("\n", "⏎").replace("\t", "⇥")
     if shown.strip() == "":
         shown = "␣" * max(1, min(len(shown), 3))
@@ -24,7 +25,7 @@ def token_label(text: str, width: int = 10) -> str:
         shown = "·" + shown[1:]
     if len(shown) > width:
         shown = shown[: width - 1] + "…"
-    return html.escape(shown, quote=False)
+    return safe.text(shown)
 
 
 def _tint(fraction_used: float) -> str:
@@ -72,14 +73,14 @@ def token_html(
             used = sum(matrix[i][j] is not False for i in range(trace.n_layers))
         else:
             used = s.layers_used
-        text = html.escape(s.text).replace("\n", "⏎<br>")
+        text = "⏎<br>".join(safe.text(line) for line in s.text.split("\n"))
         title = f"pos {s.position} · {used}/{n} layers used"
         cls = "rl-tok rl-prompt" if s.is_prompt else "rl-tok"
         if not s.is_prompt and diverge_at is not None and gen_i == diverge_at:
             cls += " rl-diverge"
             title += " · first token that differs"
         mark, about = qp.token_mark(s, quality, _plain_label)
-        parts.append(f"<span class='{cls}' style='background:{_tint(used / n)}{mark}' title='{html.escape(title + about)}'>{text}</span>")
+        parts.append(f"<span class='{cls}' style='background:{_tint(used / n)}{mark}' title='{safe.text(title + about)}'>{text}</span>")
         if cache is not None:
             cache[id(s)] = (s.kl_full, parts[-1])
         if not s.is_prompt:
@@ -94,7 +95,7 @@ def token_html(
 
 
 def _plain_label(text: str) -> str:
-    """token_label without the HTML escaping (for a title attribute, which is escaped once as a whole)."""
+    """token_label without the escaping (for a title attribute, which is escaped once as a whole)."""
     return html.unescape(token_label(text, 16))
 
 

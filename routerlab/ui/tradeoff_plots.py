@@ -15,12 +15,12 @@ Gradio, files or how the numbers were measured.
 
 from __future__ import annotations
 
-import html
 import math
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from routerlab.ui import safe
 from routerlab.ui.plots import FONT, _empty_figure
 
 # Colour by what skips (attention warm, MLP purple, block teal), dash by level (token solid,
@@ -90,7 +90,7 @@ def quality_vs_skip(rows: list[dict] | None, heldout: dict | None, heldout_name:
     if not curve and not rows:
         return _empty_figure("No trade-off results in assets/bench/ (tradeoff.csv, heldout_sampled.json): run `make tradeoff` and `make heldout-sampled`.", height=420)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.09, subplot_titles=(
-        f"KL from the full model ({html.escape(heldout_name)}; lower = closer)",
+        f"KL from the full model ({safe.text(heldout_name)}; lower = closer)",
         "Perplexity rise in the trade-off sweep (log scale; lower = better)"))
     seen: set[str] = set()
 
@@ -98,12 +98,12 @@ def quality_vs_skip(rows: list[dict] | None, heldout: dict | None, heldout_name:
         xs = [100 * _num(r["skip_rate_all_layers"]) for r in group]
         raw = [_num(r.get(y)) for r in group]
         ys = [None if v is None else max(scale * v, floor) if floor else scale * v for v in raw]
-        text = [f"threshold {r.get('threshold', '–')}" if _kind(r) not in BASELINES else _baseline_setting(r) for r in group]
+        text = [f"threshold {safe.text(r.get('threshold', '–'))}" if _kind(r) not in BASELINES else _baseline_setting(r) for r in group]
         unit = "%" if scale == 100 else " nats"
         fig.add_trace(go.Scatter(
-            x=xs, y=ys, mode="lines+markers", name=html.escape(name), legendgroup=name, showlegend=name not in seen, **_style(group[0]),
+            x=xs, y=ys, mode="lines+markers", name=safe.text(name), legendgroup=name, showlegend=name not in seen, **_style(group[0]),
             customdata=[[("–" if v is None else f"{scale * v:+.2f}" if scale == 100 else f"{v:.3f}"), t] for v, t in zip(raw, text)],
-            hovertemplate=f"<b>{html.escape(name)}</b><br>skipped %{{x:.1f}}% of all layers<br>%{{customdata[0]}}{unit}<br>%{{customdata[1]}}<extra></extra>",
+            hovertemplate=f"<b>{safe.text(name)}</b><br>skipped %{{x:.1f}}% of all layers<br>%{{customdata[0]}}{unit}<br>%{{customdata[1]}}<extra></extra>",
         ), row=1, col=col)
         seen.add(name)
 
@@ -151,17 +151,17 @@ def measured_vs_ideal(rows: list[dict] | None, speed: dict | None = None) -> go.
         xs, ys = [_num(r["ideal_speedup"]) for r in group], [_num(r["speedup"]) for r in group]
         values += xs + ys
         fig.add_trace(go.Scatter(
-            x=xs, y=ys, mode="markers", name=html.escape(name), marker=dict(size=10, color=_style(group[0])["line"]["color"], symbol=_point_symbol(group[0]), opacity=0.85, line=dict(width=1, color="white")),
-            customdata=[[f"{100 * (_num(r.get('skip_rate_all_layers')) or 0):.1f}%", r.get("threshold", "–")] for r in group],
-            hovertemplate=f"<b>{html.escape(name)}</b><br>ideal %{{x:.3f}}×, measured %{{y:.3f}}×<br>skipped %{{customdata[0]}} · threshold %{{customdata[1]}}<extra></extra>",
+            x=xs, y=ys, mode="markers", name=safe.text(name), marker=dict(size=10, color=_style(group[0])["line"]["color"], symbol=_point_symbol(group[0]), opacity=0.85, line=dict(width=1, color="white")),
+            customdata=[[f"{100 * (_num(r.get('skip_rate_all_layers')) or 0):.1f}%", safe.text(r.get("threshold", "–"))] for r in group],
+            hovertemplate=f"<b>{safe.text(name)}</b><br>ideal %{{x:.3f}}×, measured %{{y:.3f}}×<br>skipped %{{customdata[0]}} · threshold %{{customdata[1]}}<extra></extra>",
         ))
     for policy, (ideal, measured, label) in deep.items():
         values += [ideal, measured]
         fig.add_trace(go.Scatter(
-            x=[ideal], y=[measured], mode="markers+text", name=html.escape(label), text=[f" deep layers off, {policy}" if policy == "mask" else f"deep layers off, {policy} "],
+            x=[ideal], y=[measured], mode="markers+text", name=safe.text(label), text=[f" deep layers off, {policy}" if policy == "mask" else f"deep layers off, {policy} "],
             textposition="bottom right" if policy == "mask" else "middle left",
             marker=dict(size=15, symbol="diamond", color={"mask": "#adb5bd", "kv": "#e8590c", "drop": "#c92a2a"}.get(policy, "#212529"), line=dict(width=1.5, color="#212529")),
-            hovertemplate=f"<b>{html.escape(label)}</b><br>ideal %{{x:.3f}}×, measured %{{y:.3f}}×<extra></extra>",
+            hovertemplate=f"<b>{safe.text(label)}</b><br>ideal %{{x:.3f}}×, measured %{{y:.3f}}×<extra></extra>",
         ))
     lo, hi = min(values) - 0.02, max(values) + 0.03
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="measured = ideal", line=dict(color="#495057", dash="dash", width=1.5), hoverinfo="skip"))
@@ -250,18 +250,18 @@ def time_split(speed: dict | None) -> go.Figure:
     step = _num(costs["step"])
     where = f"{speed.get('model', 'the model')} on {speed.get('device', '?')}, {speed.get('threads', '?')} threads, {speed.get('prompt_tokens', '?')}-token prompt"
     fig = make_subplots(rows=2, cols=1, row_heights=[0.4, 0.6], vertical_spacing=0.27, subplot_titles=(
-        f"One decode step of the full model: {1000 * step:.1f} ms ({html.escape(where)}, measured)",
+        f"One decode step of the full model: {1000 * step:.1f} ms ({safe.text(where)}, measured)",
         "Speed ceiling if every layer skipped it for every token: step / (step − what skipping saves)"))
     for (name, seconds), color in zip(pieces, PIECE_COLORS):
         if name.startswith("routing"):
             continue  # not a piece of the full model's step: said in the note under the bar
         share = seconds / step
         fig.add_trace(go.Bar(
-            y=["decode step"], x=[1000 * seconds], orientation="h", name=html.escape(name), marker=dict(color=color, line=dict(color="white", width=1)),
-            text=[f"{html.escape(name.split(' (')[0])}<br>{1000 * seconds:.1f} ms · {share:.0%}" if share >= 0.12 else f"{html.escape(name.split(' (')[0])}<br>{share:.0%}"],
+            y=["decode step"], x=[1000 * seconds], orientation="h", name=safe.text(name), marker=dict(color=color, line=dict(color="white", width=1)),
+            text=[f"{safe.text(name.split(' (')[0])}<br>{1000 * seconds:.1f} ms · {share:.0%}" if share >= 0.12 else f"{safe.text(name.split(' (')[0])}<br>{share:.0%}"],
             textposition="inside", insidetextanchor="middle", textangle=0, showlegend=False,
             textfont=dict(color="white" if color in ("#e8590c", "#7048e8", "#495057", "#2b8a3e") else "#212529"),
-            hovertemplate=f"<b>{html.escape(name)}</b><br>%{{x:.2f}} ms per step ({share:.1%})<extra></extra>",
+            hovertemplate=f"<b>{safe.text(name)}</b><br>%{{x:.2f}} ms per step ({share:.1%})<extra></extra>",
         ), row=1, col=1)
     routing = dict(pieces)["routing (routers on every layer)"]
     over = _num(costs["overhead"])
@@ -269,7 +269,7 @@ def time_split(speed: dict | None) -> go.Figure:
             + (f"{1000 * routing:+.1f} ms measured (routers on every layer), within the noise" if routing <= 0
                else f"+{1000 * routing:.1f} ms per step with routers on every layer (on top of this step)")
             + (f"\nthe pieces, each measured inside whole steps, add up to {1000 * -over:.1f} ms more than the step: noise" if over < 0 else ""))
-    fig.add_annotation(text=html.escape(note).replace("\n", "<br>"), showarrow=False, x=0, y=-0.3, align="left", yanchor="top", xref="x domain", yref="y domain", xanchor="left", font=dict(size=11, color="#6b7280"), row=1, col=1)
+    fig.add_annotation(text="<br>".join(safe.text(line) for line in note.split("\n")), showarrow=False, x=0, y=-0.3, align="left", yanchor="top", xref="x domain", yref="y domain", xanchor="left", font=dict(size=11, color="#6b7280"), row=1, col=1)
     names, values = [t[0] for t in tops], [t[1] for t in tops]
     fig.add_trace(go.Bar(
         y=names, x=values, orientation="h", showlegend=False, text=[f"{v:.2f}×" for v in values], textposition="outside",

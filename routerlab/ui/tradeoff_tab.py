@@ -21,7 +21,7 @@ import gradio as gr
 
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
-from routerlab.ui import plots, tradeoff_plots
+from routerlab.ui import plots, safe, tradeoff_plots
 from routerlab.ui.compare import decode_speed, shared_tokens
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import _status, _warn
@@ -211,7 +211,7 @@ def tradeoff_pick(df, evt: gr.SelectData):
         row = evt.row_value if evt.row_value is not None else df.iloc[evt.index[0]].tolist()
         cols = list(df.columns)
         if "method" in cols and str(row[cols.index("method")]).split(" ")[0] in BASELINES:
-            return gr.skip(), gr.skip(), _status("warn", f"{row[cols.index('method')]} is a baseline: its threshold is not a router threshold. Pick a tuned row.")
+            return gr.skip(), gr.skip(), _status("warn", f"{safe.text(row[cols.index('method')])} is a baseline: its threshold is not a router threshold. Pick a tuned row.")
         value = float(row[cols.index("threshold")])
         if not 0.0 <= value <= 1.0:  # NaN too: the full model's row has no threshold
             raise ValueError(value)

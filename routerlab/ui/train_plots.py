@@ -2,15 +2,16 @@
 
 `curves` (losses per step; skip share with its target and the held-out checkpoints), `layer_map`
 (routed layers x steps: each layer's skip share, which layers the routers give up first), `progress_html`
-(bar, phase, time left, trainable parameters) and `result_md` (the held-out comparison table).
+(bar, phase, time left, trainable parameters) and `result_md` (the held-out comparison table). A set's label, a job's
+message and a data source's name (a visitor's file name) are shown through safe.text.
 """
 
 from __future__ import annotations
 
-import html
-
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from routerlab.ui import safe
 
 FONT = dict(family="Inter, ui-sans-serif, system-ui, sans-serif", size=13)
 LOSSES = (("kd", "distillation (KL to the full model)", "#d9480f"), ("lm", "LM loss (next token)", "#1c7ed6"),
@@ -80,12 +81,12 @@ def progress_html(snap: dict | None, budget_seconds: float, position: int | None
         ahead = f"{position} training{'s' if position != 1 else ''} ahead of yours" if position else "starting"
         frac, line = 0.0, f"Waiting in line: {ahead}. Stop cancels it."
     elif phase in ("done", "stopped", "failed", "cancelled"):
-        frac, line = (1.0 if phase == "done" else min(1.0, elapsed / budget_seconds)), html.escape(snap.get("message", ""))
+        frac, line = (1.0 if phase == "done" else min(1.0, elapsed / budget_seconds)), safe.text(snap.get("message", ""))
     else:
         frac = min(1.0, elapsed / budget_seconds)
         step = f" · step {rows[-1]['step']} of ~{snap.get('steps_planned') or '?'}" if rows else ""
         answering = f" · {snap.get('answered', 0)} of {snap.get('to_answer', 0)} prompts answered" if phase == "answering" else ""
-        line = f"{html.escape(snap.get('message', ''))}{step}{answering} · {_clock(elapsed)} elapsed, about {_clock(budget_seconds - elapsed)} left"
+        line = f"{safe.text(snap.get('message', ''))}{step}{answering} · {_clock(elapsed)} elapsed, about {_clock(budget_seconds - elapsed)} left"
     params = snap.get("trainable")
     share = (f"<div class='rl-muted'>Trainable parameters: <b>{params['routers']:,}</b> of {params['model']:,} "
              f"({params['routers'] / params['model']:.3%}); the base model is frozen.</div>") if params else ""
@@ -98,11 +99,11 @@ def result_md(snap: dict | None) -> str:
     if not result:
         return ""
     rows = result.get("heldout", {}).get("rows", {})
-    lines = [f"**{result.get('label', 'Your set')}** on its held-out slice ({result['heldout']['examples']} examples never trained on), "
+    lines = [f"**{safe.text(result.get('label', 'Your set'))}** on its held-out slice ({result['heldout']['examples']} examples never trained on), "
              f"{result.get('steps')} steps in {result.get('seconds')} s:", "",
              "| | threshold | skipped (routed cells) | perplexity rise | KL to the full model |", "|---|---|---|---|---|"]
     for name, r in rows.items():
-        lines.append(f"| {name} | {r['threshold']} | {r['skip_rate']:.1%} | {r['perplexity_increase']:+.1%} | {r['kl_full']:.4f} |")
+        lines.append(f"| {safe.text(name)} | {safe.text(r['threshold'])} | {r['skip_rate']:.1%} | {r['perplexity_increase']:+.1%} | {r['kl_full']:.4f} |")
     lines += ["", "It is now in the **Granularity (router set)** menu for Explore, Compare and Layers (this browser tab only; "
               "download it to keep it)."]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import gradio as gr
 
 from routerlab.core.errors import RouterLabError
 from routerlab.tuning.job import FINAL
-from routerlab.ui import train_plots
+from routerlab.ui import safe, train_plots
 from routerlab.ui.resources import FULL, Resources, RouterSetInfo
 from routerlab.ui.session import Session, _status, _warn
 
@@ -78,7 +78,7 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
     what = "the built-in self-distilled prompts" if data is None else data.describe()
     wait = f" {position} training(s) ahead of yours." if position else ""
     return (train_plots.progress_html(job.snapshot(), settings.minutes * 60, position), train_plots.curves(None),
-            train_plots.layer_map(None), "", _status("run", f"Training {settings.label} on {what}.{wait}"),
+            train_plots.layer_map(None), "", _status("run", f"Training {safe.text(settings.label)} on {safe.text(what)}.{wait}"),
             gr.Timer(active=True), gr.Button(interactive=False))
 
 
@@ -98,7 +98,7 @@ def train_tick(res: Resources, session: Session):
         session.job_drawn = drawn
         return progress, train_plots.curves(snap), train_plots.layer_map(snap), skip, skip, skip, skip, skip, skip
     session.job, session.job_drawn = None, None  # ended: the next tick finds nothing to follow
-    status, menu, download = _status("stop", snap["message"]), skip, gr.DownloadButton(visible=False)
+    status, menu, download = _status("stop", safe.text(snap["message"])), skip, gr.DownloadButton(visible=False)
     if snap["phase"] in ("done", "stopped") and job.routers is not None:
         from routerlab.tuning.bundle import zip_folder
         from routerlab.tuning.checkpoint import read_config
@@ -108,7 +108,7 @@ def train_tick(res: Resources, session: Session):
         archive = zip_folder(job.folder, job.folder.parent / f"routerlab-{name}.zip")
         menu = gr.Dropdown(choices=_labels(res, session))
         download = gr.DownloadButton(f"Download {label} (zip)", value=str(archive), visible=True)
-        status = _status("ok", f"{snap['message']} **{label}** is in the router-set menu (this tab only).")
+        status = _status("ok", f"{safe.text(snap['message'])} **{safe.text(label)}** is in the router-set menu (this tab only).")
     return (progress, train_plots.curves(snap), train_plots.layer_map(snap), train_plots.result_md(snap), status,
             gr.Timer(active=False), menu, download, gr.Button(interactive=True))
 
@@ -137,7 +137,7 @@ def upload_set(res: Resources, session: Session, files):
     except RouterLabError as err:
         return _warn(err), gr.skip(), None
     label = _add_set(res, session, f"uploaded: {config['granularity']}", folder, routers, config)
-    return (_status("ok", f"Loaded **{label}** ({len(config['layers'])} routed layers, threshold {config['threshold']}); "
+    return (_status("ok", f"Loaded **{safe.text(label)}** ({len(config['layers'])} routed layers, threshold {safe.text(config['threshold'])}); "
                     "pick it in the router-set menu."), gr.Dropdown(choices=_labels(res, session)), None)
 
 
