@@ -40,6 +40,21 @@ class _Stopped(Exception):
     """Stop (or a closed tab) before there was anything to keep."""
 
 
+class _Watched(list):
+    """The training examples, for train_routers: its probe fit (router_init) walks them at full depth before the
+    first step without checking Stop, so walking them checks it per example while no step has been taken yet."""
+
+    def __init__(self, examples, check, started):
+        super().__init__(examples)
+        self._check, self._started = check, started
+
+    def __iter__(self):
+        for example in super().__iter__():
+            if not self._started():
+                self._check()
+            yield example
+
+
 @dataclass(frozen=True)
 class JobSettings:
     """What a visitor chose (validated): what to route, how much to skip, how long, and the advanced knobs."""
@@ -201,8 +216,10 @@ class TrainJob:
         anatomy = Anatomy(self.model)
         shipped_config = read_config(self.shipped) if self.shipped else None
         layers = routed_layers(st.granularity, anatomy.n_layers, shipped_config)
-        t0 = time.perf_counter()
-        full = full_depth(anatomy, heldout)
+        t0, full = time.perf_counter(), []
+        for example in heldout:  # one at a time, as full_depth does: Stop is checked between them
+            self._check()
+            full += full_depth(anatomy, [example])
         one_pass = time.perf_counter() - t0
         self._check()
         cfg = TrainConfig(granularity=st.granularity, layers=layers, steps=st.max_steps, batch_size=st.batch_size, lr=st.lr,
@@ -228,7 +245,8 @@ class TrainJob:
                 marks.add(row["step"])
                 self._checkpoint(anatomy, routers, heldout, full, row["step"])
 
-        result = train_routers(self.model, train, cfg, progress=False, seconds=budget, on_step=on_step,
+        watched = _Watched(train, self._check, lambda: bool(self._state["rows"]))
+        result = train_routers(self.model, watched, cfg, progress=False, seconds=budget, on_step=on_step,
                                should_stop=self._stop.is_set, data_name=self._data_name())
         if self._abandoned.is_set():
             raise _Stopped()
@@ -338,6 +356,8 @@ class TrainJob:
             routers.calibration = fit.calibration
         except RouterLabError:
             pass  # scores too concentrated (e.g. stopped at once): the raw scale stays, 0.5 is still the training gate
+        if self._abandoned.is_set():  # the tab closed: nobody will read the comparison
+            raise _Stopped()
         rows = compare(anatomy, heldout, routers, self.model, self.shipped, st.seed, full)
         mine = rows["mine at 0.5"]
         report = dict(result.report, settings=asdict(st), heldout={"examples": len(heldout), "rows": rows},

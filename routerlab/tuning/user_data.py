@@ -100,7 +100,7 @@ def _row_record(row: dict, where: str) -> Record:
     try:
         record = _row_record_unchecked(row, where)
     except UnicodeEncodeError:  # split_of hashes the text's UTF-8 bytes: say where, as _check_text does
-        raise RouterLabError(f"{where}: holds half a character (an unpaired surrogate, such as a JSON \"\\ud800\" escape).",
+        raise RouterLabError(f"{where} holds half a character (an unpaired surrogate, such as a JSON \"\\ud800\" escape).",
                              "Remove it, or copy the text again from where it came from.") from None
     for text in (record.response, *(m["content"] for m in record.messages), *(m["role"] for m in record.messages)):
         _check_text(text, where)
