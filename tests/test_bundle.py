@@ -118,9 +118,9 @@ def test_damaged_zips_deep_json_and_oversized_members_are_messages_without_serve
         (tmp_path / sub).mkdir()
     cases = {
         "damaged": _lying(tmp_path, folder),
-        "nested too deeply": _zip(tmp_path / "deep", {"router.json": b"[" * 100_000 + b"]" * 100_000,
+        "nested too deeply": _zip(tmp_path / "deep", {"router.json": b"[" * 30_000 + b"]" * 30_000,
                                                        "routers.safetensors": (folder / "routers.safetensors").read_bytes()}),
-        "larger than 512 KB": _zip(tmp_path / "big", {"router.json": config[:-2].encode() + b', "x": "' + b"a" * (30 * 2**20) + b'"}',
+        "larger than 64 KB": _zip(tmp_path / "big", {"router.json": config[:-2].encode() + b', "x": "' + b"a" * (30 * 2**20) + b'"}',
                                                        "routers.safetensors": (folder / "routers.safetensors").read_bytes()}),
         "corrupted": _zip(tmp_path / "bad", {"router.json": b"{}", "routers.safetensors": b"junk"}),
     }
@@ -135,8 +135,8 @@ def test_damaged_zips_deep_json_and_oversized_members_are_messages_without_serve
     # loose files are held to the same caps
     big = tmp_path / "loose" / "router.json"
     big.parent.mkdir()
-    big.write_bytes(b" " * (600 * 2**10))
-    with pytest.raises(RouterLabError, match="larger than 512 KB"):
+    big.write_bytes(b" " * (100 * 2**10))
+    with pytest.raises(RouterLabError, match="larger than 64 KB"):
         read_upload([big, folder / "routers.safetensors"], model, root)
 
 
@@ -155,7 +155,7 @@ def test_eight_uploads_of_a_zip_holding_a_30_mb_router_json_are_refused_cheaply(
     tracemalloc.start()
     try:
         for _ in range(8):
-            with pytest.raises(RouterLabError, match="router.json is larger than 512 KB"):
+            with pytest.raises(RouterLabError, match="router.json is larger than 64 KB"):
                 read_upload([path], model, tmp_path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:

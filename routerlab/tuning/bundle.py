@@ -27,9 +27,9 @@ from routerlab.tuning.checkpoint import CONFIG, WEIGHTS
 MEMBERS = (CONFIG, WEIGHTS, "report.json", "README.md", "curves.png", "train_log.jsonl")
 MAX_MEMBERS = 32
 MAX_BYTES = 32 * 2**20  # uncompressed, all members together (a router set is ~100 KB; with stand-ins a few MB)
-# Each member's own cap, uncompressed: ~100x what the app writes (router.json ~6 KB, report.json ~3 KB, a 10,000-step
-# train_log.jsonl ~7 MB, curves.png ~50 KB); the weights may take all of MAX_BYTES.
-MEMBER_BYTES = {CONFIG: 512 * 2**10, "report.json": 1 * 2**20, "README.md": 512 * 2**10, "curves.png": 4 * 2**20,
+# Each member's own cap, uncompressed, 10-100x what the app writes: router.json ~6 KB (parsed, and kept with the set
+# in memory), report.json ~3 KB, a 10,000-step train_log.jsonl ~7 MB, curves.png ~50 KB; the weights may take all.
+MEMBER_BYTES = {CONFIG: 64 * 2**10, "report.json": 1 * 2**20, "README.md": 512 * 2**10, "curves.png": 4 * 2**20,
                 "train_log.jsonl": 8 * 2**20, WEIGHTS: MAX_BYTES}
 
 
