@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     demo = ui.build_demo(res)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
     if not limits.room:  # each generation decodes alone, in a worker thread of its own
-        demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options())
+        demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options(limits))
         return 0
     from routerlab.core.room import Room, run_where_fastest
 
     room = engine.room = Room(engine, limits.max_batch, limits.room_cache_mb << 20)
-    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, **ui.launch_options())
+    demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, **ui.launch_options(limits))
     run_where_fastest(room, engine, log=lambda m: print(f"RouterLab: {m}", flush=True))  # until Ctrl-C
     demo.close()
     return 0

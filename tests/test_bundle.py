@@ -94,3 +94,71 @@ def test_a_zip_bomb_and_a_set_for_another_model_are_refused(saved, tmp_path, mon
     with pytest.raises(RouterLabError, match="not a readable zip"):
         (tmp_path / "fake.zip").write_bytes(b"PK not really")
         read_upload([tmp_path / "fake.zip"], model, tmp_path)
+
+
+def _lying(tmp_path, folder):
+    """The set's zip with router.json's uncompressed size in the central directory made smaller than it is:
+    zipfile opens it and fails only while reading the member (Bad CRC-32)."""
+    import struct
+
+    data = bytearray(zip_folder(folder, tmp_path / "honest.zip").read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at >= 0 and not data[at + 46 : at + 46 + struct.unpack_from("<H", data, at + 28)[0]].endswith(b"router.json"):
+        at = data.find(b"PK\x01\x02", at + 4)
+    struct.pack_into("<I", data, at + 24, 50)
+    path = tmp_path / "lying.zip"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_damaged_zips_deep_json_and_oversized_members_are_messages_without_server_paths(saved, tmp_path):
+    model, routers, folder = saved
+    config = (folder / "router.json").read_text()
+    for sub in ("deep", "big", "bad"):
+        (tmp_path / sub).mkdir()
+    cases = {
+        "damaged": _lying(tmp_path, folder),
+        "nested too deeply": _zip(tmp_path / "deep", {"router.json": b"[" * 30_000 + b"]" * 30_000,
+                                                       "routers.safetensors": (folder / "routers.safetensors").read_bytes()}),
+        "larger than 64 KB": _zip(tmp_path / "big", {"router.json": config[:-2].encode() + b', "x": "' + b"a" * (30 * 2**20) + b'"}',
+                                                       "routers.safetensors": (folder / "routers.safetensors").read_bytes()}),
+        "corrupted": _zip(tmp_path / "bad", {"router.json": b"{}", "routers.safetensors": b"junk"}),
+    }
+    root = tmp_path / "session"
+    root.mkdir()
+    for problem, path in cases.items():
+        with pytest.raises(RouterLabError) as err:
+            read_upload([path], model, root)
+        assert problem in str(err.value), str(err.value)
+        assert str(tmp_path) not in str(err.value) and "/tmp" not in str(err.value)  # file names, never the server's folders
+    assert not list(root.iterdir())  # nothing left behind
+    # loose files are held to the same caps
+    big = tmp_path / "loose" / "router.json"
+    big.parent.mkdir()
+    big.write_bytes(b" " * (100 * 2**10))
+    with pytest.raises(RouterLabError, match="larger than 64 KB"):
+        read_upload([big, folder / "routers.safetensors"], model, root)
+
+
+def test_eight_uploads_of_a_zip_holding_a_30_mb_router_json_are_refused_cheaply(saved, tmp_path):
+    """The issue's probe: an 88 KB zip whose router.json unpacks to 30 MB cost +270 MB RSS over 8 uploads; refused at
+    its declared size now (and at 512 KB of real bytes were the size a lie), so nothing is parsed or kept."""
+    import tracemalloc
+
+    model, _, folder = saved
+    weights = (folder / "routers.safetensors").read_bytes()
+    path = tmp_path / "fat.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("router.json", b'{"pad": "' + b" " * (30 * 2**20) + b'"}')
+        z.writestr("routers.safetensors", weights)
+    assert path.stat().st_size < 200_000
+    tracemalloc.start()
+    try:
+        for _ in range(8):
+            with pytest.raises(RouterLabError, match="router.json is larger than 64 KB"):
+                read_upload([path], model, tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, peak  # Python objects at the peak: a few MB at most, not the 30 MB member
+    assert not list(tmp_path.glob("upload-*"))

@@ -86,8 +86,16 @@ def test_bad_settings_text_and_uploads_are_status_messages_and_touch_no_input(tm
     assert all(v == gr.skip() for k, v in enumerate(out) if k != 4)  # nothing else on the page changes
     assert session.job is None
     assert "at most 10 minutes" in _start(res, session, minutes=30)[4]
-    assert "not a number" in _start(res, session, lr="fast")[4]
+    assert "Learning rate: 'fast' is not a number" in _start(res, session, lr="fast")[4]
+    assert "Distillation weight must be a finite number, not nan" in _start(res, session, kd_weight=float("nan"))[4]
+    for key in ("lr", "lm_weight", "minutes", "skip_pct"):
+        assert "must be a finite number" in _start(res, session, **{key: float("inf")})[4]
+    assert "Most steps must be a finite number, not inf" in _start(res, session, max_steps=float("inf"))[4]  # not int()'s OverflowError
     assert "empty" in _start(res, session, text="")[4]
+    surrogate = _start(res, session, text=TEXT[:30] + "\ud800" + TEXT[30:])[4]  # a text problem, not "a setting is not a number"
+    assert "pasted text holds half a character" in surrogate and "number" not in surrogate, surrogate
+    deep = _start(res, session, text='{"text": "a line of text that is long enough"}\n' * 6 + '{"text": ' + "[" * 5000 + "]" * 5000 + "}")[4]
+    assert "line 7: nested too deeply" in deep, deep
     bad = tmp_path / "bad.zip"
     bad.write_bytes(b"PK definitely not")
     status, menu, _ = upload_set(res, session, [str(bad)])
@@ -149,3 +157,73 @@ def test_closing_the_tab_stops_the_training():
     while job.phase not in ("done", "stopped", "failed", "cancelled") and time.monotonic() < end:
         time.sleep(0.05)
     assert job.phase in ("stopped", "cancelled")
+
+
+def _a_set_zip(res, tmp_path):
+    """A router set for the tiny model, zipped as the app's Download makes it."""
+    from routerlab.core.config import RoutingConfig
+    from routerlab.core.router import RouterSet
+    from routerlab.tuning.bundle import zip_folder
+    from routerlab.tuning.checkpoint import save_routers
+
+    model = res.engine.model
+    routers = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", [1, 2]))
+    return zip_folder(save_routers(routers, tmp_path / "set", model), tmp_path / "routerlab-set.zip")
+
+
+def test_a_tab_keeps_at_most_its_cap_of_sets_and_says_which_it_dropped(tmp_path):
+    from dataclasses import replace
+
+    res = tiny_resources()
+    res.limits = replace(res.limits, session_sets=2)
+    session = ui.Session()
+    archive = _a_set_zip(res, tmp_path)
+    for _ in range(2):
+        assert "Loaded" in upload_set(res, session, [str(archive)])[0]
+    first, folder = next(iter(session.router_sets.items()))[0], next(iter(session.router_sets.values()))[0].path
+    status, menu, _ = upload_set(res, session, [str(archive)])
+    assert len(session.router_sets) == 2 and first not in session.router_sets
+    assert f"This tab keeps 2 router sets: **{first}** was dropped" in status and (first, first) not in menu.choices
+    assert not folder.exists()  # its files went with it
+
+
+def test_a_closed_tab_ends_its_session_at_once_through_the_unload_handler(tmp_path):
+    """What demo.unload runs: the tab's Session, filed on page load under its session hash, ends: the training stops
+    (abandoned: nothing is saved), the sets and the temp folder go. A second end (Gradio's delete callback an hour
+    later) is harmless."""
+    from types import SimpleNamespace
+
+    from routerlab.ui.session import _delete_session, close_tab, keep_session, open_sessions
+
+    res = tiny_resources()
+    session, other = ui.Session(), ui.Session()
+    keep_session(session, SimpleNamespace(session_hash="tab-1"))
+    keep_session(other, SimpleNamespace(session_hash="tab-2"))
+    assert "Loaded" in upload_set(res, session, [str(_a_set_zip(res, tmp_path))])[0]
+    _start(res, session, steps=10_000)  # runs until stopped (or its 1-minute budget ends)
+    job, workdir = session.job, session.workdir()
+    assert workdir.is_dir() and session.router_sets
+    before = open_sessions()
+    close_tab(SimpleNamespace(session_hash="tab-1"))
+    assert open_sessions() == before - 1 and not session.router_sets and session.job is None and not workdir.exists()
+    end = time.monotonic() + 120
+    while res.trainer.position(job) is not None and time.monotonic() < end:  # the line is free once it has ended
+        time.sleep(0.05)
+    assert job.phase in ("stopped", "cancelled") and job.routers is None and not job.folder.exists() and not workdir.exists()
+    assert other.hash == "tab-2" and not res.trainer.busy  # the other tab is untouched
+    close_tab(SimpleNamespace(session_hash="tab-1"))  # twice: nothing left to end
+    _delete_session(session)
+    _delete_session(other)
+    assert open_sessions() == before - 2
+
+
+def test_the_progress_line_says_when_answering_ends_and_never_claims_time_left_past_the_budget():
+    from routerlab.ui.train_plots import progress_html
+
+    answering = {"phase": "answering", "elapsed": 5.0, "message": "The full model answers up to 334 prompts first …",
+                 "answered": 8, "to_answer": 334, "answer_until": 12.0, "rows": []}
+    line = progress_html(answering, 30.0)
+    assert "8 of 334 prompts answered (answering ends by 0:12)" in line and "about 0:25 left" in line
+    late = dict(answering, phase="evaluating", elapsed=41.0, message="Calibrating …")
+    line = progress_html(late, 30.0)
+    assert "0:11 past the budget, finishing" in line and "left" not in line

@@ -53,6 +53,9 @@ def test_jsonl_reads_every_layout_and_marks_prompts_without_answers(tmp_path):
     (lambda p: p.write_text('{"text": "fine"}\n{not json}\n'), "line 2: not valid JSON"),
     (lambda p: p.write_text(_text(3)), f"at least {MIN_EXAMPLES}"),
     (lambda p: p.write_text("x" * 5000), "at most 4,000"),
+    (lambda p: p.write_text('{"text": "fine"}\n' + "{\"text\": " + "[" * 1900 + "]" * 1900 + "}\n"), "line 2: nested too deeply"),
+    (lambda p: p.write_text('{"prompt": "fine"}\n{"prompt": "half \\ud800 a character"}\n'), "line 2 holds half a character"),
+    (lambda p: p.write_text('{"prompt": "fine"}\n{"instruction": "x", "output": "half \\udc00"}\n'), "line 2"),
 ])
 def test_bad_files_get_a_message_that_says_what_to_fix(tmp_path, make, problem):
     path = tmp_path / "data.txt"
@@ -69,3 +72,10 @@ def test_wrong_file_types_and_empty_paste_are_refused(tmp_path):
         parse_user_data(path=str(pdf))
     with pytest.raises(RouterLabError, match="pasted text is empty"):
         parse_user_data("  ")
+
+
+def test_a_lone_surrogate_in_pasted_text_is_a_text_problem_that_says_where():
+    text = _text(8)
+    with pytest.raises(RouterLabError) as err:
+        parse_user_data(text[:50] + "\ud83d" + text[50:])
+    assert "pasted text holds half a character" in str(err.value) and "U+D83D) at character 51" in str(err.value)

@@ -4,8 +4,11 @@
 `train_log.jsonl`, `curves.png` (drawn with Pillow, which Gradio already needs) and a `README.md` model card
 with the Hugging Face Hub's YAML front matter, so the folder can be pushed to the Hub as is. `zip_folder`
 packs it. `read_upload` takes a visitor's zip (or loose files) back: member by member into a fresh temporary
-folder, refusing absolute paths, `..`, links, too many or too large members; then the folder is validated
-like any checkpoint (checkpoint.load_routers). Nothing is executed or unpickled: safetensors and JSON only.
+folder, refusing absolute paths, `..`, links, too many members, a member over its own cap (MEMBER_BYTES: a
+router.json of megabytes would be kept in memory with the set) or all over MAX_BYTES, and a member that cannot be
+read (a header that lies, a bad checksum); then the folder is validated like any checkpoint
+(checkpoint.load_routers). Its messages name files, never the server's folders. Nothing is executed or
+unpickled: safetensors and JSON only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from routerlab.core.errors import RouterLabError
@@ -23,6 +27,10 @@ from routerlab.tuning.checkpoint import CONFIG, WEIGHTS
 MEMBERS = (CONFIG, WEIGHTS, "report.json", "README.md", "curves.png", "train_log.jsonl")
 MAX_MEMBERS = 32
 MAX_BYTES = 32 * 2**20  # uncompressed, all members together (a router set is ~100 KB; with stand-ins a few MB)
+# Each member's own cap, uncompressed, 10-100x what the app writes: router.json ~6 KB (parsed, and kept with the set
+# in memory), report.json ~3 KB, a 10,000-step train_log.jsonl ~7 MB, curves.png ~50 KB; the weights may take all.
+MEMBER_BYTES = {CONFIG: 64 * 2**10, "report.json": 1 * 2**20, "README.md": 512 * 2**10, "curves.png": 4 * 2**20,
+                "train_log.jsonl": 8 * 2**20, WEIGHTS: MAX_BYTES}
 
 
 # -- taking a set away ----------------------------------------------------------------------------
@@ -133,7 +141,7 @@ def unpack_zip(path: Path, dest: Path) -> Path:
     """The known checkpoint files of zip `path`, read member by member into `dest` (capped)."""
     try:
         z = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError):
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         raise RouterLabError(f"{Path(path).name} is not a readable zip file.", "Upload the zip the app's Download button made.") from None
     with z:
         infos = z.infolist()
@@ -147,17 +155,41 @@ def unpack_zip(path: Path, dest: Path) -> Path:
                 continue
             if (dest / name).exists():
                 raise RouterLabError(f"The zip holds {name} twice.", "Zip one router set at a time.")
+            _member_fits(name, info.file_size)
             total += info.file_size
             if total > MAX_BYTES:
                 raise RouterLabError(f"The zip unpacks to more than {MAX_BYTES // 2**20} MB.", "A router set is far smaller: zip only its files.")
-            with z.open(info) as src, open(dest / name, "wb") as out:
-                left = MAX_BYTES - (total - info.file_size)
-                while chunk := src.read(1 << 16):  # the declared size can lie: count what comes out
-                    left -= len(chunk)
-                    if left < 0:
-                        raise RouterLabError(f"The zip unpacks to more than {MAX_BYTES // 2**20} MB.", "A router set is far smaller.")
-                    out.write(chunk)
+            try:
+                with z.open(info) as src, open(dest / name, "wb") as out:
+                    left, size = MAX_BYTES - (total - info.file_size), 0
+                    while chunk := src.read(1 << 16):  # the declared size can lie: count what comes out
+                        left, size = left - len(chunk), size + len(chunk)
+                        _member_fits(name, size)
+                        if left < 0:
+                            raise RouterLabError(f"The zip unpacks to more than {MAX_BYTES // 2**20} MB.", "A router set is far smaller.")
+                        out.write(chunk)
+            except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as err:
+                # a header that lies about a size or offset, a bad checksum, an unknown compression, a password
+                raise RouterLabError(f"{Path(path).name} is damaged: its {name} cannot be read ({_reason(err)}).",
+                                     "Upload the zip the app's Download button made, or zip the set's files again.") from None
     return dest
+
+
+def _member_fits(name: str, size: int) -> None:
+    cap = MEMBER_BYTES.get(name, MAX_BYTES)
+    if size > cap:
+        raise RouterLabError(f"The upload's {name} is larger than {_size(cap)}; a router set's {name} is far smaller.",
+                             "Upload the set the app's Download button made (or `python -m routerlab train` wrote).")
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MB" if n >= 2**20 else f"{n // 2**10} KB"
+
+
+def _reason(err: Exception) -> str:
+    """An exception's message, short and without paths (zipfile's name members, never the server's folders)."""
+    text = str(err).split(":")[0].strip()[:80]
+    return text or type(err).__name__
 
 
 def read_upload(paths: list[str | Path], model, root: Path) -> tuple[Path, object, dict]:
@@ -178,13 +210,24 @@ def read_upload(paths: list[str | Path], model, root: Path) -> tuple[Path, objec
                 raise RouterLabError(f"The files are larger than {MAX_BYTES // 2**20} MB together.", "A router set is far smaller.")
             for p in paths:
                 if p.name in MEMBERS:
+                    _member_fits(p.name, p.stat().st_size)
                     shutil.copyfile(p, dest / p.name)
         missing = [n for n in (CONFIG, WEIGHTS) if not (dest / n).is_file()]
         if missing:
             raise RouterLabError(f"The upload has no {' and no '.join(missing)}.",
                                  f"A router set needs {CONFIG} and {WEIGHTS} (the app's Download gives both in one zip).")
-        routers, config = load_routers(dest, model)
+        try:
+            routers, config = load_routers(dest, model)
+        except RecursionError:  # json.loads recurses once per level of nesting
+            raise RouterLabError(f"The upload's {CONFIG} is nested too deeply to be a router config.",
+                                 "Upload the set the app's Download button made.") from None
+        except RouterLabError as err:  # checkpoint's messages name the folder: a visitor sees file names only
+            raise RouterLabError(_no_folder(err.problem, dest), err.fix and _no_folder(err.fix, dest)) from None
         return dest, routers, config
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+
+
+def _no_folder(text: str, folder: Path) -> str:
+    return text.replace(f"{folder}/", "").replace(str(folder), "the upload")

@@ -96,6 +96,9 @@ def json_lines(lines, where):
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise RouterLabError(f"{where(n)} not valid JSON ({err.msg}).", "Each line must be one JSON object.") from None
+        except RecursionError:  # the parser recurses once per level of nesting
+            raise RouterLabError(f"{where(n)} nested too deeply to be a training example.",
+                                 "Each line must be one flat JSON object (messages / instruction / prompt / text).") from None
         if not isinstance(row, dict):
             raise RouterLabError(f"{where(n)} not a JSON object.", "Each line must be one JSON object.")
         yield n, row
@@ -285,27 +288,72 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
     return out
 
 
+def prompt_tokens(messages, tok) -> int:
+    """Tokens of chat `messages` as answering and training encode them (chat template, generation prompt)."""
+    text = tok.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def cut_prompt(messages, tok, limit: int) -> tuple[tuple[dict, ...], bool] | None:
+    """(messages, cut) with the chat-templated prompt at most `limit` tokens: the longest turn's text is cut (its
+    start kept, "…" added) until the prompt fits; None when even that cannot make it fit (too many turns)."""
+    messages = tuple(dict(m) for m in messages)
+    cut = False
+    for _ in range(4):
+        n = prompt_tokens(messages, tok)
+        if n <= limit:
+            return messages, cut
+        k = max(range(len(messages)), key=lambda i: len(messages[i]["content"]))
+        ids = tok(messages[k]["content"], add_special_tokens=False)["input_ids"]
+        keep = len(ids) - (n - limit) - 2  # the ellipsis and a token of slack: cutting text can re-tokenize its end
+        if keep < 1:
+            return None
+        messages = (*messages[:k], {**messages[k], "content": tok.decode(ids[:keep]).rstrip() + " …"}, *messages[k + 1:])
+        cut = True
+    return None
+
+
+class _Halt:
+    """A `generate` stopping criterion: every sequence ends after the step in which `should_stop()` turns true."""
+
+    def __init__(self, should_stop):
+        self.should_stop, self.halted = should_stop, False
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        self.halted = self.halted or bool(self.should_stop())
+        return torch.full((input_ids.shape[0],), self.halted, dtype=torch.bool, device=input_ids.device)
+
+
 def answer_prompts(model, tok, prompts: list[list[dict]], *, max_new_tokens: int = 100, batch_size: int = 16,
-                   sampling: dict | None = None):
+                   sampling: dict | None = None, should_stop=None):
     """Answer chat prompts with the full-depth model: yields (index, answer, finished, tokens) as each batch ends.
 
     Left-padded `generate` of the base model in batches of similar length (the same full-depth model the engine
     runs with no routers, ~5x the throughput of batch-1 decoding on CPU); greedy unless `sampling` says otherwise.
+    `should_stop()`, checked after every generated token: once true, the batch in flight ends at once (its answers
+    so far are yielded, not finished) and no other batch starts.
     """
     import torch
+    from transformers import StoppingCriteriaList
 
     sampling = sampling or {"do_sample": False}
     encoded = [tok.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda k: len(encoded[k]))  # similar lengths together: little padding
     eos = tok.eos_token_id
+    halt = _Halt(should_stop) if should_stop is not None else None
     side, tok.padding_side = tok.padding_side, "left"
     try:
         for b in range(0, len(order), batch_size):
+            if halt is not None and (halt.halted or should_stop()):
+                return
             batch = order[b : b + batch_size]
             enc = tok([encoded[k] for k in batch], return_tensors="pt", padding=True, add_special_tokens=False)
+            extra = {"stopping_criteria": StoppingCriteriaList([halt])} if halt is not None else {}
             with torch.inference_mode():
                 gen = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens, **sampling,
-                                     pad_token_id=tok.pad_token_id or eos, eos_token_id=eos)
+                                     pad_token_id=tok.pad_token_id or eos, eos_token_id=eos, **extra)
             for k, seq in zip(batch, gen[:, enc["input_ids"].shape[1]:].tolist()):
                 finished = eos in seq
                 seq = seq[: seq.index(eos)] if finished else seq

@@ -4,9 +4,12 @@ A `TrainJob` runs in a worker thread (`runner.py` runs one at a time per server)
 of its progress that the page polls: the phase, each step's logged row (losses, skip share, each routed
 layer's skip share), held-out checkpoints (skip share and KL to the full model on the held-out slice, a
 few times during training), and at the end the comparison on that slice with the shipped set of the same
-granularity and with random skipping at the same share. The time budget covers the whole job: training
-gets what is left after the data and a reserve for the evaluations, measured from the first full-depth
-pass. `stop()` ends training at the next step and keeps what was learned.
+granularity and with random skipping at the same share. The time budget covers the whole job: prompts without
+answers are answered first in at most ANSWER_SHARE of it (each cut to what training reads, the held-out slice's
+share first; what is answered by then is trained on, too few ends the job with a message), training gets what is
+left after a reserve for the evaluations, measured from the first full-depth pass. `stop()` ends answering at the
+next token and training at the next step (what was learned is kept); `abandon()` (the visitor's tab closed) also
+skips the evaluation and the saving, and deletes the job's folder.
 
 The finished set is written like any checkpoint (checkpoint.save_routers) into the job's folder; its
 calibration puts 0.5 at the training gate (what it was trained to skip) and 0.7 at 4x that skip share,
@@ -15,6 +18,8 @@ as `calibrate` does for the shipped sets. Knows nothing about Gradio.
 
 from __future__ import annotations
 
+import math
+import shutil
 import threading
 import time
 import traceback
@@ -27,6 +32,27 @@ from routerlab.core.errors import RouterLabError
 PHASES = ("queued", "data", "answering", "training", "evaluating", "done", "stopped", "failed", "cancelled")
 FINAL = ("done", "stopped", "failed", "cancelled")
 EVAL_PASSES = 10  # the end's calibration and comparison cost up to this many full-depth passes over the held-out slice
+ANSWER_SHARE = 0.4  # the most of the time budget the full model spends answering prompts that came without answers
+ANSWER_BATCH = 8  # prompts answered together: one batch of `generate`, in the order _answer chose (held-out ones in each)
+
+
+class _Stopped(Exception):
+    """Stop (or a closed tab) before there was anything to keep."""
+
+
+class _Watched(list):
+    """The training examples, for train_routers: its probe fit (router_init) walks them at full depth before the
+    first step without checking Stop, so walking them checks it per example while no step has been taken yet."""
+
+    def __init__(self, examples, check, started):
+        super().__init__(examples)
+        self._check, self._started = check, started
+
+    def __iter__(self):
+        for example in super().__iter__():
+            if not self._started():
+                self._check()
+            yield example
 
 
 @dataclass(frozen=True)
@@ -50,6 +76,11 @@ class JobSettings:
     init: str = "probe"  # where the routers start (TrainConfig.init): a fit of update sizes beat zeros in 3 minutes (docs/experiments.md)
 
     def __post_init__(self):
+        for name, value in (("Skip target", self.skip), ("Time budget", self.minutes), ("Learning rate", self.lr),
+                            ("Distillation weight", self.kd_weight), ("LM-loss weight", self.lm_weight), ("Steps", self.max_steps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise RouterLabError(f"{name} must be a finite number, not {str(value)[:40]!r}.",
+                                     "Leave the default, or type an ordinary number.")
         if self.granularity not in GRANULARITIES:
             raise RouterLabError(f"Unknown granularity {self.granularity!r}.", f"Choose one of: {', '.join(GRANULARITIES)}.")
         if not 0.01 <= self.skip <= 0.9:
@@ -85,9 +116,12 @@ class TrainJob:
         self.data, self.shipped, self.owner = data, shipped, owner  # data: user_data.UserData, or None (built-in)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._abandoned = threading.Event()
+        self._then = None  # what abandon() asked to run once the job has ended
+        self._notes: list[str] = []  # what the data phase left out or cut, said again in the final message
         self._state = {"phase": "queued", "message": "Waiting for its turn.", "rows": [], "checkpoints": [], "layers": [],
                        "steps_planned": None, "weights": {}, "started": None, "elapsed": 0.0, "answered": 0, "to_answer": 0,
-                       "trainable": None, "result": None, "error": None}
+                       "answer_until": None, "trainable": None, "result": None, "error": None}
         self.routers = None
 
     # -- what the page reads -------------------------------------------------------------------
@@ -107,10 +141,26 @@ class TrainJob:
         return self._state["phase"]
 
     def stop(self) -> None:
-        """End training at the next step (what was learned is kept), or cancel a job still waiting."""
+        """End answering at the next token, training at the next step (what was learned is kept), or cancel a job still waiting."""
         self._stop.set()
-        if self.phase == "queued":
-            self._set(phase="cancelled", message="Cancelled before it started.")
+        with self._lock:
+            if self._state["phase"] == "queued":
+                self._state.update(phase="cancelled", message="Cancelled before it started.")
+
+    def abandon(self, then=None) -> None:
+        """Nobody will read the result (the visitor's tab closed): stop as `stop()` does, skip the evaluation and the
+        saving, delete the job's folder, then call `then()` (also at once when the job is not running)."""
+        self._then = then
+        self._abandoned.set()
+        self.stop()
+        if self.phase in ("queued", *FINAL):
+            self._ended()
+
+    def _ended(self) -> None:
+        if self._abandoned.is_set():
+            shutil.rmtree(self.folder, ignore_errors=True)
+            if self._then is not None:
+                self._then()
 
     @property
     def stopping(self) -> bool:
@@ -124,15 +174,28 @@ class TrainJob:
         self._set(phase="data", message="Reading the data; the full model scores the held-out slice …", started=time.perf_counter())
         try:
             self._run()
+        except _Stopped:
+            self._set(phase="stopped", message=f"Stopped while {self._state['phase'] if self._state['phase'] != 'data' else 'reading the data'}"
+                      ": nothing was trained yet.")
         except RouterLabError as err:
-            self._set(phase="failed", message=str(err), error=str(err))
+            self._set(phase="failed", message=self._plain(str(err)), error=self._plain(str(err)))
         except Exception as err:  # reported to the visitor; the server keeps going
             traceback.print_exc()
-            self._set(phase="failed", message=f"Training failed: {type(err).__name__}: {err}", error=repr(err))
+            self._set(phase="failed", message=self._plain(f"Training failed: {type(err).__name__}: {err}"), error=self._plain(repr(err)))
         finally:
             with self._lock:
                 if self._state["started"] is not None:
                     self._state["elapsed"] = time.perf_counter() - self._state["started"]
+            self._ended()
+
+    def _plain(self, text: str) -> str:
+        """`text` without the server's folders (a visitor sees file names only)."""
+        return text.replace(f"{self.folder.parent}/", "").replace(str(self.folder.parent), "the job's folder")
+
+    def _check(self) -> None:
+        """Between the pieces of work that do not check the stop flag themselves."""
+        if self.stopping:
+            raise _Stopped()
 
     def _remaining(self) -> float:
         return self.settings.minutes * 60 - (time.perf_counter() - self._state["started"])
@@ -146,14 +209,19 @@ class TrainJob:
 
         st, tok = self.settings, self.tokenizer
         train_records, heldout_records = self._records()
+        self._check()
         train = encode_all(train_records, tok, st.max_tokens)
         heldout = encode_all(heldout_records, tok, st.max_tokens)[: st.heldout]
+        self._check()
         anatomy = Anatomy(self.model)
         shipped_config = read_config(self.shipped) if self.shipped else None
         layers = routed_layers(st.granularity, anatomy.n_layers, shipped_config)
-        t0 = time.perf_counter()
-        full = full_depth(anatomy, heldout)
+        t0, full = time.perf_counter(), []
+        for example in heldout:  # one at a time, as full_depth does: Stop is checked between them
+            self._check()
+            full += full_depth(anatomy, [example])
         one_pass = time.perf_counter() - t0
+        self._check()
         cfg = TrainConfig(granularity=st.granularity, layers=layers, steps=st.max_steps, batch_size=st.batch_size, lr=st.lr,
                           lm_weight=st.lm_weight, kd_weight=st.kd_weight, target=1.0 - st.skip, ramp=0.4, warmup=0.1, decay=st.decay,
                           max_tokens=st.max_tokens, seed=st.seed, init=st.init)
@@ -177,30 +245,91 @@ class TrainJob:
                 marks.add(row["step"])
                 self._checkpoint(anatomy, routers, heldout, full, row["step"])
 
-        result = train_routers(self.model, train, cfg, progress=False, seconds=budget, on_step=on_step,
+        watched = _Watched(train, self._check, lambda: bool(self._state["rows"]))
+        result = train_routers(self.model, watched, cfg, progress=False, seconds=budget, on_step=on_step,
                                should_stop=self._stop.is_set, data_name=self._data_name())
+        if self._abandoned.is_set():
+            raise _Stopped()
         self.routers = result.routers
         self._finish(anatomy, result, heldout, full)
 
     def _records(self):
-        from routerlab.tuning.data import DEFAULT, answer_prompts, load_records
+        from routerlab.tuning.data import DEFAULT, load_records
 
         if self.data is None:
             return load_records(DEFAULT, "train"), load_records(DEFAULT, "heldout")
+        train, heldout = list(self.data.train), list(self.data.heldout)
+        if self.data.to_answer:
+            self._answer(train, heldout)
+        return [r for r in train if r.response], [r for r in heldout if r.response]
+
+    def _answer(self, train: list, heldout: list) -> None:
+        """The full model writes the missing responses (in place), within ANSWER_SHARE of the budget.
+
+        Each prompt is cut to what training reads (max_tokens, less room for the answer). Held-out prompts beyond the
+        slice's size are not answered (never used); the others go one held-out to four training prompts, so that a
+        budget that runs out still leaves both. Too few answered: a RouterLabError that says so."""
         from dataclasses import replace
 
-        records = [*self.data.train, *self.data.heldout]
-        todo = [k for k, r in enumerate(records) if not r.response]
-        if todo:
-            self._set(phase="answering", to_answer=len(todo), message=f"The full model answers {len(todo)} prompts first …")
-            for done, (k, answer, _, _) in enumerate(answer_prompts(self.model, self.tokenizer, [list(records[i].messages) for i in todo],
-                                                                   max_new_tokens=self.settings.answer_tokens, batch_size=8), 1):
-                records[todo[k]] = replace(records[todo[k]], response=answer)
-                self._set(answered=done)
-                if self.stopping:
-                    raise RouterLabError("Stopped while the full model was answering the prompts.", "Start again when you are ready.")
-        n = len(self.data.train)
-        return [r for r in records[:n] if r.response], [r for r in records[n:] if r.response]
+        from routerlab.tuning.data import answer_prompts, cut_prompt
+        from routerlab.tuning.user_data import MIN_EXAMPLES
+
+        st, tok = self.settings, self.tokenizer
+        window = min(st.max_tokens, int(getattr(getattr(self.model, "config", None), "max_position_embeddings", None) or st.max_tokens))
+        answer_tokens = min(st.answer_tokens, window // 2)
+        limit = window - answer_tokens  # prompt + answer fit what training reads
+        need = max(0, st.heldout - sum(1 for r in heldout if r.response))
+        todo_h = [("h", k) for k, r in enumerate(heldout) if not r.response][:need]
+        todo_t = [("t", k) for k, r in enumerate(train) if not r.response]
+        order = []
+        while todo_h or todo_t:
+            order += todo_h[:1] + todo_t[:4]
+            todo_h, todo_t = todo_h[1:], todo_t[4:]
+        prompts, cut, dropped = [], 0, 0
+        for n, (side, k) in enumerate(order):
+            if n % 32 == 0:
+                self._check()
+            record = (heldout if side == "h" else train)[k]
+            fitted = cut_prompt(record.messages, tok, limit)
+            if fitted is None:
+                dropped += 1
+                continue
+            cut += fitted[1]
+            prompts.append((side, k, fitted[0]))
+        if cut:
+            self._notes.append(f"{cut} prompt{'s' if cut != 1 else ''} longer than {limit} tokens {'were' if cut != 1 else 'was'} cut to fit.")
+        if dropped:
+            self._notes.append(f"{dropped} prompt{'s' if dropped != 1 else ''} could not be cut to {limit} tokens and {'were' if dropped != 1 else 'was'} left out.")
+        share = ANSWER_SHARE * st.minutes * 60
+        deadline = self._state["started"] + share
+        self._set(phase="answering", to_answer=len(prompts), answer_until=share,
+                  message=f"The full model answers up to {len(prompts)} prompts first (at most {share:.0f} s of the budget) …")
+        should_stop = lambda: self.stopping or time.perf_counter() >= deadline  # noqa: E731
+        answered = 0
+        for c in range(0, len(prompts), ANSWER_BATCH):
+            chunk = prompts[c : c + ANSWER_BATCH]
+            for k, answer, _, _ in answer_prompts(self.model, tok, [list(m) for _, _, m in chunk], max_new_tokens=answer_tokens,
+                                                  batch_size=ANSWER_BATCH, should_stop=should_stop):
+                side, i, messages = chunk[k]
+                records = heldout if side == "h" else train
+                if answer:
+                    records[i] = replace(records[i], messages=messages, response=answer)
+                    answered += 1
+                self._set(answered=answered)
+            if should_stop():
+                break
+        self._check()
+        got_t, got_h = sum(1 for r in train if r.response), sum(1 for r in heldout if r.response)
+        late = answered < len(prompts) and time.perf_counter() >= deadline
+        said = (f"The full model answered {answered} of your {self.data.to_answer} prompts"
+                + (f" in the {share:.0f} s of the time budget set aside for answering" if late else ""))
+        if got_t < MIN_EXAMPLES - 1 or got_h < 1:
+            raise RouterLabError(
+                f"{said}: {got_t} to train on and {got_h} held out, too few (training needs at least {MIN_EXAMPLES - 1} and 1).",
+                "Choose a longer time budget, give fewer or shorter prompts, or give them with their answers "
+                "(JSONL with \"output\", or an assistant turn).")
+        if late:
+            self._notes.append(f"{said}; the rest were left out.")
 
     def _data_name(self) -> str:
         return "built-in self-distilled prompts" if self.data is None else self.data.describe()
@@ -227,6 +356,8 @@ class TrainJob:
             routers.calibration = fit.calibration
         except RouterLabError:
             pass  # scores too concentrated (e.g. stopped at once): the raw scale stays, 0.5 is still the training gate
+        if self._abandoned.is_set():  # the tab closed: nobody will read the comparison
+            raise _Stopped()
         rows = compare(anatomy, heldout, routers, self.model, self.shipped, st.seed, full)
         mine = rows["mine at 0.5"]
         report = dict(result.report, settings=asdict(st), heldout={"examples": len(heldout), "rows": rows},
@@ -234,14 +365,18 @@ class TrainJob:
         info = {"rule": "0.5 = the training gate (what the set was trained to skip); 0.7 = 4x its skip share, on the held-out slice",
                 "raw_default": 0.5} if fit is not None else None
         summary = {k: report[k] for k in ("data", "examples", "steps", "seconds", "stopped", "config")}
+        if self._abandoned.is_set():  # the tab closed while it was evaluated: nobody will load or download it
+            raise _Stopped()
         save_routers(routers, self.folder, self.model, threshold=DEFAULT if fit else 0.5, kv_policy="kv", summary=summary,
                      calibration_info=info)
         from routerlab.tuning.bundle import write_extras
 
         write_extras(self.folder, report, result.log, self.model_name())
         phase = "stopped" if stopped else "done"
+        notes = "".join(f" {n}" for n in self._notes)
         self._set(phase=phase, result=report, message=("Stopped: the routers as they were are kept. " if stopped else "Done. ")
-                  + f"At 0.5 it skips {mine['skip_rate']:.1%} of routed cells on the held-out slice, perplexity {mine['perplexity_increase']:+.1%}.")
+                  + f"At 0.5 it skips {mine['skip_rate']:.1%} of routed cells on the held-out slice, perplexity {mine['perplexity_increase']:+.1%}."
+                  + notes)
 
     def model_name(self) -> str:
         from routerlab.core.models import model_identity

@@ -8,7 +8,8 @@ Accepted: pasted text or an uploaded `.txt` / `.jsonl` file.
   over 2 x CHUNK characters is cut near CHUNK) is an example with no prompt, every token a response token.
 
 A held-out slice (1 in 5 by a hash of the text, at least one example) is set aside and never trained on.
-Problems come back as RouterLabError naming what to fix: empty, not text, too long, a bad JSONL line, too
+Problems come back as RouterLabError naming what to fix (and the file by its name only): empty, not text, half a
+character (an unpaired surrogate, pasted or as a JSON escape), too long, a bad or too deeply nested JSONL line, too
 few examples. Knows nothing about models or the UI.
 """
 
@@ -65,6 +66,7 @@ def read_text(pasted: str | None, path: str | Path | None, max_chars: int = MAX_
         source = path.name
     else:
         text, source = pasted or "", "pasted text"
+    _check_text(text, f"The {'file ' + source if path else 'pasted text'}")
     if not text.strip():
         raise RouterLabError(f"The {'file ' + source if path else 'pasted text'} is empty.",
                              "Paste some text (paragraphs separated by blank lines) or upload a .txt / .jsonl file.")
@@ -72,6 +74,16 @@ def read_text(pasted: str | None, path: str | Path | None, max_chars: int = MAX_
         raise RouterLabError(f"{source} has {len(text):,} characters; this server trains on at most {max_chars:,}.",
                              "Use a shorter text (a few hundred examples are plenty for routers).")
     return text, source
+
+
+def _check_text(text: str, what: str) -> None:
+    """A RouterLabError when `text` holds half a character (a lone surrogate: pasted, or a JSON "\\ud800" escape),
+    which no tokenizer or file can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RouterLabError(f"{what} holds half a character (an unpaired surrogate, U+{ord(text[err.start]):04X}) at "
+                             f"character {err.start + 1:,}.", "Remove it, or copy the text again from where it came from.") from None
 
 
 def _is_jsonl(text: str) -> bool:
@@ -85,6 +97,17 @@ def _jsonl_records(text: str, source: str) -> list[Record]:
 
 def _row_record(row: dict, where: str) -> Record:
     """A row with an answer as data.record_from_row reads it; a prompt without one as a record to answer."""
+    try:
+        record = _row_record_unchecked(row, where)
+    except UnicodeEncodeError:  # split_of hashes the text's UTF-8 bytes: say where, as _check_text does
+        raise RouterLabError(f"{where} holds half a character (an unpaired surrogate, such as a JSON \"\\ud800\" escape).",
+                             "Remove it, or copy the text again from where it came from.") from None
+    for text in (record.response, *(m["content"] for m in record.messages), *(m["role"] for m in record.messages)):
+        _check_text(text, where)
+    return record
+
+
+def _row_record_unchecked(row: dict, where: str) -> Record:
     if isinstance(row.get("prompt"), str) and not any(k in row for k in ("messages", "instruction", "text")):
         row = {"instruction": row["prompt"], **({"output": row["response"]} if isinstance(row.get("response"), str) else {})}
     if "instruction" in row and "output" not in row:

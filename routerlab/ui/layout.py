@@ -22,8 +22,8 @@ from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.links import COPY_LINK_JS, TABS, View, open_link, view_link
-from routerlab.ui.resources import UNTRAINED, Resources
-from routerlab.ui.session import Session, _delete_session, _status
+from routerlab.ui.resources import UNTRAINED, Limits, Resources
+from routerlab.ui.session import Session, _delete_session, _status, close_tab, keep_session
 from routerlab.ui import train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
@@ -155,14 +155,17 @@ def theme():
     )
 
 
-def launch_options() -> dict:
-    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch).
+def launch_options(limits: Limits | None = None) -> dict:
+    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch) and the upload cap.
 
     run_history=False: Gradio's run history deep-copies every output of every streamed frame in the
     browser (a JSON round trip of the heatmap) and rewrites localStorage twice a second; that was a
-    large share of the browser's time while streaming, CPU a laptop's decoder also needs."""
+    large share of the browser's time while streaming, CPU a laptop's decoder also needs.
+    max_file_size: Gradio refuses a larger upload before storing it (ROUTERLAB_MAX_UPLOAD_MB; `limits`: the
+    environment's when not given)."""
+    limits = limits or Limits.from_env()
     return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS,
-                run_history=False)
+                run_history=False, max_file_size=limits.max_upload_mb * 2**20)
 
 
 def threshold_help(res: Resources, label: str) -> str:
@@ -363,6 +366,9 @@ def build_demo(res: Resources) -> gr.Blocks:
             return (*out[:5], gr.Slider(value=threshold, info=threshold_help(res, routers)), *out[6:])
 
         demo.load(_open_link, [session], link_outputs, queue=False, api_name=False)
+        # A closed (or reloaded) tab ends its session at once: its training stops, its sets and files are freed
+        demo.load(keep_session, [session], None, queue=False, api_name=False, show_progress="hidden")
+        demo.unload(close_tab)
         for tab_id, tab in zip(TABS, (tab_explore, tab_compare, tab_tradeoff, tab_train, tab_layers, tab_about)):
             tab.select(lambda t=tab_id: t, None, tab_shown, queue=False, api_name=False, show_progress="hidden")
         link_btn.click(lambda *values: view_link(res, *values), [prompt, c_prompt, threshold, router_label, kv_policy, max_new, temperature, measure, tab_shown],

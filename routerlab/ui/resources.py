@@ -59,6 +59,8 @@ class Limits:
     training_minutes: float = 10.0  # the longest training a visitor may ask for
     training_max_chars: int = 1_000_000  # the most text a visitor may train on
     training_nice: int = 10  # how much lower the training worker's scheduling priority is than generation's (0: the same)
+    max_upload_mb: int = 32  # the largest file Gradio accepts (a router set is ~100 KB, 32 MB at most unpacked; text 4 bytes a character)
+    session_sets: int = 8  # router sets one tab keeps (trained or uploaded); a new one drops the oldest
     room: bool = True  # one decode loop for every visitor, a batched step (core/room.py); off: each generation decodes alone
     max_batch: int = 32  # the most rows in one step of the room
     room_cache_mb: int = 2048  # the most KV cache the room's rows may hold (as their longest runs would fill them)
@@ -76,6 +78,8 @@ class Limits:
             training_minutes=float(_env_int("ROUTERLAB_TRAINING_MINUTES", 10)),
             training_max_chars=_env_int("ROUTERLAB_TRAINING_MAX_CHARS", 1_000_000),
             training_nice=min(19, _env_int("ROUTERLAB_TRAINING_NICE", 10, low=0)),
+            max_upload_mb=_env_int("ROUTERLAB_MAX_UPLOAD_MB", 32),
+            session_sets=_env_int("ROUTERLAB_SESSION_SETS", 8),
             room=os.environ.get("ROUTERLAB_ROOM", "on").strip().lower() not in ("off", "0", "false", "no"),
             max_batch=_env_int("ROUTERLAB_MAX_BATCH", 32),
             room_cache_mb=_env_int("ROUTERLAB_ROOM_CACHE_MB", 2048),

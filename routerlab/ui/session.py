@@ -1,7 +1,11 @@
 """One visitor's state and the small helpers every tab's handlers share.
 
 Owns `Session` (kept in a gr.State, never shared: running Controls, last traces, what the page
-shows now, a temp folder for exports) and its delete callback, the status-line helpers
+shows now, a temp folder for exports) and its end: `keep_session` (the page's load event) files each tab's Session
+under its Gradio session hash, and `close_tab` (the unload event, fired as soon as the tab's heartbeat connection
+drops: closed, reloaded, or offline) ends it at once: its runs stop, its training is abandoned, its sets and temp
+folder are freed. Gradio's own delete callback (an hour after a tab closes) ends it too, for sessions the page
+never loaded (API clients). Also the status-line helpers
 (`_status`, `_warn`), `plot_data` / `_shown` (figures serialized once and repeated by streams)
 and `_export` (trace JSON + heatmap HTML files). Knows nothing about engines, Resources,
 tabs or tensors.
@@ -9,9 +13,11 @@ tabs or tensors.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +25,8 @@ import gradio as gr
 
 from routerlab.core.trace import Trace
 from routerlab.ui import plots, safe
+
+log = logging.getLogger(__name__)
 
 
 class Session:
@@ -39,6 +47,8 @@ class Session:
         self.job_drawn: tuple | None = None  # (steps, checkpoints) its figures last showed: unchanged ones are not sent again
         self.router_sets: dict[str, tuple[Any, Any]] = {}  # label -> (RouterSetInfo, RouterSet): sets trained or uploaded here
         self.link_threshold: float | None = None  # the threshold a link just set: the link's note says it, the slider's echo does not
+        self.sets_made = 0  # sets trained here so far: names each job's folder (sets may be dropped, so not len(router_sets))
+        self.hash: str | None = None  # Gradio's session hash, once the page has loaded (keep_session)
         self._dir: str | None = None
 
     def workdir(self) -> Path:
@@ -50,16 +60,56 @@ class Session:
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
+    def end(self) -> None:
+        """The visitor left: stop their runs, abandon their training (it ends at its next token or step, saves
+        nothing and deletes its folder), drop their sets and traces, delete the temp folder. Safe to call twice."""
+        for control in (self.control, self.compare_control):
+            if control is not None:
+                control.request_stop()
+        job, self.job = self.job, None
+        if job is not None:
+            job.abandon(then=self.cleanup)  # the folder again once the job has ended: it may have been writing
+        self.router_sets.clear()
+        self.trace, self.compare, self.views = None, (None, None), {}
+        self.cleanup()
+
+
+_OPEN: dict[str, Session] = {}  # session hash -> the Session of each open tab (filed on page load)
+_OPEN_LOCK = threading.Lock()
+
+
+def keep_session(session: Session | None, request: gr.Request | None = None) -> None:
+    """The page's load event: file this tab's Session under its session hash, for close_tab."""
+    key = getattr(request, "session_hash", None)
+    if isinstance(session, Session) and key:
+        session.hash = key
+        with _OPEN_LOCK:
+            _OPEN[key] = session
+
+
+def close_tab(request: gr.Request | None = None) -> None:
+    """The unload event (the tab closed or reloaded): end its Session now, not when Gradio deletes its state."""
+    key = getattr(request, "session_hash", None)
+    with _OPEN_LOCK:
+        session = _OPEN.pop(key, None) if key else None
+    if session is not None:
+        log.info("a tab closed: its session ends%s", " and its training stops" if session.job is not None else "")
+        session.end()
+
+
+def open_sessions() -> int:
+    """How many tabs' Sessions are filed (for tests and the load harness)."""
+    with _OPEN_LOCK:
+        return len(_OPEN)
+
 
 def _delete_session(session: Session | None) -> None:
+    """Gradio's delete callback for the session state (an hour after the tab closed, or at shutdown)."""
     if isinstance(session, Session):
-        if session.control is not None:
-            session.control.request_stop()
-        if session.compare_control is not None:
-            session.compare_control.request_stop()
-        if session.job is not None:  # a visitor who closes the tab stops their training
-            session.job.stop()
-        session.cleanup()
+        with _OPEN_LOCK:
+            if session.hash is not None and _OPEN.get(session.hash) is session:
+                del _OPEN[session.hash]
+        session.end()
 
 
 def plot_data(fig):

@@ -86,7 +86,11 @@ def progress_html(snap: dict | None, budget_seconds: float, position: int | None
         frac = min(1.0, elapsed / budget_seconds)
         step = f" · step {rows[-1]['step']} of ~{snap.get('steps_planned') or '?'}" if rows else ""
         answering = f" · {snap.get('answered', 0)} of {snap.get('to_answer', 0)} prompts answered" if phase == "answering" else ""
-        line = f"{safe.text(snap.get('message', ''))}{step}{answering} · {_clock(elapsed)} elapsed, about {_clock(budget_seconds - elapsed)} left"
+        if phase == "answering" and snap.get("answer_until"):
+            answering += f" (answering ends by {_clock(snap['answer_until'])})"
+        left = budget_seconds - elapsed
+        when = f"about {_clock(left)} left" if left >= 1 else f"{_clock(-left)} past the budget, finishing"
+        line = f"{safe.text(snap.get('message', ''))}{step}{answering} · {_clock(elapsed)} elapsed, {when}"
     params = snap.get("trainable")
     share = (f"<div class='rl-muted'>Trainable parameters: <b>{params['routers']:,}</b> of {params['model']:,} "
              f"({params['routers'] / params['model']:.3%}); the base model is frozen.</div>") if params else ""

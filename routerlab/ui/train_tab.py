@@ -3,13 +3,17 @@
 Handlers: `train_start` (checks the settings and the visitor's text, queues a tuning.job.TrainJob on the
 server's one TrainingRunner), `train_tick` (progress, curves, layer map; when the job ends, its set joins
 this session's router-set menu and a zip is offered), `train_stop`, `upload_set` (a zip or loose files,
-validated by tuning.bundle.read_upload). Bad input comes back as a status message; the inputs are never
-touched, so nothing the visitor entered is lost. No tensors here: the job and the bundle own them.
+validated by tuning.bundle.read_upload). A tab keeps at most `Limits.session_sets` sets: a new one drops the
+oldest (its files too), and the status line says which. Bad input comes back as a status message that says
+whether a setting or the text is at fault; the inputs are never touched, so nothing the visitor entered is lost.
+No tensors here: the job and the bundle own them.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import shutil
 
 import gradio as gr
 
@@ -35,12 +39,33 @@ def _labels(res: Resources, session: Session) -> list[str]:
     return res.router_labels() + list(session.router_sets)
 
 
-def _add_set(res: Resources, session: Session, label: str, folder, routers, config) -> str:
+def _add_set(res: Resources, session: Session, label: str, folder, routers, config) -> tuple[str, str]:
+    """(the set's menu label, a sentence naming the sets dropped to stay within the tab's cap, or "")."""
     base, k = label, 2
     while label in session.router_sets or label in res.router_labels():
         label, k = f"{base} #{k}", k + 1
+    dropped = []
+    while len(session.router_sets) >= max(1, res.limits.session_sets):
+        old = next(iter(session.router_sets))  # insertion order: the oldest first
+        info, _ = session.router_sets.pop(old)
+        if info.path is not None and session.workdir() in info.path.parents:
+            shutil.rmtree(info.path, ignore_errors=True)
+        dropped.append(old)
     session.router_sets[label] = (RouterSetInfo(label=label, granularity=config["granularity"], path=folder, meta=config), routers)
-    return label
+    said = (f" This tab keeps {res.limits.session_sets} router sets: {', '.join(f'**{safe.text(d)}**' for d in dropped)} "
+            f"{'was' if len(dropped) == 1 else 'were'} dropped (download a set to keep it).") if dropped else ""
+    return label, said
+
+
+def _number(name: str, value, integer: bool = False) -> float | int:
+    """A setting as a finite number, or a RouterLabError naming the setting (text problems are told apart)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RouterLabError(f"{name}: {str(value)[:40]!r} is not a number.", "Type a number, or leave the default.") from None
+    if not math.isfinite(number):
+        raise RouterLabError(f"{name} must be a finite number, not {value}.", "Type an ordinary number, or leave the default.")
+    return int(round(number)) if integer else number
 
 
 def _shipped_folder(res: Resources, granularity: str):
@@ -51,7 +76,6 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
                 start_from, source, pasted, upload):
     """Queue a training; returns progress, curves, layer map, result, status, timer, start button."""
     from routerlab.tuning.job import JobSettings, TrainJob
-    from routerlab.tuning.user_data import parse_user_data
 
     skip = gr.skip()
     session = session if isinstance(session, Session) else Session()
@@ -61,17 +85,19 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
         if session.job is not None and session.job.phase not in ("done", "stopped", "failed", "cancelled"):
             raise RouterLabError("Your last training is still going.", "Stop it first, or wait for it to end.")
         cap = res.limits.training_minutes
-        if float(minutes) > cap:
+        minutes = _number("Time budget", minutes)
+        if minutes > cap:
             raise RouterLabError(f"This server trains for at most {cap:g} minutes.", f"Choose {cap:g} or less.")
-        settings = JobSettings(granularity=str(granularity), skip=float(skip_pct) / 100, minutes=float(minutes), lr=float(lr),
-                               kd_weight=float(kd_weight), lm_weight=float(lm_weight), max_steps=int(max_steps),
+        settings = JobSettings(granularity=str(granularity), skip=_number("Skip target", skip_pct) / 100, minutes=minutes,
+                               lr=_number("Learning rate", lr), kd_weight=_number("Distillation weight", kd_weight),
+                               lm_weight=_number("LM-loss weight", lm_weight), max_steps=_number("Most steps", max_steps, integer=True),
                                init=STARTS.get(start_from, "probe"))
-        data = parse_user_data(pasted, upload, res.limits.training_max_chars) if source == OWN else None
+        data = _user_data(pasted, upload, res.limits.training_max_chars) if source == OWN else None
         engine = res.engine
-        folder = session.workdir() / f"mine-{len(session.router_sets) + 1}-{settings.granularity}"
+        session.sets_made += 1
+        folder = session.workdir() / f"mine-{session.sets_made}-{settings.granularity}"
         job = TrainJob(engine.model, engine.tokenizer, settings, folder, data=data, shipped=_shipped_folder(res, settings.granularity))
-    except (RouterLabError, ValueError, TypeError) as err:
-        err = err if isinstance(err, RouterLabError) else RouterLabError(f"A setting is not a number ({err}).", "Check the advanced settings.")
+    except RouterLabError as err:
         return skip, skip, skip, skip, _warn(err), skip, skip
     session.job, session.job_drawn = job, None
     position = res.trainer.submit(job)
@@ -80,6 +106,19 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
     return (train_plots.progress_html(job.snapshot(), settings.minutes * 60, position), train_plots.curves(None),
             train_plots.layer_map(None), "", _status("run", f"Training {safe.text(settings.label)} on {safe.text(what)}.{wait}"),
             gr.Timer(active=True), gr.Button(interactive=False))
+
+
+def _user_data(pasted, upload, max_chars: int):
+    """The visitor's text parsed (user_data.parse_user_data); anything it did not foresee is still a message about the text."""
+    from routerlab.tuning.user_data import parse_user_data
+
+    try:
+        return parse_user_data(pasted, upload, max_chars)
+    except RouterLabError:
+        raise
+    except (ValueError, TypeError, RecursionError, OSError) as err:  # a bug in reading: said as such, without a path
+        raise RouterLabError(f"Your text could not be read ({type(err).__name__}).",
+                             "Check that it is plain UTF-8 text or JSON lines, or paste a shorter part of it.") from None
 
 
 def train_tick(res: Resources, session: Session):
@@ -103,12 +142,12 @@ def train_tick(res: Resources, session: Session):
         from routerlab.tuning.bundle import zip_folder
         from routerlab.tuning.checkpoint import read_config
 
-        label = _add_set(res, session, job.settings.label, job.folder, job.routers, read_config(job.folder))
+        label, dropped = _add_set(res, session, job.settings.label, job.folder, job.routers, read_config(job.folder))
         name = re.sub(r"[^a-z0-9-]+", "-", label.lower()).strip("-")
         archive = zip_folder(job.folder, job.folder.parent / f"routerlab-{name}.zip")
         menu = gr.Dropdown(choices=_labels(res, session))
         download = gr.DownloadButton(f"Download {label} (zip)", value=str(archive), visible=True)
-        status = _status("ok", f"{safe.text(snap['message'])} **{safe.text(label)}** is in the router-set menu (this tab only).")
+        status = _status("ok", f"{safe.text(snap['message'])} **{safe.text(label)}** is in the router-set menu (this tab only).{dropped}")
     return (progress, train_plots.curves(snap), train_plots.layer_map(snap), train_plots.result_md(snap), status,
             gr.Timer(active=False), menu, download, gr.Button(interactive=True))
 
@@ -136,9 +175,9 @@ def upload_set(res: Resources, session: Session, files):
         folder, routers, config = read_upload(paths, res.engine.model, session.workdir())
     except RouterLabError as err:
         return _warn(err), gr.skip(), None
-    label = _add_set(res, session, f"uploaded: {config['granularity']}", folder, routers, config)
+    label, dropped = _add_set(res, session, f"uploaded: {config['granularity']}", folder, routers, config)
     return (_status("ok", f"Loaded **{safe.text(label)}** ({len(config['layers'])} routed layers, threshold {safe.text(config['threshold'])}); "
-                    "pick it in the router-set menu."), gr.Dropdown(choices=_labels(res, session)), None)
+                    f"pick it in the router-set menu.{dropped}"), gr.Dropdown(choices=_labels(res, session)), None)
 
 
 def own_set(session, label: str):
