@@ -219,6 +219,24 @@ def test_sampling_is_reproducible_with_a_seed():
     assert a == b
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 5e-324, 1e-30, 1e-6])
+def test_a_tiny_temperature_decodes_greedily(temperature):
+    """1e-45 used to end in `probability tensor contains either inf, nan`: logits over a denormal overflowed."""
+    engine = Engine(tiny_model("llama"))
+    greedy = [s.token_id for s in engine.generate_ids([1, 2], None, GenerateConfig(max_new_tokens=8))]
+    tiny = [s.token_id for s in engine.generate_ids([1, 2], None, GenerateConfig(max_new_tokens=8, temperature=temperature, seed=3))]
+    assert tiny == greedy
+
+
+def test_a_small_temperature_samples_without_overflow():
+    """Above the greedy cut, large logits over a small temperature still give a finite distribution (max subtracted)."""
+    from routerlab.core.generation import GREEDY_BELOW, sample
+
+    logits = torch.tensor([[[3e4, -3e4, 2.9e4, 0.0]]])
+    config = GenerateConfig(temperature=GREEDY_BELOW * 2, seed=0)
+    assert sample(logits, config, torch.Generator().manual_seed(0)) == 0
+
+
 @pytest.mark.parametrize(
     "config, ids, message",
     [

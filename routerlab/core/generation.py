@@ -21,11 +21,17 @@ from routerlab.core.router import RouterSet
 from routerlab.core.trace import Step, Trace
 
 
+# Below this temperature sampling is greedy: the scaled logits overflow float32 (1e-45 gave inf and a NaN softmax)
+# long before the distribution differs from argmax's, whose most likely token then has all the probability anyway.
+GREEDY_BELOW = 1e-4
+
+
 def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
     logits = logits[0, -1].float()  # (V,)
-    if config.temperature <= 0:
+    if config.temperature < GREEDY_BELOW:
         return int(logits.argmax())
-    probs = torch.softmax(logits / config.temperature, dim=-1)
+    # the largest logit subtracted first: the scaled values stay <= 0, so a small temperature cannot overflow them
+    probs = torch.softmax((logits - logits.max()) / config.temperature, dim=-1)
     if config.top_p < 1.0:
         sorted_p, idx = probs.sort(descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < config.top_p
