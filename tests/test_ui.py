@@ -270,6 +270,22 @@ def test_a_link_threshold_is_not_announced_twice(res):
     assert "applies to the next generation" in ui.threshold_moved(res, 0.4, session)[3]  # a move of the user's own is
     assert "applies to the next generation" in ui.threshold_moved(res, 0.62, session)[3]
 
+@pytest.mark.parametrize("tab, button", [("explore", "Generate"), ("compare", "Compare"), ("train", "Start training"),
+                                         ("tradeoff", None), ("layers", None), ("about", None)])
+def test_a_link_note_names_the_button_of_its_tab(res, tab, button):
+    """The Train tab's button is Start training, not Generate; Trade-off, Layers and About have nothing to run first."""
+    from types import SimpleNamespace
+
+    from routerlab.ui.links import View, open_link
+
+    note = open_link(res, View(prompt="Hi", routers=RANDOM), SimpleNamespace(query_params={"tab": tab}), ui.Session())[-1].value
+    assert note.startswith("✓ Opened a link")
+    if button is None:
+        assert "Press" not in note
+    else:
+        assert f"Press **{button}**" in note and note.count("Press") == 1
+
+
 def test_full_model_choice_runs_without_routers(res):
     session = ui.Session()
     run_all(explore(res, session, label=ui.FULL))

@@ -21,7 +21,7 @@ from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
-from routerlab.ui.links import COPY_LINK_JS, TABS, View, open_link, view_link
+from routerlab.ui.links import COPY_LINK_JS, TABS, View, link_note_done, open_link, view_link
 from routerlab.ui.resources import UNTRAINED, Resources
 from routerlab.ui.session import Session, _delete_session, _status
 from routerlab.ui import train_plots
@@ -383,6 +383,11 @@ def build_demo(res: Resources) -> gr.Blocks:
         demo.load(_open_link, [session], link_outputs, queue=False, api_name=False)
         for tab_id, tab in zip(TABS, (tab_explore, tab_compare, tab_tradeoff, tab_train, tab_layers, tab_about)):
             tab.select(lambda t=tab_id: t, None, tab_shown, queue=False, api_name=False, show_progress="hidden")
+        # Once the visitor acts, the link's note is stale ("threshold 0.70 ... Press Generate" after a run at 0.5): it goes.
+        # `.input` is the visitor's own change, not a link's (which sets these values on load).
+        for acted in (go_btn.click, regen_btn.click, prompt.submit, c_btn.click, tr_start.click, t_table.select, threshold.input,
+                      router_label.input, kv_policy.input, max_new.input, temperature.input, measure.input):
+            acted(link_note_done, None, link_note, queue=False, api_name=False, show_progress="hidden")
         link_btn.click(lambda *values: view_link(res, *values), [prompt, c_prompt, threshold, router_label, kv_policy, max_new, temperature, measure, tab_shown],
                        [link_box, link_note], queue=False, api_name=False).then(None, [link_box], [link_box], js=COPY_LINK_JS, queue=False, api_name=False)
     return demo
