@@ -268,6 +268,26 @@ def test_drop_really_holds_less_kv_memory_than_kv():
     assert held["drop"] == held["kv"] // 2  # layers 1 and 2 of 4 store nothing
 
 
+@pytest.mark.parametrize("policy", ["mask", "kv", "drop"])
+def test_kv_saved_is_what_the_full_model_would_hold_less_what_was_held(policy):
+    """kv and mask keep every position's KV, so they save nothing; the full model saves nothing; only drop saves. (The
+    last token, never fed back, was counted as held by the full model: every run 'saved' one position at every layer.)"""
+    model = tiny_model("llama")
+    engine = Engine(model)
+    saved = {}
+    for name, rs in (("full", None), ("routed", routers(model, "attention-token"))):
+        control = Control(0.51)
+        list(engine.generate_ids(list(range(1, 20)), rs, GenerateConfig(max_new_tokens=8, threshold=0.51, kv_policy=policy, ignore_eos=True), control))
+        meta = control.trace.meta
+        assert meta["kv_bytes_full"] == (19 + 7) * engine.n_layers * int(meta["costs"]["kv_bytes"])  # 8 tokens, the 8th never fed
+        saved[name] = meta["kv_bytes_full"] - meta["kv_bytes_held"]
+    assert saved["full"] == 0
+    if policy == "drop":
+        assert saved["routed"] > 0
+    else:
+        assert saved["routed"] == 0
+
+
 @pytest.mark.parametrize("granularity", ["attention-token", "mlp-token"])
 def test_decode_scores_match_the_batched_scores(granularity):
     """A decode step scores on the host (Router.score_one); it must agree with the tensor path."""
