@@ -288,9 +288,13 @@ def test_a_link_note_names_the_button_of_its_tab(res, tab, button):
 
 def test_full_model_choice_runs_without_routers(res):
     session = ui.Session()
-    run_all(explore(res, session, label=ui.FULL))
+    status = run_all(explore(res, session, label=ui.FULL))[-1][3]
     assert session.trace.meta["granularity"] == "full"
     assert session.trace.skip_rate() == 0.0
+    # no router scores: no what-if view to promise, and the slider says what it will do instead
+    assert status.startswith("✓ Done") and "what-if" not in status and "no router scores" in status
+    moved = ui.threshold_moved(res, 0.3, session)
+    assert moved[0] == gr.skip() and "what-if" not in moved[3].lower() and "full model" in moved[3]
 
 
 def test_untrained_router_set_never_skips_at_half(res):

@@ -361,11 +361,20 @@ def standins_markdown(r: dict) -> list[str]:
 
 def train_tab_markdown(r: dict) -> list[str]:
     out = [f"{r['steps']} steps ({r['seconds']} s of training, {r['elapsed']} s in all), base in {r['dtype']}.", ""]
-    for key, what in (("check", f"On `{_short_path(r['check']['data'])}` ({r['check']['split']}, {r['check']['examples']} examples)"),
-                      ("heldout_slice", f"On the job's own held-out slice ({r['heldout_slice']['examples']} examples)")):
+    for key, what in (("check", lambda c: f"On `{_short_path(c['data'])}` ({c['split']}, {c['examples']} examples)"),
+                      ("heldout_slice", lambda c: f"On the job's own held-out slice ({c['examples']} examples)")):
         if key in r:
-            out += [f"{what}:", "", _matrix({k: v for k, v in r[key]["rows"].items()}), ""]
+            out += [f"{what(r[key])}:", "", _matrix({k: _threshold_or_p(k, v) for k, v in r[key]["rows"].items()}), ""]
     return out
+
+
+def _threshold_or_p(name: str, row: dict) -> dict:
+    """A job's comparison row with its threshold, or for random skipping (no router, no threshold) the skip probability
+    the job recorded in the same field: a row each, so neither is read as the other."""
+    rest = {k: v for k, v in row.items() if k != "threshold"}
+    if name.startswith("random"):
+        return {"threshold": None, "skip_probability": row.get("threshold"), **rest}
+    return {"threshold": row.get("threshold"), "skip_probability": None, **rest}
 
 
 def load_training_markdown(r: dict) -> list[str]:

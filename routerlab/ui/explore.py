@@ -40,8 +40,15 @@ def _done_status(trace: Trace, res: Resources, wall: float) -> str:
         "stop" if m.get("stop_reason") == "stopped" else "ok",
         f"Done: {n} tokens in {wall:.1f} s ({reason}); {qp.speed_phrase(stats)}{quality}; "
         f"skip rate {trace.skip_rate():.0%}, granularity {m.get('granularity')}, kv policy {m.get('kv_policy_effective')}. "
-        "Move the threshold slider to see a what-if view from the recorded scores." + _shared_note(m),
+        + _what_if_hint(trace, "Move the threshold slider to see a what-if view from the recorded scores.") + _shared_note(m),
     )
+
+
+def _what_if_hint(trace: Trace, hint: str) -> str:
+    """`hint` where the run recorded router scores to re-decide; a run without any (the full model) has no what-if view."""
+    if any(s is not None for step in trace.steps for s in step.scores):
+        return hint
+    return "The full model has no router scores, so no threshold changes what it did: pick a router set to see skipping."
 
 
 def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session,
@@ -179,7 +186,8 @@ def show_last(res: Resources, session: Session):
     if trace is None or not trace.steps:
         return (gr.skip(),) * 8 + (gr.Button(interactive=True), gr.skip())
     view = list(_final_view(res, session, trace, 0.0))
-    view[3] = _status("stop", f"Stopped after {len(trace.generated_steps)} tokens. Move the slider for a what-if view, or regenerate.")
+    view[3] = _status("stop", f"Stopped after {len(trace.generated_steps)} tokens. "
+                      + _what_if_hint(trace, "Move the slider for a what-if view, or regenerate."))
     return tuple(view)
 
 
@@ -207,6 +215,9 @@ def threshold_moved(res: Resources, threshold, session: Session):
         if echo:  # a link set it, and its note already says so
             return (skip,) * 6
         return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip
+    if _what_if_hint(trace, "") != "":  # the full model's run: no scores to re-decide
+        return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation with a router set "
+                                               "(the last run was the full model, which has no router scores to re-decide)."), skip, skip
     stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")), threshold=value)
     recorded = trace.skip_rate()
     return (
