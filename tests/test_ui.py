@@ -329,6 +329,21 @@ def test_available_router_sets_lists_valid_folders_then_untrained(tmp_path, res)
     assert all(is_skip(v) for v in rest) and slider.info == ui.layout.THRESHOLD_INFO
 
 
+def test_a_set_broken_on_disk_is_named_without_the_servers_path(tmp_path, res):
+    """The weights of a listed set go bad: the visitor reads which file is corrupted, never where the server keeps it."""
+    from routerlab.tuning.checkpoint import WEIGHTS, save_routers
+
+    folder = save_routers(random_routers(res.engine.model), tmp_path / "srv-secret" / "tiny-attn", res.engine.model, threshold=0.5, kv_policy="kv")
+    sets = ui.available_router_sets(tmp_path / "srv-secret")
+    (folder / WEIGHTS).write_bytes(b"\x00" * 7)
+    shipped = ui.Resources(res.engine, res.limits, router_sets=sets, prompts=["Hi"])
+    for run, at in ((ui.explore_run(shipped, "Hello", 0.5, sets[0].label, "kv", 4, 0.0, res.default_model, ui.Session()), 3),
+                    (ui.compare_run(shipped, "Hello", [0.5], sets[0].label, "kv", 4, 0.0, res.default_model, ui.Session()), -1)):
+        status = run_all(run)[-1][at]
+        assert status.startswith("⚠") and WEIGHTS in status, status
+        assert str(tmp_path) not in status and "srv-secret" not in status, status
+
+
 def test_operator_allowed_models_load_once_others_are_refused(res):
     loads = []
 

@@ -21,7 +21,7 @@ from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Trace
 from routerlab.ui import plots
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
-from routerlab.ui.session import Session, _shown, _status, _warn, plot_data
+from routerlab.ui.session import Session, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.stream import Decoder
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
         yield *blank, _warn(err)
     except Exception as err:
         log.error("compare failed", exc_info=err)
-        yield *blank, _status("warn", f"Compare failed: {type(err).__name__}: {err}")
+        yield *blank, _status("warn", without_paths(f"Compare failed: {type(err).__name__}: {err}"))
     finally:
         everything.request_stop()  # ends the decoder if the stream was cancelled
         session.compare = tuple(traces)

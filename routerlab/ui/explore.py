@@ -20,7 +20,7 @@ from routerlab.core.trace import Trace
 from routerlab.ui import plots
 from routerlab.ui import quality_plots as qp
 from routerlab.ui.resources import Resources
-from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data
+from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.stream import Decoder
 
 log = logging.getLogger(__name__)
@@ -119,8 +119,8 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         return
     except Exception as err:  # keep the page alive; the console has the traceback
         log.error("generation failed", exc_info=err)
-        gr.Warning(f"Generation failed: {err}")
-        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _status("warn", f"Generation failed: {type(err).__name__}: {err}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
+        gr.Warning(without_paths(f"Generation failed: {err}"))
+        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _status("warn", without_paths(f"Generation failed: {type(err).__name__}: {err}")), skip, skip, skip, skip, gr.Button(interactive=True), ""
         return
     finally:
         control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled

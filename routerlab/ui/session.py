@@ -2,7 +2,7 @@
 
 Owns `Session` (kept in a gr.State, never shared: running Controls, last traces, what the page
 shows now, a temp folder for exports) and its delete callback, the status-line helpers
-(`_status`, `_warn`), `plot_data` / `_shown` (figures serialized once and repeated by streams)
+(`_status`, `_warn`, `without_paths`), `plot_data` / `_shown` (figures serialized once and repeated by streams)
 and `_export` (trace JSON + heatmap HTML files). Knows nothing about engines, Resources,
 tabs or tensors.
 """
@@ -10,6 +10,7 @@ tabs or tensors.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -83,9 +84,21 @@ def _status(kind: str, text: str) -> str:
     return f"{icon} {text}".strip()
 
 
+# An absolute path inside a message (a folder then a name; not a URL's "//" nor a relative "a/b"): the server's own
+# layout (temp folders, the checkout), which a visitor has no use for and should not see.
+_SERVER_PATH = re.compile(r"(?<![\w.:/~])(?:/[^\s/'\"`:;,()<>\[\]]+)+/([^\s/'\"`:;,()<>\[\]]+)")
+
+
+def without_paths(text: str) -> str:
+    """`text` with every absolute path cut to its last name: '/tmp/routerlab-x1/broken/routers.safetensors is corrupted'
+    -> 'routers.safetensors is corrupted'."""
+    return _SERVER_PATH.sub(r"\1", text)
+
+
 def _warn(err: Exception) -> str:
-    gr.Warning(str(err))
-    return _status("warn", str(err))
+    text = without_paths(str(err))
+    gr.Warning(text)
+    return _status("warn", text)
 
 
 def _export(session: Session, trace: Trace) -> tuple[str, str]:
