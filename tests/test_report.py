@@ -129,3 +129,19 @@ def test_the_train_tabs_random_row_shows_a_skip_probability_not_a_threshold():
     assert "| threshold | 0.5 | - |" in doc and "| skip probability | - | 0.137 |" in doc
     page = result_md({"result": {"label": "mine", "steps": 3, "seconds": 1, "heldout": {"examples": 4, "rows": rows}}})
     assert "| random at my share | p = 0.137 |" in page and "probability p" in page
+
+
+def test_recorded_commands_are_shown_as_a_reader_types_them():
+    """room.json once kept `-m routerlab generate --prompt Explain in ...` (the interpreter cut, the prompt unquoted),
+    which the document printed after a second `python -m routerlab`; load.json names the harness's old module."""
+    import shlex
+
+    from routerlab.bench.report import _cli_command, _server_mode
+
+    prompt = "Explain in three sentences why the sky is blue."
+    old = {"prompt": prompt, "cli_command": f"-m routerlab generate --prompt {prompt} --max-new-tokens 64 --json"}
+    new = {"prompt": prompt, "cli_command": shlex.join(["python", "-m", "routerlab", "generate", "--prompt", prompt, "--json"])}
+    for v in (old, new):
+        words = shlex.split(_cli_command(v))
+        assert words[:4] == ["python", "-m", "routerlab", "generate"] and words[words.index("--prompt") + 1] == prompt
+    assert _server_mode({"mode": "child process (python -m routerlab.loadtest serve)"}) == "child process (python -m routerlab.bench.load serve)"

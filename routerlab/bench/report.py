@@ -321,7 +321,7 @@ def load_markdown(r: dict) -> list[str]:
     lines = [("**Passed**: every check held." if r.get("passed") and not failures else
               "**Failed**: " + ("; ".join(_cell(f) for f in failures) or "see the values below") + "."), ""]
     if r.get("server"):
-        lines += [f"Server: {_cell(r['server'].get('mode', r['server']))}.", ""]
+        lines += [f"Server: {_cell(_server_mode(r['server']))}.", ""]
     if isinstance(r.get("load"), dict):
         lines += ["### Load", "", _kv_table(r["load"]), ""]
     faults = r.get("faults")
@@ -418,7 +418,7 @@ def room_markdown(r: dict) -> list[str]:
             for n, v in r["ratios"].items()), ""]
     if room.get("one_visitor_vs_cli"):
         v = room["one_visitor_vs_cli"]
-        out += [f"One visitor alone in the app against `python -m routerlab {v['cli_command']}` on the same prompt, alternating: "
+        out += [f"One visitor alone in the app against `{_cli_command(v)}` on the same prompt, alternating: "
                 f"app {v['app_tokens_per_s']} tokens/s, command line {v['cli_tokens_per_s']}: **{v['app_vs_cli']}x** (medians).", ""]
     if room.get("eight_sessions"):
         out += ["Eight at once, with the room: does skipping pay when rows share a step?", "",
@@ -432,6 +432,25 @@ def room_markdown(r: dict) -> list[str]:
 RENDERERS = {"room.json": room_markdown, "soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
              "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
+
+
+def _cli_command(v: dict) -> str:
+    """The command line `make room` ran against the app, as a reader types it. Older records kept only the arguments
+    after the interpreter (`-m routerlab generate --prompt Explain in three ...`, the prompt unquoted): rebuilt here."""
+    import shlex
+
+    command = str(v["cli_command"])
+    if command.startswith("-m "):
+        prompt = str(v.get("prompt", ""))
+        command = "python " + command.replace(f"--prompt {prompt} ", f"--prompt {shlex.quote(prompt)} ", 1)
+    return command
+
+
+def _server_mode(server) -> str:
+    """How the load test ran its server. `python -m routerlab.loadtest` was the harness's old name for the same command
+    (docs/operators.md): shown under the name that runs now."""
+    mode = str(server.get("mode", server) if isinstance(server, dict) else server)
+    return mode.replace("python -m routerlab.loadtest", "python -m routerlab.bench.load")
 
 
 def conditions(name: str, r: dict) -> str | None:
