@@ -44,9 +44,14 @@ def _done_status(trace: Trace, res: Resources, wall: float) -> str:
     )
 
 
+def _has_scores(trace: Trace) -> bool:
+    """The run recorded router scores a what-if view can re-decide (the full model's run has none)."""
+    return any(s is not None for step in trace.steps for s in step.scores)
+
+
 def _what_if_hint(trace: Trace, hint: str) -> str:
-    """`hint` where the run recorded router scores to re-decide; a run without any (the full model) has no what-if view."""
-    if any(s is not None for step in trace.steps for s in step.scores):
+    """`hint` where the run has scores to re-decide; else what is true of a full-model run."""
+    if _has_scores(trace):
         return hint
     return "The full model has no router scores, so no threshold changes what it did: pick a router set to see skipping."
 
@@ -215,7 +220,7 @@ def threshold_moved(res: Resources, threshold, session: Session):
         if echo:  # a link set it, and its note already says so
             return (skip,) * 6
         return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip
-    if _what_if_hint(trace, "") != "":  # the full model's run: no scores to re-decide
+    if not _has_scores(trace):  # the full model's run: nothing to re-decide
         return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation with a router set "
                                                "(the last run was the full model, which has no router scores to re-decide)."), skip, skip
     stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")), threshold=value)

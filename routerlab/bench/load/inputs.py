@@ -95,6 +95,8 @@ def bad_input_cases(default_model: str, cap: int, max_chars: int) -> list[tuple[
 
 
 NESTED = "[" * 5000 + "]" * 5000  # deeper than Python's json can read: RecursionError, unless it is caught
+# Enough paragraphs to train on (a job needs 6 examples, one in five held out), so each case tests its own input.
+PARAGRAPHS = [f"Paragraph {k}: a sentence or two the routers could be trained on, about nothing much." for k in range(8)]
 
 
 def train_cases(folder: Path) -> list[tuple[str, str, list]]:
@@ -108,7 +110,7 @@ def train_cases(folder: Path) -> list[tuple[str, str, list]]:
     nested.write_text(json.dumps({"prompt": "hi", "response": "there"}) + "\n" + '{"messages": ' + NESTED + "}\n")
     # /train: granularity, skip target (%), minutes, learning rate, distillation and LM weights, most steps, start, data source, text, file
     ok = [GRANULARITIES[0], 15, 0.5, JobSettings.lr, JobSettings.kd_weight, JobSettings.lm_weight, JobSettings.max_steps,
-          next(iter(STARTS)), OWN, "A first paragraph to train on.\n\nA second one.", None]
+          next(iter(STARTS)), OWN, "\n\n".join(PARAGRAPHS), None]
 
     def train(i, v, name):
         args = list(ok)
@@ -118,7 +120,8 @@ def train_cases(folder: Path) -> list[tuple[str, str, list]]:
     return [
         train(9, '{"messages": ' + NESTED + "}", "train: pasted JSON nested 5,000 deep"),
         train(10, str(nested), "train: a .jsonl file with a line nested 5,000 deep"),
-        train(9, "<img src=/gradio_api/px><b style=position:fixed;inset:0>cover</b>\n\n<a href=//x>link</a>", "train: html in the pasted text"),
+        train(9, "\n\n".join(["<img src=/gradio_api/px><b style=position:fixed;inset:0>cover</b> <a href=//x>link</a>", *PARAGRAPHS]),
+              "train: html in the pasted text"),
         train(9, "   \n\n  ", "train: pasted text only blanks"),
         train(4, -1.0, "train: distillation weight negative"),
         train(2, 1e9, "train: minutes 1e9"),
@@ -196,13 +199,17 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
     from routerlab.ui.train_tab import OWN, STARTS
 
     train_ok = [None, "attention-token", 15, 0.5, JobSettings.lr, JobSettings.kd_weight, JobSettings.lm_weight, JobSettings.max_steps,
-                next(iter(STARTS)), OWN, "A first paragraph.\n\nA second one.", None]
+                next(iter(STARTS)), OWN, "\n\n".join(PARAGRAPHS), None]
     nan_kd = list(train_ok)
     nan_kd[5] = "__NAN__"
     raw_cases += [
         ("raw: train distillation weight NaN", train_index, json.dumps(nan_kd).replace('"__NAN__"', "NaN"), False, None),
         ("raw: train text with a lone surrogate", train_index,  # the text may be cleaned and trained on, or refused as text
-         json.dumps(train_ok[:10] + ["A lone \ud800 surrogate.\n\nMore text."] + train_ok[11:]), True, "not a number"),
+         json.dumps(train_ok[:10] + ["\n\n".join(["A lone \ud800 surrogate.", *PARAGRAPHS])] + train_ok[11:]), True, "not a number"),
+        # Compare's prompt, which gradio_client cannot send either: prompt, three thresholds, router set, KV policy,
+        # max new tokens, temperature, model, the session state
+        ("raw: compare lone surrogate prompt", _fn_index(url, "compare"),
+         json.dumps(["\ud800 hello \udfff", 0.5, None, None, ok[2], "kv", 2, 0.0, info["default_model"], None]), False, None),
     ]
     for name, index, data, may_start, misread in raw_cases:
         t0 = time.perf_counter()
@@ -221,7 +228,7 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
         started = may_start and msg.startswith("▶ Training")
         clear = generated or (msg.startswith("⚠") or started or "not a number" in msg or msg.startswith("HTTP 422")) and not any(
             u in msg for u in UNCLEAR) and not any(p in msg for p in SERVER_PATHS) and not (misread and misread in msg)
-        endpoint = "/train (raw HTTP)" if index == train_index else "/generate (raw HTTP)"
+        endpoint = "/train (raw HTTP)" if index == train_index else "/compare (raw HTTP)" if "compare" in name else "/generate (raw HTTP)"
         rows.append(dict(case=name, endpoint=endpoint, outcome="generated" if generated else kind,
                          message=msg[:220], clear=clear, seconds=round(time.perf_counter() - t0, 2)))
         if log:
