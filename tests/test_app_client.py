@@ -181,6 +181,26 @@ def test_compare_endpoint_runs_both_models(app):
     assert "Threshold 0.60" in routed_html and "(no threshold)" in none_1 + none_2
 
 
+def test_compare_takes_the_ladder_as_one_string_and_names_a_bad_one(app):
+    """The docs' "0.3, 0.5, 0.7" in threshold_1 runs the three columns (gr.Number alone raised a bare error); a word
+    comes back as a ⚠ status naming it."""
+    url, res = app
+    c = client(url)
+    *columns, table, heat, status = c.predict("Hi", "0.3, 0.5, 0.7", None, None, ui.UNTRAINED, "kv", 2, 0.0, res.default_model, api_name="/compare")
+    assert status.startswith("✓") and all(f"Threshold {t:.2f}" in col for col, t in zip(columns[1:], (0.3, 0.5, 0.7)))
+    status = c.predict("Hi", "half", None, None, ui.UNTRAINED, "kv", 2, 0.0, res.default_model, api_name="/compare")[-1]
+    assert status.startswith("⚠") and "'half' is not a number" in status
+
+
+def test_a_tiny_temperature_generates_greedily(app):
+    """Temperature 1e-45 ended in `probability tensor contains either inf, nan`."""
+    url, res = app
+    c = client(url)
+    out = [c.predict("Name a colour.", 0.5, ui.UNTRAINED, "kv", 4, t, res.default_model, False, api_name="/generate") for t in (0.0, 1e-45)]
+    assert all(o[3].startswith("✓ Done") for o in out)
+    assert [s.token_id for s in trace_from(out[1]).generated_steps] == [s.token_id for s in trace_from(out[0]).generated_steps]
+
+
 RUN_PARAMETERS = ["prompt", "threshold", "router_set", "kv_policy", "max_new_tokens", "temperature", "model", "measure_quality"]
 
 

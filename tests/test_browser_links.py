@@ -147,3 +147,19 @@ def test_copy_link_round_trips_what_is_on_screen(app, page):
     page.locator("#rl-copy-link").click()
     page.wait_for_function("() => (document.querySelector('#rl-link textarea, #rl-link input') || {}).value?.startsWith('http')")
     page.screenshot(path=str(SHOTS / "link.png"), full_page=True)
+
+
+def test_the_link_note_goes_once_the_visitor_acts(app, page):
+    """A note saying "threshold 0.70 ... Press Generate" is stale once the visitor moves the threshold or generates."""
+    url, _ = app
+    note = page.locator("#rl-link-note")
+    assert "threshold 0.70" in _open(page, url + "?threshold=0.7&max_new_tokens=2")
+    box = page.locator("#rl-threshold input[type=number]")
+    box.fill("0.5")
+    box.press("Enter")
+    note.wait_for(state="hidden")
+    _open(page, url + "?threshold=0.7&max_new_tokens=2")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    note.wait_for(state="hidden")
+    assert "Press Start training" in _open(page, url + "?tab=train").replace("**", "")
+

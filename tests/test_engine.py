@@ -219,6 +219,24 @@ def test_sampling_is_reproducible_with_a_seed():
     assert a == b
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 5e-324, 1e-30, 1e-6])
+def test_a_tiny_temperature_decodes_greedily(temperature):
+    """1e-45 used to end in `probability tensor contains either inf, nan`: logits over a denormal overflowed."""
+    engine = Engine(tiny_model("llama"))
+    greedy = [s.token_id for s in engine.generate_ids([1, 2], None, GenerateConfig(max_new_tokens=8))]
+    tiny = [s.token_id for s in engine.generate_ids([1, 2], None, GenerateConfig(max_new_tokens=8, temperature=temperature, seed=3))]
+    assert tiny == greedy
+
+
+def test_a_small_temperature_samples_without_overflow():
+    """Above the greedy cut, large logits over a small temperature still give a finite distribution (max subtracted)."""
+    from routerlab.core.generation import GREEDY_BELOW, sample
+
+    logits = torch.tensor([[[3e4, -3e4, 2.9e4, 0.0]]])
+    config = GenerateConfig(temperature=GREEDY_BELOW * 2, seed=0)
+    assert sample(logits, config, torch.Generator().manual_seed(0)) == 0
+
+
 @pytest.mark.parametrize(
     "config, ids, message",
     [
@@ -248,6 +266,26 @@ def test_drop_really_holds_less_kv_memory_than_kv():
         list(engine.generate_ids(list(range(1, 20)), routers(model, "attention-token"), GenerateConfig(max_new_tokens=8, threshold=0.51, kv_policy=policy), control))
         held[policy] = control.trace.meta["kv_bytes_held"]
     assert held["drop"] == held["kv"] // 2  # layers 1 and 2 of 4 store nothing
+
+
+@pytest.mark.parametrize("policy", ["mask", "kv", "drop"])
+def test_kv_saved_is_what_the_full_model_would_hold_less_what_was_held(policy):
+    """kv and mask keep every position's KV, so they save nothing; the full model saves nothing; only drop saves. (The
+    last token, never fed back, was counted as held by the full model: every run 'saved' one position at every layer.)"""
+    model = tiny_model("llama")
+    engine = Engine(model)
+    saved = {}
+    for name, rs in (("full", None), ("routed", routers(model, "attention-token"))):
+        control = Control(0.51)
+        list(engine.generate_ids(list(range(1, 20)), rs, GenerateConfig(max_new_tokens=8, threshold=0.51, kv_policy=policy, ignore_eos=True), control))
+        meta = control.trace.meta
+        assert meta["kv_bytes_full"] == (19 + 7) * engine.n_layers * int(meta["costs"]["kv_bytes"])  # 8 tokens, the 8th never fed
+        saved[name] = meta["kv_bytes_full"] - meta["kv_bytes_held"]
+    assert saved["full"] == 0
+    if policy == "drop":
+        assert saved["routed"] > 0
+    else:
+        assert saved["routed"] == 0
 
 
 @pytest.mark.parametrize("granularity", ["attention-token", "mlp-token"])

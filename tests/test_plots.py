@@ -133,6 +133,9 @@ def test_layer_views_have_one_entry_per_layer():
     np.testing.assert_allclose(np.nansum(z[1:7], axis=1), 1.0)
     what_if = plots.layer_skip_bar(trace, threshold=0.9)
     assert sum(what_if.data[0].y) > sum(bar.data[0].y)
+    # an unrouted layer's bar has height 0 (nothing grey to see): the title names those layers
+    title = bar.layout.title.text
+    assert "layers 0 and 7 have no router" in title and "grey" not in title
 
 
 def test_live_stats_numbers_are_finite_and_sane():

@@ -115,3 +115,33 @@ def test_bench_report_writes_the_document_and_check_fails_when_it_is_stale(tmp_p
     assert main(args) == 0 and main([*args, "--check"]) == 0 and "no `load.json`" in doc.read_text(encoding="utf-8")
     assert main(["bench", "report", "--out", str(folder), "--check"]) == 2  # --out alone names no document
     assert "--results" in capsys.readouterr().err
+
+
+def test_the_train_tabs_random_row_shows_a_skip_probability_not_a_threshold():
+    """The job records random skipping's probability in its rows' `threshold` field; the tables say what it is."""
+    from routerlab.bench.report import train_tab_markdown
+    from routerlab.ui.train_plots import result_md
+
+    rows = {"mine at 0.5": {"threshold": 0.5, "skip_rate": 0.16, "perplexity_increase": 0.1, "kl_full": 0.1, "agreement": 0.8},
+            "random at my share": {"threshold": 0.137, "skip_rate": 0.16, "perplexity_increase": 0.4, "kl_full": 0.4, "agreement": 0.7}}
+    doc = "\n".join(train_tab_markdown({"steps": 3, "seconds": 1, "elapsed": 2, "dtype": "bfloat16",
+                                        "check": {"data": "assets/data/x.jsonl", "split": "heldout", "examples": 4, "rows": rows}}))
+    assert "| threshold | 0.5 | - |" in doc and "| skip probability | - | 0.137 |" in doc
+    page = result_md({"result": {"label": "mine", "steps": 3, "seconds": 1, "heldout": {"examples": 4, "rows": rows}}})
+    assert "| random at my share | p = 0.137 |" in page and "probability p" in page
+
+
+def test_recorded_commands_are_shown_as_a_reader_types_them():
+    """room.json once kept `-m routerlab generate --prompt Explain in ...` (the interpreter cut, the prompt unquoted),
+    which the document printed after a second `python -m routerlab`; load.json names the harness's old module."""
+    import shlex
+
+    from routerlab.bench.report import _cli_command, _server_mode
+
+    prompt = "Explain in three sentences why the sky is blue."
+    old = {"prompt": prompt, "cli_command": f"-m routerlab generate --prompt {prompt} --max-new-tokens 64 --json"}
+    new = {"prompt": prompt, "cli_command": shlex.join(["python", "-m", "routerlab", "generate", "--prompt", prompt, "--json"])}
+    for v in (old, new):
+        words = shlex.split(_cli_command(v))
+        assert words[:4] == ["python", "-m", "routerlab", "generate"] and words[words.index("--prompt") + 1] == prompt
+    assert _server_mode({"mode": "child process (python -m routerlab.loadtest serve)"}) == "child process (python -m routerlab.bench.load serve)"

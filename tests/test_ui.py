@@ -271,11 +271,31 @@ def test_a_link_threshold_is_not_announced_twice(res):
     assert "applies to the next generation" in ui.threshold_moved(res, 0.4, session)[3]  # a move of the user's own is
     assert "applies to the next generation" in ui.threshold_moved(res, 0.62, session)[3]
 
+@pytest.mark.parametrize("tab, button", [("explore", "Generate"), ("compare", "Compare"), ("train", "Start training"),
+                                         ("tradeoff", None), ("layers", None), ("about", None)])
+def test_a_link_note_names_the_button_of_its_tab(res, tab, button):
+    """The Train tab's button is Start training, not Generate; Trade-off, Layers and About have nothing to run first."""
+    from types import SimpleNamespace
+
+    from routerlab.ui.links import View, open_link
+
+    note = open_link(res, View(prompt="Hi", routers=RANDOM), SimpleNamespace(query_params={"tab": tab}), ui.Session())[-1].value
+    assert note.startswith("✓ Opened a link")
+    if button is None:
+        assert "Press" not in note
+    else:
+        assert f"Press **{button}**" in note and note.count("Press") == 1
+
+
 def test_full_model_choice_runs_without_routers(res):
     session = ui.Session()
-    run_all(explore(res, session, label=ui.FULL))
+    status = run_all(explore(res, session, label=ui.FULL))[-1][3]
     assert session.trace.meta["granularity"] == "full"
     assert session.trace.skip_rate() == 0.0
+    # no router scores: no what-if view to promise, and the slider says what it will do instead
+    assert status.startswith("✓ Done") and "what-if" not in status and "no router scores" in status
+    moved = ui.threshold_moved(res, 0.3, session)
+    assert moved[0] == gr.skip() and "what-if" not in moved[3].lower() and "full model" in moved[3]
 
 
 def test_untrained_router_set_never_skips_at_half(res):
@@ -308,6 +328,21 @@ def test_available_router_sets_lists_valid_folders_then_untrained(tmp_path, res)
     assert slider.value == 0.5 and radio.value == "kv" and "calibrated" in status
     slider, *rest = ui.router_set_chosen(shipped, ui.UNTRAINED)  # no calibration: the slider keeps its value, loses the set's skip rates
     assert all(is_skip(v) for v in rest) and slider.info == ui.layout.THRESHOLD_INFO
+
+
+def test_a_set_broken_on_disk_is_named_without_the_servers_path(tmp_path, res):
+    """The weights of a listed set go bad: the visitor reads which file is corrupted, never where the server keeps it."""
+    from routerlab.tuning.checkpoint import WEIGHTS, save_routers
+
+    folder = save_routers(random_routers(res.engine.model), tmp_path / "srv-secret" / "tiny-attn", res.engine.model, threshold=0.5, kv_policy="kv")
+    sets = ui.available_router_sets(tmp_path / "srv-secret")
+    (folder / WEIGHTS).write_bytes(b"\x00" * 7)
+    shipped = ui.Resources(res.engine, res.limits, router_sets=sets, prompts=["Hi"])
+    for run, at in ((ui.explore_run(shipped, "Hello", 0.5, sets[0].label, "kv", 4, 0.0, res.default_model, ui.Session()), 3),
+                    (ui.compare_run(shipped, "Hello", [0.5], sets[0].label, "kv", 4, 0.0, res.default_model, ui.Session()), -1)):
+        status = run_all(run)[-1][at]
+        assert status.startswith("⚠") and WEIGHTS in status, status
+        assert str(tmp_path) not in status and "srv-secret" not in status, status
 
 
 def test_operator_allowed_models_load_once_others_are_refused(res):

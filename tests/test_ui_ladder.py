@@ -157,8 +157,40 @@ def test_ladder_thresholds_read_every_form_and_refuse_bad_ones(res):
     assert ui.ladder_thresholds("0.7, 0.3 0.5") == [0.3, 0.5, 0.7]
     assert ui.ladder_thresholds([0.5, None, 0.5]) == [0.5]
     assert ui.ladder_thresholds(0.4) == [0.4]
-    for bad in ([None, "", None], "0.2 0.4 0.6 0.8", [1.5], "half"):
+    assert ui.ladder_thresholds(["0.3, 0.5, 0.7", None, None]) == [0.3, 0.5, 0.7], "/compare's threshold_1 holding the ladder"
+    for bad in ([None, "", None], "0.2 0.4 0.6 0.8", [1.5], "half", ["0.3, 0.5", 0.7, 0.9]):
         with pytest.raises(RouterLabError):
             ui.ladder_thresholds(bad)
     out = run_all(ladder(res, ui.Session(), thresholds=[None, None, None]))
     assert len(out) == 1 and out[0][-1].startswith("⚠") and "threshold" in out[0][-1]
+
+
+@pytest.fixture
+def roomed():
+    """The app's Resources with a room serving the engine (as app.py runs it): its reader asks every run to stop
+    when the run ends by itself, which a ladder must not report as a Stop."""
+    from routerlab.core.room import Room
+
+    resources = tiny_resources()
+    engine = resources.engine._engine  # the Holding's engine: generate_ids hands requests to its room
+    room = engine.room = Room(engine)
+    room.start()
+    yield resources
+    engine.room = None
+    room.close()
+
+
+def test_a_ladder_that_ends_by_itself_says_done_in_a_room(roomed):
+    session = ui.Session()
+    status = run_all(ladder(roomed, session, max_new=8))[-1][-1]
+    assert status.startswith("✓ Done") and "Stopped" not in status
+    assert all(t.meta["stop_reason"] != "stopped" for t in session.compare)
+
+
+def test_a_stopped_ladder_says_stopped_in_a_room(roomed):
+    session = ui.Session()
+    with roomed.engine.hold(after=3, threshold=0.7) as held:
+        gen = ladder(roomed, session, max_new=60)
+        pull_until_held(gen, held, 3)
+        ui.stop_run(session)
+    assert run_all(gen)[-1][-1].startswith("■ Stopped")

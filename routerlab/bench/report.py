@@ -321,7 +321,7 @@ def load_markdown(r: dict) -> list[str]:
     lines = [("**Passed**: every check held." if r.get("passed") and not failures else
               "**Failed**: " + ("; ".join(_cell(f) for f in failures) or "see the values below") + "."), ""]
     if r.get("server"):
-        lines += [f"Server: {_cell(r['server'].get('mode', r['server']))}.", ""]
+        lines += [f"Server: {_cell(_server_mode(r['server']))}.", ""]
     if isinstance(r.get("load"), dict):
         lines += ["### Load", "", _kv_table(r["load"]), ""]
     faults = r.get("faults")
@@ -361,11 +361,20 @@ def standins_markdown(r: dict) -> list[str]:
 
 def train_tab_markdown(r: dict) -> list[str]:
     out = [f"{r['steps']} steps ({r['seconds']} s of training, {r['elapsed']} s in all), base in {r['dtype']}.", ""]
-    for key, what in (("check", f"On `{_short_path(r['check']['data'])}` ({r['check']['split']}, {r['check']['examples']} examples)"),
-                      ("heldout_slice", f"On the job's own held-out slice ({r['heldout_slice']['examples']} examples)")):
+    for key, what in (("check", lambda c: f"On `{_short_path(c['data'])}` ({c['split']}, {c['examples']} examples)"),
+                      ("heldout_slice", lambda c: f"On the job's own held-out slice ({c['examples']} examples)")):
         if key in r:
-            out += [f"{what}:", "", _matrix({k: v for k, v in r[key]["rows"].items()}), ""]
+            out += [f"{what(r[key])}:", "", _matrix({k: _threshold_or_p(k, v) for k, v in r[key]["rows"].items()}), ""]
     return out
+
+
+def _threshold_or_p(name: str, row: dict) -> dict:
+    """A job's comparison row with its threshold, or for random skipping (no router, no threshold) the skip probability
+    the job recorded in the same field: a row each, so neither is read as the other."""
+    rest = {k: v for k, v in row.items() if k != "threshold"}
+    if name.startswith("random"):
+        return {"threshold": None, "skip_probability": row.get("threshold"), **rest}
+    return {"threshold": row.get("threshold"), "skip_probability": None, **rest}
 
 
 def load_training_markdown(r: dict) -> list[str]:
@@ -409,7 +418,7 @@ def room_markdown(r: dict) -> list[str]:
             for n, v in r["ratios"].items()), ""]
     if room.get("one_visitor_vs_cli"):
         v = room["one_visitor_vs_cli"]
-        out += [f"One visitor alone in the app against `python -m routerlab {v['cli_command']}` on the same prompt, alternating: "
+        out += [f"One visitor alone in the app against `{_cli_command(v)}` on the same prompt, alternating: "
                 f"app {v['app_tokens_per_s']} tokens/s, command line {v['cli_tokens_per_s']}: **{v['app_vs_cli']}x** (medians).", ""]
     if room.get("eight_sessions"):
         out += ["Eight at once, with the room: does skipping pay when rows share a step?", "",
@@ -423,6 +432,25 @@ def room_markdown(r: dict) -> list[str]:
 RENDERERS = {"room.json": room_markdown, "soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
              "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
+
+
+def _cli_command(v: dict) -> str:
+    """The command line `make room` ran against the app, as a reader types it. Older records kept only the arguments
+    after the interpreter (`-m routerlab generate --prompt Explain in three ...`, the prompt unquoted): rebuilt here."""
+    import shlex
+
+    command = str(v["cli_command"])
+    if command.startswith("-m "):
+        prompt = str(v.get("prompt", ""))
+        command = "python " + command.replace(f"--prompt {prompt} ", f"--prompt {shlex.quote(prompt)} ", 1)
+    return command
+
+
+def _server_mode(server) -> str:
+    """How the load test ran its server. `python -m routerlab.loadtest` was the harness's old name for the same command
+    (docs/operators.md): shown under the name that runs now."""
+    mode = str(server.get("mode", server) if isinstance(server, dict) else server)
+    return mode.replace("python -m routerlab.loadtest", "python -m routerlab.bench.load")
 
 
 def conditions(name: str, r: dict) -> str | None:

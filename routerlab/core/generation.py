@@ -21,11 +21,17 @@ from routerlab.core.router import RouterSet
 from routerlab.core.trace import Step, Trace
 
 
+# Below this temperature sampling is greedy: the scaled logits overflow float32 (1e-45 gave inf and a NaN softmax)
+# long before the distribution differs from argmax's, whose most likely token then has all the probability anyway.
+GREEDY_BELOW = 1e-4
+
+
 def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
     logits = logits[0, -1].float()  # (V,)
-    if config.temperature <= 0:
+    if config.temperature < GREEDY_BELOW:
         return int(logits.argmax())
-    probs = torch.softmax(logits / config.temperature, dim=-1)
+    # the largest logit subtracted first: the scaled values stay <= 0, so a small temperature cannot overflow them
+    probs = torch.softmax((logits - logits.max()) / config.temperature, dim=-1)
     if config.top_p < 1.0:
         sorted_p, idx = probs.sort(descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < config.top_p
@@ -48,6 +54,7 @@ class Generation:
         self.logits: torch.Tensor | None = None  # (1, 1, V): the distribution the next token is drawn from
         self.feed: tuple[int, int] | None = None  # (token, position) the next forward computes
         self.done = False
+        self.positions = 0  # positions the forwards have put through the model (each one a cache entry per layer at full depth)
         self._t0 = 0.0
         self._quality = 0.0  # seconds the quality pass took inside the current step
         self._piece = ""
@@ -56,6 +63,7 @@ class Generation:
         t0 = time.perf_counter()
         self.logits, scores = self.engine._forward(self.ids, 0, self.caches, self.plan)
         seconds = time.perf_counter() - t0
+        self.positions = len(self.ids)
         self.trace.meta.update(prefill_seconds=seconds, prompt_tokens=len(self.ids), stop_reason="max_new_tokens")
         text = self.engine._token_text
         return [self._record(p, tid, text(tid), True, row, seconds / len(self.ids)) for p, (tid, row) in enumerate(zip(self.ids, scores))]
@@ -94,6 +102,7 @@ class Generation:
     def end(self, logits: torch.Tensor, scores: list[float]) -> Step:
         """The forward of `feed` gave `logits` (1, 1, V) and `scores` (L floats, NaN where unrouted)."""
         token, position = self.feed
+        self.positions += 1
         step = self._record(position, token, self._piece, False, scores, time.perf_counter() - self._t0)
         self._quality_of_step(self._quality)
         if self.meter is not None:
@@ -112,7 +121,9 @@ class Generation:
         if self.meter is not None:
             meta.update(quality_seconds=self.meter.seconds, quality_chunks=self.meter.chunks)
         meta["kv_bytes_held"] = sum(c.nbytes for c in self.caches)
-        meta["kv_bytes_full"] = len(self.trace.steps) * self.engine.n_layers * int(meta["costs"]["kv_bytes"])
+        # What the full model would hold for the same positions: the last token, never fed back, is in neither (counting
+        # it here made every run, kv and mask too, look as if it saved one position's KV at every layer).
+        meta["kv_bytes_full"] = self.positions * self.engine.n_layers * int(meta["costs"]["kv_bytes"])
         self.done = True
 
     def _quality_of_step(self, seconds: float) -> None:

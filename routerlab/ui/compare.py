@@ -20,7 +20,7 @@ from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Trace
 from routerlab.ui import plots, safe
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
-from routerlab.ui.session import Session, _shown, _status, _warn, plot_data
+from routerlab.ui.session import Session, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.stream import Decoder
 
 log = logging.getLogger(__name__)
@@ -34,16 +34,15 @@ def ladder_thresholds(values) -> list[float]:
     """The thresholds a ladder runs, ascending, each once; blanks (None, "") are dropped.
 
     `values` is one threshold, a list of them (the tab's inputs, blanks included) or a string
-    such as "0.3, 0.5, 0.7" (API callers). Raises a RouterLabError for a bad value, for none and
-    for more than RUNGS.
+    such as "0.3, 0.5, 0.7" (API callers; also as one of the list's items: `/compare`'s
+    threshold_1). Raises a RouterLabError for a bad value, for none and for more than RUNGS.
     """
     from routerlab.core.config import check_threshold
 
-    if isinstance(values, str):
-        values = values.replace(",", " ").split()
-    elif not isinstance(values, (list, tuple)):
+    if not isinstance(values, (list, tuple)):
         values = [values]
-    chosen = sorted({check_threshold(v) for v in values if v is not None and not (isinstance(v, str) and not v.strip())})
+    flat = [w for v in values for w in (v.replace(",", " ").split() if isinstance(v, str) else [v])]
+    chosen = sorted({check_threshold(v) for v in flat if v is not None})
     if not chosen:
         raise RouterLabError("No threshold to compare with the full model.", "Enter one to three thresholds between 0 and 1, e.g. 0.3, 0.5 and 0.7.")
     if len(chosen) > RUNGS:
@@ -99,7 +98,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
                 ladder_html(full, rungs, running=not finished),
                 heat,
                 _status("run", f"Generating {len(snaps)} runs, one token each in turn…") if not finished
-                else _status("stop", "Stopped: every column ended.") if everything.stop_requested
+                else _status("stop", "Stopped: every column ended where it was.") if everything.stopped
                 else _status("ok", "Done. A red outline marks each column's first token that differs from the full model."),
             )
         decoder.raise_error()
@@ -107,7 +106,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
         yield *blank, _warn(err)
     except Exception as err:
         log.error("compare failed", exc_info=err)
-        yield *blank, _status("warn", f"Compare failed: {type(err).__name__}: {safe.text(err)}")
+        yield *blank, _status("warn", f"Compare failed: {type(err).__name__}: {safe.text(without_paths(str(err)))}")
     finally:
         everything.request_stop()  # ends the decoder if the stream was cancelled
         session.compare = tuple(traces)
@@ -119,7 +118,12 @@ def _padded(items: list, fill=None) -> list:
 
 
 class _Ladder:
-    """A ladder's runs as the session sees them: Stop ends every column."""
+    """A ladder's runs as the session sees them: Stop ends every column.
+
+    `stop_requested` is set once anyone asked (the room's reader also asks each run to stop when it ends by itself,
+    and compare_run when its stream closes); `stopped` says whether a Stop really cut a column short, which is what
+    the ladder's last status line reports.
+    """
 
     def __init__(self, controls):
         self.controls = list(controls)
@@ -131,6 +135,10 @@ class _Ladder:
     @property
     def stop_requested(self) -> bool:
         return any(c.stop_requested for c in self.controls)
+
+    @property
+    def stopped(self) -> bool:
+        return any(c.trace is not None and c.trace.meta.get("stop_reason") == "stopped" for c in self.controls)
 
 
 # -- what a ladder shows -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from routerlab.ui import plots
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
 from routerlab.ui.resources import Resources
-from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data
+from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.stream import Decoder
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,20 @@ def _done_status(trace: Trace, res: Resources, wall: float) -> str:
         "stop" if m.get("stop_reason") == "stopped" else "ok",
         f"Done: {n} tokens in {wall:.1f} s ({reason}); {qp.speed_phrase(stats)}{quality}; "
         f"skip rate {trace.skip_rate():.0%}, granularity {safe.text(m.get('granularity'))}, kv policy {safe.text(m.get('kv_policy_effective'))}. "
-        "Move the threshold slider to see a what-if view from the recorded scores." + _shared_note(m),
+        + _what_if_hint(trace, "Move the threshold slider to see a what-if view from the recorded scores.") + _shared_note(m),
     )
+
+
+def _has_scores(trace: Trace) -> bool:
+    """The run recorded router scores a what-if view can re-decide (the full model's run has none)."""
+    return any(s is not None for step in trace.steps for s in step.scores)
+
+
+def _what_if_hint(trace: Trace, hint: str) -> str:
+    """`hint` where the run has scores to re-decide; else what is true of a full-model run."""
+    if _has_scores(trace):
+        return hint
+    return "The full model has no router scores, so no threshold changes what it did: pick a router set to see skipping."
 
 
 def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session,
@@ -113,8 +125,8 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         return
     except Exception as err:  # keep the page alive; the console has the traceback
         log.error("generation failed", exc_info=err)
-        gr.Warning(f"Generation failed: {safe.text(err)}")
-        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _status("warn", f"Generation failed: {type(err).__name__}: {safe.text(err)}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
+        gr.Warning(f"Generation failed: {safe.text(without_paths(str(err)))}")
+        yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _status("warn", f"Generation failed: {type(err).__name__}: {safe.text(without_paths(str(err)))}"), skip, skip, skip, skip, gr.Button(interactive=True), ""
         return
     finally:
         control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled
@@ -180,7 +192,8 @@ def show_last(res: Resources, session: Session):
     if trace is None or not trace.steps:
         return (gr.skip(),) * 8 + (gr.Button(interactive=True), gr.skip())
     view = list(_final_view(res, session, trace, 0.0))
-    view[3] = _status("stop", f"Stopped after {len(trace.generated_steps)} tokens. Move the slider for a what-if view, or regenerate.")
+    view[3] = _status("stop", f"Stopped after {len(trace.generated_steps)} tokens. "
+                      + _what_if_hint(trace, "Move the slider for a what-if view, or regenerate."))
     return tuple(view)
 
 
@@ -208,6 +221,9 @@ def threshold_moved(res: Resources, threshold, session: Session):
         if echo:  # a link set it, and its note already says so
             return (skip,) * 6
         return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation."), skip, skip
+    if not _has_scores(trace):  # the full model's run: nothing to re-decide
+        return skip, skip, skip, _status("ok", f"Threshold {value:.2f}: it applies to the next generation with a router set "
+                                               "(the last run was the full model, which has no router scores to re-decide)."), skip, skip
     stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")), threshold=value)
     recorded = trace.skip_rate()
     return (

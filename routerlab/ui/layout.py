@@ -21,7 +21,7 @@ from routerlab.ui import plots, safe
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
-from routerlab.ui.links import COPY_LINK_JS, TABS, View, open_link, view_link
+from routerlab.ui.links import COPY_LINK_JS, TABS, View, link_note_done, open_link, view_link
 from routerlab.ui.resources import UNTRAINED, Limits, Resources
 from routerlab.ui.session import Session, _delete_session, _status, close_tab, keep_session
 from routerlab.ui import train_plots
@@ -44,6 +44,23 @@ class NumberSlider(gr.Slider):
 
     def get_block_name(self) -> str:
         return "slider"  # the browser draws it with gr.Slider's own component
+
+
+class LadderNumber(gr.Number):
+    """A Compare threshold box that also takes a string from the API, such as "0.3, 0.5, 0.7" (the ladder in one
+    argument), or any other value: `ladder_thresholds` reads it or answers what is wrong (gr.Number compares a
+    string with its bounds and raises a bare TypeError)."""
+
+    def preprocess(self, payload):
+        if isinstance(payload, (int, float)) and not isinstance(payload, bool) and 0.0 <= payload <= 1.0:
+            return super().preprocess(payload)
+        return payload  # None (no column), a string of thresholds, or a bad value the handler names
+
+    def api_info(self) -> dict:
+        return {"anyOf": [{"type": "number"}, {"type": "string"}, {"type": "null"}]}
+
+    def get_block_name(self) -> str:
+        return "number"  # the browser draws it with gr.Number's own component
 
 
 def router_set_chosen(res: Resources, label: str, session: Session | None = None):
@@ -237,7 +254,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                                     "one token each in turn, so their speeds are measured side by side. Higher threshold = more skipped. Leave a box empty for fewer columns.")
                         c_prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt")
                         with gr.Row(equal_height=True):
-                            c_thresholds = [gr.Number(t, minimum=0.0, maximum=1.0, step=0.01, label=f"Threshold {k + 1}", min_width=120, elem_id=f"rl-c-t{k + 1}") for k, t in enumerate(LADDER)]
+                            c_thresholds = [LadderNumber(t, minimum=0.0, maximum=1.0, step=0.01, label=f"Threshold {k + 1}", min_width=120, elem_id=f"rl-c-t{k + 1}") for k, t in enumerate(LADDER)]
                             c_btn = gr.Button("Compare", variant="primary", elem_id="rl-compare")
                             c_stop = gr.Button("Stop", variant="stop", elem_id="rl-c-stop")
                         c_stats = gr.HTML("", elem_id="rl-c-stats")
@@ -318,7 +335,8 @@ def build_demo(res: Resources) -> gr.Blocks:
             return threshold_moved(res, threshold, session)
 
         def _compare(prompt, threshold_1, threshold_2, threshold_3, router_set, kv_policy, max_new_tokens, temperature, model, session):
-            """The prompt through the full model and the router set at up to three thresholds (None: fewer columns)."""
+            """The prompt through the full model and the router set at up to three thresholds (None: fewer columns;
+            threshold_1 may also hold the whole ladder as a string, e.g. "0.3, 0.5, 0.7")."""
             yield from compare_run(res, prompt, [threshold_1, threshold_2, threshold_3], router_set, kv_policy, max_new_tokens, temperature, model, session)
 
         def _sweep(prompt, router_set, kv_policy, model, session, progress=gr.Progress()):
@@ -371,6 +389,11 @@ def build_demo(res: Resources) -> gr.Blocks:
         demo.unload(close_tab)
         for tab_id, tab in zip(TABS, (tab_explore, tab_compare, tab_tradeoff, tab_train, tab_layers, tab_about)):
             tab.select(lambda t=tab_id: t, None, tab_shown, queue=False, api_name=False, show_progress="hidden")
+        # Once the visitor acts, the link's note is stale ("threshold 0.70 ... Press Generate" after a run at 0.5): it goes.
+        # `.input` is the visitor's own change, not a link's (which sets these values on load).
+        for acted in (go_btn.click, regen_btn.click, prompt.submit, c_btn.click, tr_start.click, t_table.select, threshold.input,
+                      router_label.input, kv_policy.input, max_new.input, temperature.input, measure.input):
+            acted(link_note_done, None, link_note, queue=False, api_name=False, show_progress="hidden")
         link_btn.click(lambda *values: view_link(res, *values), [prompt, c_prompt, threshold, router_label, kv_policy, max_new, temperature, measure, tab_shown],
                        [link_box, link_note], queue=False, api_name=False).then(None, [link_box], [link_box], js=COPY_LINK_JS, queue=False, api_name=False)
     return demo

@@ -11,9 +11,9 @@ Those four are pure Python.
 Every value a link carries is the visitor's: the messages show it through safe.code (inline code that no
 character of the value can close), and the notes escape every name they show.
 
-`open_link` / `view_link` are the page's handlers: the settings a page opened with (applied to the components,
-the messages turned into the note above the settings), and the link for what is on screen (layout.py wires
-them; `COPY_LINK_JS` makes the link absolute and copies it in the browser).
+`open_link` / `view_link` / `link_note_done` are the page's handlers: the settings a page opened with (applied to the
+components, the messages turned into the note above the settings), the link for what is on screen, and the note's
+end once the visitor acts (layout.py wires them; `COPY_LINK_JS` makes the link absolute and copies it in the browser).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ FULL_KEY, UNTRAINED_KEY = "full", "untrained"
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
 # Query parameters Gradio itself reads (`?view=api`, `?__theme=dark`): never reported as unknown.
 GRADIO_KEYS = ("view", "lang")
+# What a link's note asks the visitor to press, per tab; Trade-off, Layers and About have nothing to run first.
+RUN_BUTTONS = {"explore": ("Generate", "to run it"), "compare": ("Compare", "to run it"), "train": ("Start training", "to train a router set")}
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,8 @@ def open_link(res, default: View, request: gr.Request | None, session=None):
         gr.Warning("This link has settings the app cannot use; they keep their defaults (see the note at the top).")
         note = "⚠ Opened a link, but " + "; ".join(problems) + ". Those settings keep their defaults. Now: " + _describe(view, FULL) + "."
     else:
-        note = "✓ Opened a link: " + _describe(view, FULL) + ". Press **" + ("Compare" if view.tab == "compare" else "Generate") + "** to run it."
+        button, what = RUN_BUTTONS.get(view.tab, (None, ""))
+        note = "✓ Opened a link: " + _describe(view, FULL) + "." + (f" Press **{button}** {what}." if button else "")
     if session is not None and view.threshold is not None:
         session.link_threshold = float(view.threshold)
     return (gr.Tabs(selected=view.tab), view.tab, view.prompt, view.prompt, view.routers, view.threshold, view.kv_policy,
@@ -215,3 +218,9 @@ def view_link(res, prompt, compare_prompt, threshold, routers, kv_policy, max_ne
                 "gets the default router set. Share its zip (Train tab) with the link.")
         return gr.Textbox(value=query, visible=True), gr.Markdown(note, visible=True)
     return gr.Textbox(value=query, visible=True), gr.skip()
+
+
+def link_note_done():
+    """The visitor acted (ran something, moved a setting): the note about what a link opened, or about a copied
+    link, no longer describes the page, so it goes."""
+    return gr.Markdown(value="", visible=False)

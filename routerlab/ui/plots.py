@@ -335,8 +335,14 @@ def layer_skip_bar(trace: Trace | None, threshold: float | None = None) -> go.Fi
         hovertemplate="layer %{x}<br>skipped %{y:.1%}<extra></extra>",
     )
     label = f"what-if at {threshold:.2f}" if threshold is not None else "recorded"
+    # Layers without a router have no bar to colour (rate 0): the title names them instead.
+    unrouted = [i for i, t in enumerate(texts) if t == "not routed"]
+    if len(unrouted) == trace.n_layers:
+        label += "; no layer has a router: nothing skips"
+    elif unrouted:
+        label += f"; {_layer_names(unrouted)} no router, always run{'s' if len(unrouted) == 1 else ''}"
     layout = dict(
-        title=dict(text=f"Skip rate per layer ({label}; grey = layer has no router)", font=dict(size=13)),
+        title=dict(text=f"Skip rate per layer ({label})", font=dict(size=13)),
         height=320,
         font=FONT,
         margin=dict(l=50, r=20, t=50, b=40),
@@ -345,6 +351,15 @@ def layer_skip_bar(trace: Trace | None, threshold: float | None = None) -> go.Fi
         plot_bgcolor="white",
     )
     return _fast_figure([bar], layout)
+
+
+def _layer_names(layers: list[int]) -> str:
+    """'layer 0 has', 'layers 0 and 29 have', 'layers 0, 1 and 29 have' (a long list: its count)."""
+    if len(layers) == 1:
+        return f"layer {layers[0]} has"
+    if len(layers) > 6:
+        return f"{len(layers)} layers have"
+    return f"layers {', '.join(map(str, layers[:-1]))} and {layers[-1]} have"
 
 
 def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None = None) -> go.Figure:

@@ -6,7 +6,7 @@ under its Gradio session hash, and `close_tab` (the unload event, fired as soon 
 drops: closed, reloaded, or offline) ends it at once: its runs stop, its training is abandoned, its sets and temp
 folder are freed. Gradio's own delete callback (an hour after a tab closes) ends it too, for sessions the page
 never loaded (API clients). Also the status-line helpers
-(`_status`, `_warn`), `plot_data` / `_shown` (figures serialized once and repeated by streams)
+(`_status`, `_warn`, `without_paths`), `plot_data` / `_shown` (figures serialized once and repeated by streams)
 and `_export` (trace JSON + heatmap HTML files). Knows nothing about engines, Resources,
 tabs or tensors.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -134,10 +135,21 @@ def _status(kind: str, text: str) -> str:
     return f"{icon} {text}".strip()
 
 
+# An absolute path inside a message (a folder then a name; not a URL's "//" nor a relative "a/b"): the server's own
+# layout (temp folders, the checkout), which a visitor has no use for and should not see.
+_SERVER_PATH = re.compile(r"(?<![\w.:/~])(?:/[^\s/'\"`:;,()<>\[\]]+)+/([^\s/'\"`:;,()<>\[\]]+)")
+
+
+def without_paths(text: str) -> str:
+    """`text` with every absolute path cut to its last name: '/tmp/routerlab-x1/broken/routers.safetensors is corrupted'
+    -> 'routers.safetensors is corrupted'."""
+    return _SERVER_PATH.sub(r"\1", text)
+
+
 def _warn(err: Exception) -> str:
     # The message names what the visitor sent (a file name, a zip member, a JSON value): the toast renders HTML and
-    # the status line Markdown, so it is escaped for both (safe.py).
-    message = safe.text(err)
+    # the status line Markdown, so it is escaped for both (safe.py); the server's own paths are cut to their names.
+    message = safe.text(without_paths(str(err)))
     gr.Warning(message)
     return _status("warn", message)
 

@@ -107,7 +107,10 @@ def result_md(snap: dict | None) -> str:
              f"{result.get('steps')} steps in {result.get('seconds')} s:", "",
              "| | threshold | skipped (routed cells) | perplexity rise | KL to the full model |", "|---|---|---|---|---|"]
     for name, r in rows.items():
-        lines.append(f"| {safe.text(name)} | {safe.text(r['threshold'])} | {r['skip_rate']:.1%} | {r['perplexity_increase']:+.1%} | {r['kl_full']:.4f} |")
+        setting = f"p = {safe.text(r['threshold'])}" if name.startswith("random") else safe.text(r["threshold"])  # random skipping has no threshold
+        lines.append(f"| {safe.text(name)} | {setting} | {r['skip_rate']:.1%} | {r['perplexity_increase']:+.1%} | {r['kl_full']:.4f} |")
+    if any(name.startswith("random") for name in rows):
+        lines += ["", "p: random skipping has no router and no threshold; it skips each routed cell with probability p."]
     lines += ["", "It is now in the **Granularity (router set)** menu for Explore, Compare and Layers (this browser tab only; "
               "download it to keep it)."]
     return "\n".join(lines)

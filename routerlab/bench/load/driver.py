@@ -165,11 +165,12 @@ def _fn_index(url: str, api_name: str) -> int:
         c.close()
 
 
-def _raw_call(url: str, fn_index: int, data_json: str, timeout: float) -> str:
-    """POST queue/join with a hand-written JSON body, read queue/data to the end; returns what came back, as text."""
+def _raw_call(url: str, fn_index: int, data_json: str, timeout: float, session: str | None = None) -> str:
+    """POST queue/join with a hand-written JSON body, read queue/data to the end; returns what came back, as text.
+    `session`: the session hash to call as (a new one by default)."""
     import httpx
 
-    session = uuid.uuid4().hex[:11]
+    session = session or uuid.uuid4().hex[:11]
     base = url.rstrip("/") + "/gradio_api/"
     body = '{"data": %s, "fn_index": %d, "session_hash": "%s", "event_data": null, "trigger_id": null}' % (data_json, fn_index, session)
     r = httpx.post(base + "queue/join", content=body.encode("utf-8", "surrogatepass"),
@@ -195,7 +196,7 @@ def _raw_call(url: str, fn_index: int, data_json: str, timeout: float) -> str:
                 out = msg.get("output") or {}
                 if out.get("error") is not None or (msg.get("msg") == "process_completed" and not msg.get("success", True)):
                     said.append(f"error: {out.get('error')}")
-                said += [t for t in strings(out) if t.startswith(("⚠", "✓"))]
+                said += [t for t in strings(out) if t.startswith(("⚠", "✓", "▶ Training"))]  # ▶ Training: /train's "started"
                 if msg.get("msg") == "process_completed":
                     return said[-1] if said else json.dumps(out)[:300]
     return "stream ended without a result"

@@ -1,14 +1,19 @@
 """Bad input through the API, and more requests than the server accepts.
 
-Owns the bad-input cases for `/generate`, `/compare` and `/set_threshold` (through `gradio_client`,
-and raw HTTP for what it refuses to send), the rule for a clear answer, and `queue_cap_test`.
-Knows nothing about how the server is started, the other tests, or the verdict.
+Owns the bad-input cases for `/generate`, `/compare`, `/set_threshold` and `/train` (through `gradio_client`,
+and raw HTTP for what it refuses to send), the rule for a clear answer (a message that names the problem, no
+traceback, no server path), and `queue_cap_test`. The inputs a visitor gives outside the API (a link's query,
+an uploaded router-set zip) are tested in the browser tests. Knows nothing about how the server is started, the
+other tests, or the verdict.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+import uuid
+from pathlib import Path
 
 from routerlab.bench.load.driver import PROMPTS, _fn_index, _raw_call, client, probe, submit
 
@@ -70,10 +75,18 @@ def bad_input_cases(default_model: str, cap: int, max_chars: int) -> list[tuple[
         gen(6, "/etc", "model a local path"),
         gen(6, "../../secrets", "model a relative path"),
         gen(6, 42, "model a number"),
+        gen(5, 1e-45, "temperature 1e-45"),  # sampling divided by it: `probability tensor contains either inf, nan`
         gen(0, "x" * 100_000, "compare: prompt of 100,000 characters", "/compare"),
         gen(4, 10**9, "compare: max new tokens 1e9", "/compare"),
         gen(6, "gpt2", "compare: model not allowed", "/compare"),
         gen(1, nan, "compare: threshold NaN", "/compare"),
+        gen(1, "0.3, 0.5, 0.7", "compare: the thresholds as one string", "/compare"),  # the form the docs allow
+        gen(1, "half", "compare: a threshold a word", "/compare"),
+        gen(1, 1.5, "compare: threshold 1.5", "/compare"),
+        gen(5, 1e-45, "compare: temperature 1e-45", "/compare"),
+        gen(0, "\ud800 lone surrogate \udfff", "compare: lone surrogates", "/compare"),
+        gen(0, "<script>alert(1)</script><img src=x onerror=alert(2)><b style=position:fixed;inset:0>cover</b>",
+            "compare: html in the prompt", "/compare"),
         ("set_threshold NaN", "/set_threshold", [nan]),
         ("set_threshold a word", "/set_threshold", ["abc"]),
         ("set_threshold 1e308", "/set_threshold", [1e308]),
@@ -81,9 +94,45 @@ def bad_input_cases(default_model: str, cap: int, max_chars: int) -> list[tuple[
     ]
 
 
+NESTED = "[" * 5000 + "]" * 5000  # deeper than Python's json can read: RecursionError, unless it is caught
+# Enough paragraphs to train on (a job needs 6 examples, one in five held out), so each case tests its own input.
+PARAGRAPHS = [f"Paragraph {k}: a sentence or two the routers could be trained on, about nothing much." for k in range(8)]
+
+
+def train_cases(folder: Path) -> list[tuple[str, str, list]]:
+    """(name, "/train", arguments) for the training's bad input a visitor can paste or upload: each runs in a session
+    of its own (a session trains one set at a time), with a half-minute budget, stopped if it starts."""
+    from routerlab.core.config import GRANULARITIES
+    from routerlab.tuning.job import JobSettings
+    from routerlab.ui.train_tab import OWN, STARTS
+
+    nested = folder / "nested.jsonl"
+    nested.write_text(json.dumps({"prompt": "hi", "response": "there"}) + "\n" + '{"messages": ' + NESTED + "}\n")
+    # /train: granularity, skip target (%), minutes, learning rate, distillation and LM weights, most steps, start, data source, text, file
+    ok = [GRANULARITIES[0], 15, 0.5, JobSettings.lr, JobSettings.kd_weight, JobSettings.lm_weight, JobSettings.max_steps,
+          next(iter(STARTS)), OWN, "\n\n".join(PARAGRAPHS), None]
+
+    def train(i, v, name):
+        args = list(ok)
+        args[i] = v
+        return (name, "/train", args)
+
+    return [
+        train(9, '{"messages": ' + NESTED + "}", "train: pasted JSON nested 5,000 deep"),
+        train(10, str(nested), "train: a .jsonl file with a line nested 5,000 deep"),
+        train(9, "\n\n".join(["<img src=/gradio_api/px><b style=position:fixed;inset:0>cover</b> <a href=//x>link</a>", *PARAGRAPHS]),
+              "train: html in the pasted text"),
+        train(9, "   \n\n  ", "train: pasted text only blanks"),
+        train(4, -1.0, "train: distillation weight negative"),
+        train(2, 1e9, "train: minutes 1e9"),
+    ]
+
+
 def _message(result, api: str) -> str:
     if api == "/generate":
         return str(result[3])
+    if api == "/train":
+        return str(result[4])  # progress, curves, layer map, result, status, timer, start button
     if api == "/compare":
         return str(result[-1])  # the status line, after the ladder's columns, stats and heatmap
     if api == "/set_threshold":
@@ -92,6 +141,15 @@ def _message(result, api: str) -> str:
 
 
 UNCLEAR = ("has not enabled verbose error reporting", "Traceback", "Internal Server Error")
+# Where the server keeps its files: a message naming one shows the visitor the server's layout.
+SERVER_PATHS = (tempfile.gettempdir().rstrip("/") + "/", str(Path(__file__).resolve().parents[3]) + "/")
+
+
+def _clear(msg: str, kind: str, may_start: bool = False) -> bool:
+    """A message that names the problem: a status (⚠, ◐, ✓; with `may_start`, /train's ▶ for a training that started)
+    or an error, no traceback or Gradio's generic line, no server path."""
+    return (len(msg) > 12 and not any(u in msg for u in UNCLEAR) and not any(p in msg for p in SERVER_PATHS)
+            and (kind == "error" or msg.startswith(("⚠", "◐", "✓", *(("▶ Training",) if may_start else ())))))
 
 
 def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
@@ -114,11 +172,12 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
         except Exception as err:
             msg, kind = f"{type(err).__name__}: {err}", "error"
         generated = msg.startswith("✓")
-        clear = generated or (len(msg) > 12 and not any(u in msg for u in UNCLEAR) and (kind == "error" or msg.startswith(("⚠", "◐", "✓"))))
+        clear = _clear(msg, kind)
         rows.append(dict(case=name, endpoint=api, outcome="generated" if generated else kind, message=msg[:220],
                          clear=clear, seconds=round(time.perf_counter() - t0, 2)))
         if log:
             log(f"[bad input] {name}: {'ok ' if clear else 'UNCLEAR '}{msg[:140]!r}")
+    rows += _train_rows(url, log)
     # What gradio_client refuses to send, a raw HTTP client can: NaN/Infinity literals, lone surrogates, wrong arity.
     fn_index = _fn_index(url, "generate")
     ok = [PROMPTS[0], 0.5, "FULL", "kv", 2, 0.0, info["default_model"], None, True]  # None: the session state; True: measure quality
@@ -132,10 +191,33 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
         ("raw: data is a string", json.dumps("hello")),
         ("raw: a 1 MB prompt", json.dumps(["y" * 1_000_000] + ok[1:])),
     ]
-    for name, data in raw_cases:
+    # (name, endpoint index, body, whether a training that starts is an answer, a message that misreads the input)
+    raw_cases = [(name, fn_index, data, False, None) for name, data in raw_cases]
+    # /train: what gradio_client cannot send (NaN, a lone surrogate in the pasted text); None: the session state
+    train_index = _fn_index(url, "train")
+    from routerlab.tuning.job import JobSettings
+    from routerlab.ui.train_tab import OWN, STARTS
+
+    train_ok = [None, "attention-token", 15, 0.5, JobSettings.lr, JobSettings.kd_weight, JobSettings.lm_weight, JobSettings.max_steps,
+                next(iter(STARTS)), OWN, "\n\n".join(PARAGRAPHS), None]
+    nan_kd = list(train_ok)
+    nan_kd[5] = "__NAN__"
+    raw_cases += [
+        ("raw: train distillation weight NaN", train_index, json.dumps(nan_kd).replace('"__NAN__"', "NaN"), False, None),
+        ("raw: train text with a lone surrogate", train_index,  # the text may be cleaned and trained on, or refused as text
+         json.dumps(train_ok[:10] + ["\n\n".join(["A lone \ud800 surrogate.", *PARAGRAPHS])] + train_ok[11:]), True, "not a number"),
+        # Compare's prompt, which gradio_client cannot send either: prompt, three thresholds, router set, KV policy,
+        # max new tokens, temperature, model, the session state
+        ("raw: compare lone surrogate prompt", _fn_index(url, "compare"),
+         json.dumps(["\ud800 hello \udfff", 0.5, None, None, ok[2], "kv", 2, 0.0, info["default_model"], None]), False, None),
+    ]
+    for name, index, data, may_start, misread in raw_cases:
         t0 = time.perf_counter()
+        session = uuid.uuid4().hex[:11]
         try:
-            msg, kind = _raw_call(url, fn_index, data, timeout), "raw"
+            msg, kind = _raw_call(url, index, data, timeout, session=session), "raw"
+            if msg.startswith("▶ Training"):  # it started (an answer only where the input may be trained on): stop it
+                _stop_training(url, session)
         except Exception as err:
             msg, kind = f"{type(err).__name__}: {err}", "error"
         generated = "✓ Done" in msg
@@ -143,8 +225,11 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
             rows.append(dict(case=name, endpoint="/generate (raw HTTP)", outcome="refused by Gradio", message=msg[:220],
                              clear=True, seconds=round(time.perf_counter() - t0, 2)))
             continue
-        clear = generated or (msg.startswith("⚠") or "not a number" in msg or msg.startswith("HTTP 422")) and not any(u in msg for u in UNCLEAR)
-        rows.append(dict(case=name, endpoint="/generate (raw HTTP)", outcome="generated" if generated else kind,
+        started = may_start and msg.startswith("▶ Training")
+        clear = generated or (msg.startswith("⚠") or started or "not a number" in msg or msg.startswith("HTTP 422")) and not any(
+            u in msg for u in UNCLEAR) and not any(p in msg for p in SERVER_PATHS) and not (misread and misread in msg)
+        endpoint = "/train (raw HTTP)" if index == train_index else "/compare (raw HTTP)" if "compare" in name else "/generate (raw HTTP)"
+        rows.append(dict(case=name, endpoint=endpoint, outcome="generated" if generated else kind,
                          message=msg[:220], clear=clear, seconds=round(time.perf_counter() - t0, 2)))
         if log:
             log(f"[bad input] {name}: {'ok ' if clear else 'UNCLEAR '}{msg[:140]!r}")
@@ -159,6 +244,43 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
         "serving_after": health.startswith("✓"),
         "server_after": {k: after[k] for k in ("live", "decoders")},
     }
+
+
+def _stop_training(url: str, session: str) -> None:
+    """/stop_training as the session that started a training through raw HTTP (a client reads its hash per call)."""
+    c = client(url)
+    try:
+        c.session_hash = session
+        c.predict(api_name="/stop_training")
+    finally:
+        c.close()
+
+
+def _train_rows(url: str, log=print) -> list[dict]:
+    """The /train cases, each in a session of its own; a training that starts is stopped at once (it is not what is
+    tested, and the server trains one set at a time)."""
+    from gradio_client import handle_file
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="routerlab-bad-input-") as folder:
+        for name, api, args in train_cases(Path(folder)):
+            args = [handle_file(a) if isinstance(a, str) and a.startswith(folder) else a for a in args]
+            c = client(url)
+            t0 = time.perf_counter()
+            try:
+                msg, kind = _message(c.predict(*args, api_name=api), api), "status"
+                if msg.startswith("▶"):
+                    c.predict(api_name="/stop_training")
+            except Exception as err:
+                msg, kind = f"{type(err).__name__}: {err}", "error"
+            finally:
+                c.close()
+            clear = _clear(msg, kind, may_start=True)
+            rows.append(dict(case=name, endpoint=api, outcome="training started" if msg.startswith("▶") else kind, message=msg[:220],
+                             clear=clear, seconds=round(time.perf_counter() - t0, 2)))
+            if log:
+                log(f"[bad input] {name}: {'ok ' if clear else 'UNCLEAR '}{msg[:140]!r}")
+    return rows
 
 
 def queue_cap_test(url: str, queue_size: int, timeout: float = 300.0) -> dict:

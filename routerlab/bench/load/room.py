@@ -13,6 +13,7 @@ about tensors; the server says where its loop ran.
 from __future__ import annotations
 
 import os
+import shlex
 import statistics
 import tempfile
 import threading
@@ -109,7 +110,8 @@ def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, roun
         cli.append(json.loads(run.stdout)["decode_tokens_per_second"])
     a, b = statistics.median(app), statistics.median(cli)
     return {"prompt": prompt, "new_tokens": new_tokens, "app_tokens_per_s": [round(x, 1) for x in app],
-            "cli_tokens_per_s": [round(x, 1) for x in cli], "app_vs_cli": round(a / b, 2), "cli_command": " ".join(cmd[1:])}
+            "cli_tokens_per_s": [round(x, 1) for x in cli], "app_vs_cli": round(a / b, 2),
+            "cli_command": shlex.join(["python", *cmd[1:]])}  # as a reader types it (the prompt quoted)
 
 
 def ratios(report: dict) -> dict:
