@@ -194,7 +194,7 @@ def _hostile_tour(page, url: str, words: list[str], zips: Path) -> None:
     page.get_by_label("my own text").check()
     page.locator("#rl-tr-text textarea").fill(TRAIN_JSONL)
     status = _after(page, "#rl-status .md", lambda: page.locator("#rl-tr-start").click())
-    assert status.startswith("⚠") and "<img src=/gradio_api/hostile-train>" in status, status
+    assert status.startswith("⚠") and "<img src=" in status and "hostile-train>" in status, status  # shown as text (its path cut, as server paths are)
     _no_foreign(page, "pasting training text")
 
     # 5. the exported heatmap, a page of its own

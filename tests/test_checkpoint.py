@@ -65,7 +65,7 @@ def test_fuzzed_files_fail_only_with_clean_errors(saved):
     (folder / WEIGHTS).write_bytes(weights)
     bad_configs = ["", "{", "[]", "null", json.dumps({"format": "x"}), config.replace('"kv"', '"fast"'),
                    config.replace('"threshold": 0.6', '"threshold": NaN'), config.replace("[\n  1,\n  2\n ]", "[1, 2, 9]"),
-                   config[: len(config) // 2], "\xff\xfe garbage"]
+                   config[: len(config) // 2], "\xff\xfe garbage", "[" * 100_000 + "]" * 100_000]
     for text in bad_configs:
         (folder / CONFIG).write_text(text)
         with pytest.raises(RouterLabError):

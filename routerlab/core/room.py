@@ -124,14 +124,19 @@ class Room:
 
     def start(self) -> threading.Thread:
         """Run the loop in a daemon thread of its own."""
-        thread = threading.Thread(target=self.run, name="routerlab-room", daemon=True)
+        thread = self._thread = threading.Thread(target=self.run, name="routerlab-room", daemon=True)
         thread.start()
         return thread
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """End the loop after its step in flight. A loop `start` began is waited for: a daemon thread still inside a
+        torch op when the interpreter exits aborts the process ("terminate called without an active exception")."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        thread = getattr(self, "_thread", None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def step(self) -> None:
         """One step of the whole room (see the module docstring)."""

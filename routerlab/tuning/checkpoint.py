@@ -100,6 +100,9 @@ def read_config(folder: str | Path) -> dict[str, Any]:
             assert isinstance(rank, int) and not isinstance(rank, bool) and 1 <= rank <= base["hidden_size"], \
                 f"bad stand-in rank {rank!r}"
             assert standins.get("activation", ACTIVATION) == ACTIVATION, f"unknown stand-in activation {standins.get('activation')!r}"
+    except RecursionError:  # json.loads recurses once per level of nesting
+        raise RouterLabError(f"{path} is nested too deeply to be a RouterLab router config.",
+                             "Re-save the routers, or train them again.") from None
     except (ValueError, KeyError, TypeError, AssertionError, UnicodeDecodeError) as err:
         raise RouterLabError(f"{path} is corrupted or not a RouterLab router config ({err}).",
                              "Re-save the routers, or train them again.") from None
