@@ -33,20 +33,52 @@ THRESHOLD_INFO = "a routed layer runs when its score ≥ threshold; move it duri
 EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
 
 
-class NumberSlider(gr.Slider):
+class _Checked:
+    """An input component whose refusals of a bad value (out of bounds, not one of the choices) are expected bad input:
+    the client gets the message, shown as text (Gradio renders an error's message as HTML and the value is the
+    client's), and the server's log gets no traceback (Gradio prints one for every gr.Error unless told not to)."""
+
+    def preprocess(self, payload):
+        try:
+            return super().preprocess(payload)
+        except gr.Error as err:
+            raise refused(err.message) from None
+
+
+def refused(message: str) -> gr.Error:
+    """The gr.Error for an input the app refuses: escaped, no traceback in the log."""
+    return gr.Error(safe.text(message), print_exception=False)
+
+
+class NumberSlider(_Checked, gr.Slider):
     """A Slider that answers a non-number from the API with a clear message (gr.Slider raises a bare
     TypeError on a string, None or a list, which a client sees only as "the app raised an exception")."""
 
     def preprocess(self, payload):
         if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
-            raise gr.Error(f"{self.label}: {safe.text(repr(str(payload)[:40]))} is not a number; use a value from {self.minimum} to {self.maximum}.")
+            raise refused(f"{self.label}: {str(payload)[:40]!r} is not a number; use a value from {self.minimum} to {self.maximum}.")
         return super().preprocess(payload)
 
     def get_block_name(self) -> str:
         return "slider"  # the browser draws it with gr.Slider's own component
 
 
-class LadderNumber(gr.Number):
+class CheckedDropdown(_Checked, gr.Dropdown):
+    def get_block_name(self) -> str:
+        return "dropdown"
+
+
+class CheckedRadio(_Checked, gr.Radio):
+    def get_block_name(self) -> str:
+        return "radio"
+
+
+class CheckedNumber(_Checked, gr.Number):
+    def get_block_name(self) -> str:
+        return "number"
+
+
+class LadderNumber(_Checked, gr.Number):
     """A Compare threshold box that also takes a string from the API, such as "0.3, 0.5, 0.7" (the ladder in one
     argument), or any other value: `ladder_thresholds` reads it or answers what is wrong (gr.Number compares a
     string with its bounds and raises a bare TypeError)."""
@@ -223,12 +255,12 @@ def build_demo(res: Resources) -> gr.Blocks:
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
                 threshold = NumberSlider(0.0, 1.0, value=start_threshold, step=0.01, label="Threshold", info=_threshold_info(default_set.expected_skips if default_set else ""), elem_id="rl-threshold")
-                router_label = gr.Dropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
-                kv_policy = gr.Radio(list(KV_POLICIES), value=start_policy, label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
+                router_label = CheckedDropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
+                kv_policy = CheckedRadio(list(KV_POLICIES), value=start_policy, label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
                 max_new = NumberSlider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
                 temperature = NumberSlider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
                 measure = gr.Checkbox(value=True, label="Measure quality (full-model pass)", info="each token's KL to the full model and its top token, scored in chunks (slows decoding a little)", elem_id="rl-quality")
-                model = gr.Dropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
+                model = CheckedDropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
                 link_btn = gr.Button("Copy link to this view", size="sm", elem_id="rl-copy-link")
                 link_box = gr.Textbox(label="Link to this view: these settings, this tab, this prompt", visible=False, interactive=False,
                                       buttons=["copy"], elem_id="rl-link")
@@ -277,12 +309,12 @@ def build_demo(res: Resources) -> gr.Blocks:
                     with gr.Tab("Train", id="train", elem_id="rl-tab-train") as tab_train:
                         gr.Markdown(TRAIN_INTRO if limits.training else "Training is turned off on this server (ROUTERLAB_TRAINING=off).")
                         with gr.Row(equal_height=True):
-                            tr_gran = gr.Dropdown(list(GRANULARITIES), value="attention-token", label="What to route", elem_id="rl-tr-gran",
+                            tr_gran = CheckedDropdown(list(GRANULARITIES), value="attention-token", label="What to route", elem_id="rl-tr-gran",
                                                   info="target x level, as the shipped sets")
                             tr_skip = NumberSlider(5, 50, value=15, step=1, label="Skip target (% of routed cells)", elem_id="rl-tr-skip")
                             tr_minutes = NumberSlider(0.5, limits.training_minutes, value=min(3.0, limits.training_minutes), step=0.5,
                                                       label="Time budget (minutes)", info="the whole job: data, training, evaluation", elem_id="rl-tr-minutes")
-                        tr_source = gr.Radio([BUILT_IN, OWN], value=BUILT_IN, label="Data", elem_id="rl-tr-source",
+                        tr_source = CheckedRadio([BUILT_IN, OWN], value=BUILT_IN, label="Data", elem_id="rl-tr-source",
                                              info="built-in: the shipped prompts answered by the full model; yours: pasted or uploaded below")
                         with gr.Row():
                             tr_text = gr.Textbox(label="Your text: paragraphs separated by blank lines, or JSON lines (messages / instruction / prompt / text)",
@@ -290,11 +322,11 @@ def build_demo(res: Resources) -> gr.Blocks:
                             tr_file = gr.File(label="… or a .txt / .jsonl file", file_types=[".txt", ".jsonl"], type="filepath", elem_id="rl-tr-file")
                         with gr.Accordion("Advanced", open=False):
                             with gr.Row():
-                                tr_lr = gr.Number(JobSettings.lr, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
-                                tr_kd = gr.Number(JobSettings.kd_weight, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
-                                tr_lm = gr.Number(JobSettings.lm_weight, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
-                                tr_steps = gr.Number(JobSettings.max_steps, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")
-                                tr_init = gr.Radio(list(STARTS), value=next(iter(STARTS)), label="Routers start from", elem_id="rl-tr-init")
+                                tr_lr = CheckedNumber(JobSettings.lr, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
+                                tr_kd = CheckedNumber(JobSettings.kd_weight, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
+                                tr_lm = CheckedNumber(JobSettings.lm_weight, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
+                                tr_steps = CheckedNumber(JobSettings.max_steps, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")
+                                tr_init = CheckedRadio(list(STARTS), value=next(iter(STARTS)), label="Routers start from", elem_id="rl-tr-init")
                         with gr.Row():
                             tr_start = gr.Button("Start training", variant="primary", interactive=limits.training, elem_id="rl-tr-start")
                             tr_stop = gr.Button("Stop", variant="stop", elem_id="rl-tr-stop")

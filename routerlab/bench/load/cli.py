@@ -39,6 +39,27 @@ def _cpu() -> str:
     return f"{cpu_model()}, {cpu_vector_unit()}{', native bf16' if cpu_has_native_bf16() else ''}"
 
 
+def _log_size(path: Path | None) -> int:
+    return path.stat().st_size if path is not None and path.exists() else 0
+
+
+# Gradio's own refusal of a request with too few arguments (a malformed call no page can send: the raw "wrong arity"
+# case) is printed by Gradio's queue before any of the app's code runs; it is counted apart.
+PROTOCOL = "didn't receive enough input values"
+
+
+def _tracebacks(path: Path | None, start: int) -> dict | None:
+    """Tracebacks the server logged since byte `start` of its log: for the app's inputs, and Gradio's protocol-level
+    refusals (None: an in-process server has no log of its own)."""
+    if path is None or not path.exists():
+        return None
+    with open(path, "rb") as f:
+        f.seek(start)
+        blocks = f.read().decode("utf-8", "replace").split("Traceback (most recent call last)")[1:]
+    protocol = sum(PROTOCOL in b for b in blocks)
+    return {"inputs": len(blocks) - protocol, "protocol": protocol}
+
+
 def run_all(args, log=print) -> dict:
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     env = {"ROUTERLAB_MAX_NEW_TOKENS": str(args.cap), "ROUTERLAB_QUEUE_SIZE": str(args.queue_size),
@@ -51,6 +72,7 @@ def run_all(args, log=print) -> dict:
     if args.fuzz_cases:
         report["fuzz"] = fuzz_router_loading(args.fuzz_cases)
         log(f"[fuzz] {report['fuzz']}")
+    server_log = None if args.inprocess else Path(tempfile.gettempdir()) / "routerlab-loadtest-server.log"
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -61,7 +83,7 @@ def run_all(args, log=print) -> dict:
             loaded = load_model(device="cpu")
             server = serve(Engine.from_loaded(loaded))
         else:
-            server = spawn(env=env, log_path=Path(tempfile.gettempdir()) / "routerlab-loadtest-server.log")
+            server = spawn(env=env, log_path=server_log)
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -78,7 +100,9 @@ def run_all(args, log=print) -> dict:
         if "faults" in phases:
             report["faults"] = fault_tests(server.url, max_new=args.cap, log=log)
         if "bad_input" in phases:
+            seen = _log_size(server_log)
             report["bad_input"] = bad_input_test(server.url, log=log)
+            report["bad_input"]["server_log_tracebacks"] = _tracebacks(server_log, seen)  # for expected bad input: none
         if "queue" in phases:
             report["queue"] = queue_cap_test(server.url, args.queue_size)
             log(f"[queue] {report['queue']}")

@@ -62,6 +62,8 @@ def verdict(report: dict) -> list[str]:
             bad.append(f"bad input: unclear answers for {[r['case'] for r in bi['unclear']]}")
         if not bi["serving_after"]:
             bad.append("bad input: the server stopped serving")
+        if (bi.get("server_log_tracebacks") or {}).get("inputs"):
+            bad.append(f"bad input: the server logged {bi['server_log_tracebacks']['inputs']} traceback(s) for expected bad input")
     fz = report.get("fuzz")
     if fz and (fz["crashes"] or not fz["scan_ok"]):
         bad.append(f"fuzz: {fz['crashes'][:3]} scan_ok={fz['scan_ok']}")
