@@ -49,17 +49,12 @@ def plan(names: tuple[str, ...], prompts: list[str], threshold: float, kv_policy
 def lockstep(engine, routers, jobs: list[Job], max_new_tokens: int) -> dict[Job, Trace]:
     """Run `jobs` to the end, one token each in turn on this thread; their Traces by job."""
     from routerlab.core.engine import Control
+    from routerlab.core.lockstep import lockstep
 
     controls, live = {}, []
     for job in jobs:
         config = job.config(max_new_tokens)
         controls[job] = control = Control(config.threshold)
         live.append(engine.generate(job.prompt, None if job.threshold is None else routers, config, control))
-    turn = 0
-    while live:
-        k = turn % len(live)
-        for run in live[k:] + live[:k]:
-            if next(run, None) is None:
-                live.remove(run)
-        turn += 1
+    lockstep(live)
     return {job: control.trace for job, control in controls.items()}

@@ -257,14 +257,10 @@ def _lockstep(engine, prompt: str, runs: list[tuple], progress) -> list:
     first rotating every round, so each run's k-th token is decoded in the same round as every other's."""
     from routerlab.core.engine import Control
 
+    from routerlab.core.lockstep import lockstep
+
     controls = [Control(config.threshold) for _, config in runs]
-    live = [engine.generate(prompt, routers, config, control) for (routers, config), control in zip(runs, controls)]
-    total, turn = max(config.max_new_tokens for _, config in runs), 0
-    while live:
-        k = turn % len(live)
-        for run in live[k:] + live[:k]:
-            if next(run, None) is None:
-                live.remove(run)
-        turn += 1
-        progress(min(1.0, turn / max(1, total)))
+    total = max(config.max_new_tokens for _, config in runs)
+    lockstep([engine.generate(prompt, routers, config, control) for (routers, config), control in zip(runs, controls)],
+             lambda rounds: progress(min(1.0, rounds / max(1, total))))
     return [control.trace for control in controls]
