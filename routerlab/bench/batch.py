@@ -23,13 +23,18 @@ from routerlab.core.trace import Trace
 SIZES = (1, 2, 4, 8, 16, 32)
 
 
-def _products(engine, n: int, dense: bool) -> float:
+def _products(engine, n: int, path: str) -> float:
+    """A full step's products at n rows: `low` (each map's low-bit copy), `dense` (16-bit) or `chosen` (what the step
+    takes: `Weight.batch`, with the fp32 copies core/batch_paths.py gave where they measured faster)."""
     an = engine.anatomy
     maps = [an.head] + [w for p in an.layers for w in (p.attn.qkv, p.attn.o, p.gate_up, p.down) if w is not None]
     t0 = time.perf_counter()
     for w in maps:
         x = torch.zeros(n, w.dense.shape[1], dtype=engine.dtype)
-        F.linear(x, w.dense) if dense or w.low is None else w.low.mm(x)
+        if path == "chosen":
+            w.batch(x, an.upcast)
+        else:
+            F.linear(x, w.dense) if path == "dense" or w.low is None else w.low.mm(x)
     return time.perf_counter() - t0
 
 
@@ -46,17 +51,19 @@ def batch_steps(engine, routers, threshold: float = 0.5, sizes=SIZES, rounds: in
             gen.prefill()
             gen.begin()
             gens.append(gen)
-        times, low, dense = [], [], []
+        times, low, dense, chosen = [], [], [], []
         for _ in range(rounds):
             for g in gens:  # the same token again at the next position: a step's cost, not its text
                 g.feed = (g.feed[0], g.feed[1] + 1)
             t0 = time.perf_counter()
             step_rows(engine.anatomy, gens)
             times.append(time.perf_counter() - t0)
-            low.append(_products(engine, n, dense=False))
-            dense.append(_products(engine, n, dense=True))
+            low.append(_products(engine, n, "low"))
+            dense.append(_products(engine, n, "dense"))
+            chosen.append(_products(engine, n, "chosen"))
         step = statistics.median(times[1:])
         out[str(n)] = {"step_ms": round(1e3 * step, 1), "tokens_per_s": round(n / step, 1),
                        "products_low_bit_ms": round(1e3 * statistics.median(low[1:]), 1),
-                       "products_dense_ms": round(1e3 * statistics.median(dense[1:]), 1)}
+                       "products_dense_ms": round(1e3 * statistics.median(dense[1:]), 1),
+                       "products_chosen_ms": round(1e3 * statistics.median(chosen[1:]), 1)}
     return out

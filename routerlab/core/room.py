@@ -35,6 +35,7 @@ from typing import Iterator
 
 import torch
 
+from routerlab.core import batch_paths
 from routerlab.core.batch import step_rows
 from routerlab.core.generation import Generation
 from routerlab.core.trace import Step, Trace
@@ -245,9 +246,12 @@ class Room:
         entry.out.put(error if error is not None else _END)
 
 
-def run_where_fastest(room: Room, engine, log=print, choice: tuple[str, dict] | None = None) -> None:
+def run_where_fastest(room: Room, engine, log=print, choice: tuple[str, dict] | None = None, products: bool = True) -> None:
     """Run the room's loop where torch is fastest on this machine, until Ctrl-C or `room.close()`. Call it from the main
-    thread; `choice`: a `where_to_run` measured earlier (measure while the machine is quiet, before serving)."""
+    thread; `choice`: a `where_to_run` measured earlier (measure while the machine is quiet, before serving).
+    `products`: first measure which product each kind of weight is fastest with at each batch size (core/batch_paths.py)."""
+    if products:
+        log(batch_paths.describe(batch_paths.tune(engine.anatomy)))
     where, m = choice or where_to_run(engine)
     log(f"one decode loop serves every visitor, in the {where} thread (a step's products took {m['this_thread_s'] * 1e3:.1f} ms "
         f"from the main thread, {m['worker_thread_s'] * 1e3:.1f} ms from a worker; batches of up to {room.max_batch})")

@@ -231,18 +231,25 @@ def read_q8_0(raw: np.ndarray) -> Codes:
 
 
 # -- a linear map as the engine sees it --------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(eq=False)  # not frozen: core/batch_paths.py sets `wide` once a machine is measured
 class Weight:
     """A linear map: its dense weight (N, K) and bias, and a low-bit copy for products of few rows."""
 
     dense: torch.Tensor
     bias: torch.Tensor | None = None
     low: Int4 | Int8 | None = None
+    # An fp32 copy of `dense` and the rows from which a decode batch's product (`batch`) reads it: set where it measured
+    # faster than the low-bit kernel on this machine (core/batch_paths.py); None: `batch` keeps the low-bit copy.
+    wide: torch.Tensor | None = None
+    wide_from: int | None = None
 
     def __call__(self, x: torch.Tensor, upcast: bool = False) -> torch.Tensor:
         """x (..., T, K) -> (..., T, N): the low-bit copy for a decode step's few rows (x of shape (1, T, K),
-        as the engine passes them), else the dense weight."""
+        as the engine passes them), else the dense weight (its fp32 copy, where it has one, for a long input that
+        is computed in fp32 anyway: no conversion of the weight per call)."""
         if self.low is None or x.dim() != 3 or x.shape[0] != 1 or x.shape[1] > FEW_ROWS:
+            if self.wide is not None and wants_upcast(x.shape[-2], upcast):
+                return self._wide_rows(x)
             return linear(x, self.dense, self.bias, upcast)
         return self._low_rows(x[0])[None]  # (1, T, N)
 
@@ -255,10 +262,17 @@ class Weight:
 
     def batch(self, x: torch.Tensor, upcast: bool = False) -> torch.Tensor:
         """x (n, K) -> (n, N) in x's dtype: one row per request of a decode batch; the low-bit copy up to BATCH_ROWS
-        rows (for one row, the same product as `one`)."""
+        rows (for one row, the same product as `one`), or the fp32 copy from `wide_from` rows where that measured faster."""
+        if self.wide is not None and x.shape[0] >= self.wide_from:
+            return self._wide_rows(x)
         if self.low is None or x.shape[0] > BATCH_ROWS:
             return linear(x, self.dense, self.bias, upcast)
         return self._low_rows(x)
+
+    def _wide_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., K) -> (..., N) through the fp32 copy, in x's dtype."""
+        y = F.linear(x.float(), self.wide, None if self.bias is None else self.bias.float())
+        return y.to(x.dtype)
 
     def _low_rows(self, x: torch.Tensor) -> torch.Tensor:
         """x (n, K) -> (n, N) through the low-bit copy, in x's dtype, plus the bias."""

@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _step_costs() -> dict:
     """The batched step itself, in this (main) thread: ms per step and per step's products at 1-32 rows."""
     from routerlab.bench.batch import batch_steps
+    from routerlab.core import batch_paths
     from routerlab.core.engine import Engine
     from routerlab.core.models import load_model
     from routerlab.tuning.checkpoint import load_routers
@@ -152,7 +153,8 @@ def _step_costs() -> dict:
 
     engine = Engine.from_loaded(load_model(device="cpu"))
     routers = load_routers(ROUTERS_DIR / "attention-token", engine.model)[0]
-    return {"routers": "attention-token", "threshold": 0.5, "sizes": batch_steps(engine, routers)}
+    paths = batch_paths.tune(engine.anatomy)  # as the app does before serving a room
+    return {"routers": "attention-token", "threshold": 0.5, "product_paths": paths, "sizes": batch_steps(engine, routers)}
 
 
 def _room(args) -> int:
