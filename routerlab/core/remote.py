@@ -126,7 +126,11 @@ class RemoteRoom:
     def step(self, n: int = 1, timeout: float = 120.0) -> dict:
         """Stepped mode: send what the sliders and Stops changed, run `n` steps of the room, return its `busy`."""
         self._push_controls()
+        while not self._stepped.empty():  # a reply left by a crash nobody was waiting on
+            self._stepped.get_nowait()
         with self._lock:
+            if self._conn is None:
+                raise RuntimeError("no engine process runs now (it is restarting)")
             self._conn.send(("step", n))
         try:
             return self._stepped.get(timeout=timeout)
