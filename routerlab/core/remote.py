@@ -42,7 +42,7 @@ from typing import Callable, Iterator
 
 from routerlab.core.engine_process import EngineSpec, main
 from routerlab.core.errors import RouterLabError
-from routerlab.core.room import MAX_BATCH
+from routerlab.core.room import MAX_BATCH, Room, run_where_fastest
 from routerlab.core.trace import Step, Trace
 from routerlab.core.wire import SentKeys, apply_change, pack_routers, unpack_error
 
@@ -148,10 +148,12 @@ class RemoteRoom:
                 except OSError:
                     pass
         if process is not None:
-            process.join(timeout)
-            if process.is_alive():
-                process.kill()
-                process.join(5.0)
+            try:
+                process.join(timeout)
+            finally:  # also a second Ctrl-C while it ends: never leave it behind
+                if process.is_alive():
+                    process.kill()
+                    process.join(5.0)
         self._fail(lambda job: True, RouterLabError("The server is shutting down: this generation was cut short."))
 
     # -- the engine process --------------------------------------------------------------------------
@@ -207,7 +209,7 @@ class RemoteRoom:
                 if msg[0] == "batch":
                     self._apply(msg[1], msg[2])
                 elif msg[0] == "log":
-                    self.log(msg[1])
+                    self.log(f"engine process: {msg[1]}")
                 elif msg[0] == "stepped":
                     self._stepped.put(msg[1])
         except (EOFError, OSError):
@@ -288,3 +290,37 @@ class RemoteRoom:
                         job.threshold = job.control.threshold
                 except OSError:
                     return  # the process is gone: the dispatcher sees it too
+
+
+# -- serving ----------------------------------------------------------------------------------------
+def open_room(engine, spec: EngineSpec | None, max_batch: int = MAX_BATCH, cache_bytes: int | None = None,
+              log: Callable[[str], None] = print):
+    """The room that serves `engine` (set as `engine.room`): its loop in an engine process built from `spec`, or in this
+    process when `spec` is None or the engine process cannot start (said in the log)."""
+    room = None
+    if spec is not None:
+        try:
+            room = RemoteRoom(spec, max_batch, cache_bytes, log=log)
+            log(f"the decode loop runs in the engine process (pid {room.pid}); this process serves the pages (ROUTERLAB_ENGINE=process)")
+        except RouterLabError as err:
+            log(f"{err} The decode loop runs in this process instead, beside the web server, as ROUTERLAB_ENGINE=thread does.")
+    if room is None:
+        room = Room(engine, max_batch, cache_bytes)
+    engine.room = room
+    return room
+
+
+def serve_room(room, engine, log: Callable[[str], None] = print) -> None:
+    """Until Ctrl-C, in the main thread: an in-process room's loop runs here (`run_where_fastest`); a RemoteRoom's runs
+    in its engine process, and this thread only waits. Either way the room is closed at the end."""
+    if not isinstance(room, RemoteRoom):
+        log("the decode loop runs in this process, beside the web server (ROUTERLAB_ENGINE=thread)")
+        run_where_fastest(room, engine, log=log)
+        return
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        room.close()
