@@ -279,3 +279,17 @@ def test_the_engine_process_ends_when_the_web_process_dies(tmp_path):
         _until(gone, "the engine process's end after its web process was killed", guard=60)
     finally:
         web.kill()
+
+
+def test_an_engine_process_that_cannot_start_falls_back_to_this_process_and_says_so():
+    from routerlab.core.remote import open_room
+
+    engine = tiny_engine(seed=0)
+    said: list[str] = []
+    room = open_room(engine, EngineSpec("routerlab.core.engine_process:no_such_factory"), log=said.append)
+    try:
+        assert isinstance(room, Room) and engine.room is room
+        assert any("did not start" in m and "no_such_factory" in m and "in this process instead" in m for m in said), said
+    finally:
+        engine.room = None
+        room.close()
