@@ -178,11 +178,14 @@ def _room(args) -> int:
               **room_bench(levels, log=lambda *a: print(*a, file=sys.stderr, flush=True), modes=modes, extras=not args.no_extras)}
     report["machine"].update(cpu=_cpu())
     if not args.no_extras:
+        from routerlab.bench.load.room import served_vs_step
+
         report["steps"] = _step_costs()
+        report["served_vs_isolated_step"] = served_vs_step(report)
     out = ROOM_OUT if args.out == str(DEFAULT_OUT) else args.out
     if out != "-":
         Path(out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps(report["ratios"], indent=1))
+    print(json.dumps({"ratios": report["ratios"], "served_vs_isolated_step": report.get("served_vs_isolated_step")}, indent=1))
     failed = sum(r["errors"] for m in report["modes"].values() for r in m["levels"].values())
     return 1 if failed else 0
 

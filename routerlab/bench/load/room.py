@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from routerlab.bench.load import cpu
 from routerlab.bench.load.driver import client, probe, submit, tokens_shown, trace_of
 from routerlab.bench.load.server import spawn
 from routerlab.bench.load.soak import page_defaults
@@ -63,9 +64,12 @@ def _visitor(url: str, prompt: str, settings: dict, new_tokens: int, deadline: f
         c.close()
 
 
-def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, deadline_s: float = 240.0) -> dict:
-    """`sessions` visitors start one generation each at the same moment."""
+def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, deadline_s: float = 240.0,
+              server_pid: int | None = None) -> dict:
+    """`sessions` visitors start one generation each at the same moment. With `server_pid`, also the CPU seconds the
+    web server's process, the processes it started (the engine process) and this one (the clients) used meanwhile."""
     outs = [dict() for _ in range(sessions)]
+    cpu0, clients0 = (cpu.tree(server_pid) if server_pid else None), cpu.this_process()
     start = time.perf_counter()
     threads = [threading.Thread(target=_visitor, args=(url, prompts[k % len(prompts)], settings, new_tokens, start + deadline_s, outs[k]),
                                 daemon=True) for k in range(sessions)]
@@ -78,7 +82,12 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
     rates = [o["rate"] for o in ok if o.get("rate")]
     ttft = [o["ttft"] for o in ok]
     tokens = sum(o["tokens"] for o in ok)
-    return {
+    cpu1 = cpu.tree(server_pid) if cpu0 else None
+    used = {"web_server_cpu_s": round(cpu1["server"] - cpu0["server"], 1), "engine_cpu_s": round(cpu1["children"] - cpu0["children"], 1),
+            "clients_cpu_s": round(cpu.this_process() - clients0, 1)} if cpu1 else {}
+    if used and tokens:
+        used["server_cpu_ms_per_token"] = round(1e3 * (used["web_server_cpu_s"] + used["engine_cpu_s"]) / tokens, 1)
+    return {**used,
         "sessions": sessions, "served": len(ok), "errors": sum(not o.get("ok") and not o.get("refused") for o in outs),
         "refusals": sum(bool(o.get("refused")) for o in outs), "tokens": tokens,
         "aggregate_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
@@ -153,7 +162,7 @@ def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print
             level_run(server.url, 1, settings, prompts, 8)  # warm-up: first calls pay one-time set-up
             rows = {}
             for n in levels:
-                rows[str(n)] = level_run(server.url, n, settings, prompts, new_tokens)
+                rows[str(n)] = level_run(server.url, n, settings, prompts, new_tokens, server_pid=server.pid)
                 if log:
                     log(f"[room] {mode}, {n} at once: {rows[str(n)]}")
             out = {"server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")}, "settings": settings,
@@ -175,3 +184,12 @@ def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print
     report["ratios"] = ratios(report)
     report["machine"] = {"cpus": os.cpu_count()}
     return report
+
+
+def served_vs_step(report: dict) -> dict:
+    """Per level, with the room: the served aggregate tokens/s against the same machine's batched step alone at that
+    many rows (`steps`, measured in the same run), i.e. what serving keeps of what its engine can do."""
+    room = report["modes"].get("room", {}).get("levels", {})
+    sizes = report.get("steps", {}).get("sizes", {})
+    return {n: round(r["aggregate_tokens_per_s"] / sizes[n]["tokens_per_s"], 2) for n, r in room.items()
+            if n in sizes and r.get("aggregate_tokens_per_s") and sizes[n].get("tokens_per_s")}
