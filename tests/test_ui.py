@@ -365,7 +365,7 @@ def test_limits_from_env(monkeypatch):
     monkeypatch.setenv("ROUTERLAB_MAX_PROMPT_CHARS", "oops")
     monkeypatch.setenv("ROUTERLAB_ALLOWED_MODELS", " a/b , c ")
     limits = ui.Limits.from_env()
-    assert limits.max_new_tokens == 32 and limits.max_prompt_chars == 4000 and limits.allowed_models == ("a/b", "c")
+    assert limits.max_new_tokens == 32 and limits.max_prompt_chars == 16000 and limits.allowed_models == ("a/b", "c")
 
 
 def test_tradeoff_pick_sets_threshold_and_switches_tab():
@@ -416,3 +416,22 @@ def test_build_demo_wires_named_endpoints(res):
     demo = ui.build_demo(res)
     names = {d.api_name for d in demo.fns.values() if d.api_name}
     assert {"generate", "regenerate", "stop", "set_threshold", "compare"} <= names
+
+
+def test_long_documents_fill_the_prompt_and_fit_the_default_limits():
+    from routerlab.core.documents import load_documents
+    from routerlab.ui.layout import document_chosen
+
+    docs = load_documents()
+    assert len(docs) >= 2 and all(d.task and d.source and d.licence for d in docs)
+    limits = ui.Limits()
+    assert all(len(d.prompt) <= limits.max_prompt_chars for d in docs)
+    res = tiny_resources()  # its limit (200 characters) leaves every document out: none is offered that would be refused
+    assert res.documents == []
+    res = ui.Resources(res.engine, ui.Limits(max_new_tokens=64), router_sets=res.router_sets, prompts=["Hello there"], documents=docs)
+    assert [d.title for d in res.documents] == [d.title for d in docs]
+    prompt, status = document_chosen(res, docs[0].title)
+    assert prompt == docs[0].prompt and prompt.endswith(docs[0].task) and res.check_prompt(prompt) == prompt
+    assert f"{len(prompt):,} characters" in status
+    skip, status = document_chosen(res, "no such text")
+    assert is_skip(skip) and "No long document" in status
