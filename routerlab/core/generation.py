@@ -29,8 +29,10 @@ from routerlab.core.trace import Step, Trace
 # long before the distribution differs from argmax's, whose most likely token then has all the probability anyway.
 GREEDY_BELOW = 1e-4
 # Prompt tokens per prefill forward: a long prompt is read in chunks, so Stop is honoured and progress shown between
-# them. Big enough that a chunk keeps the many-row products' speed (fp32 from 8 rows, weights.UPCAST_MIN_TOKENS).
-PREFILL_CHUNK = 256
+# them. Each forward pays a fixed cost (on a CPU without bf16 units every weight is converted to fp32 for a many-row
+# product, weights.linear): on a loaded 2-core AVX2 VM a 2,044-token prompt read in 256-token chunks took 2.5-4x the
+# one forward's time, in 512-token chunks 1.3-1.6x (/tmp/pf.py-style side-by-side runs, noisy: others shared the cores).
+PREFILL_CHUNK = 512
 
 
 def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
