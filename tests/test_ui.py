@@ -407,8 +407,9 @@ def test_tradeoff_pick_ignores_rows_without_threshold():
 
 
 def test_per_layer_costs_are_measured_and_estimate_a_speedup(res):
-    costs = res.measure_costs(context=16, repeat=2)
+    costs = res.measure_costs(contexts=(16, 64), repeat=2)
     assert res.costs_for(None) is costs and costs["step"] > 0 and costs["context"] == 16
+    assert costs["long_context"] == 64 and set(costs["per_token"]) == {"attention_full", "attention_kv_only", "step"}
     assert ui.plots.live_stats(Trace(4, [], {}), costs)["speedup_estimate"] is None  # no decoded token yet
 
 

@@ -283,23 +283,23 @@ class Resources:
         """The measured per-layer costs of an engine (None until `measure_costs` ran for it)."""
         return self.costs.get(engine_name or self.default_model)
 
-    def measure_costs(self, context: int = 128, repeat: int = 10) -> dict[str, float]:
+    def measure_costs(self, contexts: tuple[int, int] = (128, 1024), repeat: int = 10) -> dict[str, float]:
         """Seconds per decode token of each piece of the default model's step on this machine
-        (core.costs.cost_breakdown), at `context` cached tokens: what Explore's estimated speedup
-        is made of. A few seconds at start-up (app.py; --no-warmup skips it and shows no estimate)."""
-        from routerlab.core.costs import cost_breakdown
+        (core.costs.cost_line: cost_breakdown at two contexts, so attention's growth with the cache is known),
+        what Explore's estimated speedup is made of: each decoded token costed at its own context. Some seconds
+        at start-up (app.py; --no-warmup skips it and shows no estimate)."""
+        from routerlab.core.costs import cost_line
 
         engine = self.engine
         if engine.tokenizer is not None:
             ids = engine.encode(self.prompts[0], GenerateConfig())
         else:
             ids = [1, 2, 3, 4]
-        context = max(2, min(context, engine.max_context - 2))
         out: dict[str, Any] = {}
 
         def measure():  # in a worker thread, as every app run decodes: on CPU torch in the main thread can run slower
             try:
-                out["costs"] = cost_breakdown(engine, ids, context, repeat=repeat)
+                out["costs"] = cost_line(engine, ids, contexts, repeat=repeat)
             except BaseException as err:  # reported below, in the caller's thread
                 out["error"] = err
 
@@ -308,6 +308,6 @@ class Resources:
         worker.join()
         if "error" in out:
             raise out["error"]
-        costs = dict(out["costs"], context=float(context))
+        costs = out["costs"]
         self.costs[engine.name] = costs
         return costs
