@@ -25,7 +25,7 @@ from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_mov
 from routerlab.ui.links import COPY_LINK_JS, TABS, View, link_note_done, open_link, view_link
 from routerlab.ui.resources import UNTRAINED, Limits, Resources
 from routerlab.ui.session import Session, _delete_session, _status, _warn, close_tab, keep_session
-from routerlab.ui import train_plots
+from routerlab.ui import tradeoff_plots, train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
@@ -321,6 +321,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         t_plot = gr.Plot(fig_quality, label="What skipping costs", elem_id="rl-tradeoff")
                         gr.Plot(fig_speed, label="Measured vs ideal speedup", elem_id="rl-t-speed")
                         gr.Plot(fig_time, label="Where the time goes", elem_id="rl-t-time")
+                        gr.Plot(tradeoff_plots.context_curve(results.get("context")), label="Where skipping pays: context length", elem_id="rl-t-context")
                         gr.Markdown("Every row of the trade-off sweep. **Click a tuned row** to use its threshold in Explore." + (
                             f" Thresholds of {safe.text(', '.join(results['calibrated']))} are on the slider's calibrated scale (the sweep ran on raw router scores)." if results["calibrated"] else ""),
                             elem_classes=["rl-muted"])
