@@ -1,7 +1,6 @@
 """Command line: `python -m routerlab generate | train | eval | calibrate | figures | bench speed | bench tradeoff | bench context`.
 
-Parses arguments, calls the library, prints text or one JSON object. Bad input ends with a
-one-line `error: ...` (exit code 2), never a traceback.
+Parses arguments, calls the library, prints text or one JSON object. Bad input: `error: ...` (exit 2), no traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from routerlab.tuning.data import SPLITS
 from routerlab.core.errors import RouterLabError
 from routerlab.core.precision import CHOICES as DTYPE_CHOICES
 from routerlab.core.weights import FORMATS as WEIGHT_FORMATS
+from routerlab.bench.context_cli import add_context_parser
 from routerlab.figures import add_command as add_figures_command
 
 
@@ -137,18 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "of sets or data files this run does not measure are kept, so the table can be built in parts")
     si.add_argument("--json", action="store_true")
     si.set_defaults(func=_bench_standins)
-    cx = bench.add_parser("context", help="where skipping pays: speedup against context length (full model vs the default "
-                          "attention-token set at two thresholds under kv and drop, lockstep), the ideal, KL and agreement; "
-                          "and the shipped sets on long documents vs short prompts")
-    cx.add_argument("--model", default=None)
-    cx.add_argument("--contexts", default=None, help="comma-separated prompt lengths in tokens (default 128,512,1024,2048,4096)")
-    cx.add_argument("--quick", action="store_true", help="contexts 128 and 512, one long document and two short prompts for the sets")
-    cx.add_argument("--new-tokens", type=int, default=64)
-    cx.add_argument("--no-sets", action="store_true", help="leave out the shipped sets' long-document quality")
-    cx.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
-    cx.add_argument("--json", action="store_true")
-    cx.add_argument("--save", default=None, help="also write the JSON result here (make context: assets/bench/context.json)")
-    cx.set_defaults(func=_bench_context)
+    add_context_parser(bench)
     rp = bench.add_parser("report", help="write docs/results.md from every file in assets/bench/ and print the "
                           "trade-off tables (with --out: only print the tables of that tradeoff run)")
     rp.add_argument("--out", default=None, help="a bench tradeoff output folder whose tables to print (default assets/bench)")
@@ -555,23 +544,6 @@ def _bench_tradeoff(args) -> int:
         print(json.dumps({"paths": {k: str(v) for k, v in paths.items()}, **result}, default=str))
     else:
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
-    return 0
-
-
-def _bench_context(args) -> int:
-    from routerlab.bench.context import CONTEXTS, QUICK_CONTEXTS, context_benchmark, format_context, save
-
-    try:
-        contexts = tuple(int(c) for c in args.contexts.split(",") if c.strip()) if args.contexts else (QUICK_CONTEXTS if args.quick else CONTEXTS)
-    except ValueError:
-        raise RouterLabError(f"--contexts {args.contexts!r} is not a list of whole numbers.", "For example --contexts 128,1024.") from None
-    if not contexts or min(contexts) < 16 or args.new_tokens < 2:
-        raise RouterLabError("--contexts must be whole numbers >= 16 and --new-tokens >= 2.")
-    result = context_benchmark(args.model, contexts=contexts, new_tokens=args.new_tokens, sets=not args.no_sets,
-                               quick=args.quick, threads=args.threads, log=lambda *a: print(*a, file=sys.stderr, flush=True))
-    if args.save:
-        save(result, Path(args.save))
-    print(json.dumps(result, indent=1) if args.json else format_context(result))
     return 0
 
 
