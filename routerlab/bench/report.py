@@ -437,7 +437,7 @@ def context_curve_markdown(r: dict) -> list[str]:
              "token decoded in the same round as the others' (lockstep), quality off; speedup: the median over rounds of "
              "the full model's step time over the run's in the same round. Ideal: the step less exactly the measured cost "
              f"of the skipped cells (costs measured at {r['costs']['context']:.0f} and {r['costs']['long_context']:.0f} cached "
-             "tokens, a line between). KL and agreement: a second, untimed pass of the same runs with the quality meter on.", "",
+             "tokens, a line between). KL and agreement: the quality meter, scoring each run's tokens after its last timed step.", "",
              "| context (tokens) | full model tok/s | threshold | kv policy | skipped | speedup | ideal | of ideal | mean KL | top-1 agreement |",
              "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for p in r["points"]:
