@@ -21,6 +21,7 @@ Knows nothing about the UI.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -139,7 +140,7 @@ def context_benchmark(model_spec: str | None = None, contexts=CONTEXTS, threshol
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.ui.resources import load_prompts
 
-    start = time.perf_counter()
+    start, load = time.perf_counter(), os.getloadavg()[0]  # others sharing the cores show here
     if threads:
         torch.set_num_threads(threads)
     loaded = load_model(model_spec)
@@ -175,6 +176,7 @@ def context_benchmark(model_spec: str | None = None, contexts=CONTEXTS, threshol
         result["sets"] = sets_quality(engine, long_prompts, short_prompts, log)
         result["sets_answer_tokens"] = ANSWER_TOKENS
     result["seconds"] = time.perf_counter() - start
+    result["loadavg_before"], result["loadavg_after"] = load, os.getloadavg()[0]
     return result
 
 

@@ -434,7 +434,7 @@ def context_curve_markdown(r: dict) -> list[str]:
     """`bench context`: the curve (per context, each run's speedup, ideal, skip rate, KL, agreement), then the sets."""
     lines = [f"Command: `{r['command']}`. Prompts: the long documents (assets/documents) joined and cut to about each "
              f"context, then \"{r['task']}\"; {r['new_tokens']} new tokens, greedy, end of text ignored. Every run's k-th "
-             "token decoded in the same round as the others' (lockstep), quality off; speedup: the median over rounds of "
+             "token decoded in the same round as the others' (lockstep), quality scored only after the last timed step; speedup: the median over rounds of "
              "the full model's step time over the run's in the same round. Ideal: the step less exactly the measured cost "
              f"of the skipped cells (costs measured at {r['costs']['context']:.0f} and {r['costs']['long_context']:.0f} cached "
              "tokens, a line between). KL and agreement: the quality meter, scoring each run's tokens after its last timed step.", "",
@@ -496,7 +496,8 @@ def conditions(name: str, r: dict) -> str | None:
                 f"{r['new_tokens']} new tokens, {r['rounds']} rounds.")
     if name == "context.json":
         return (f"{r['model']} on {r['device']}, {r['threads']} threads; {r['routers']} routers, {r['new_tokens']} new tokens "
-                f"per run, lockstep{' (--quick)' if r.get('quick') else ''}; {r['seconds']:.0f} s.")
+                f"per run, lockstep{' (--quick)' if r.get('quick') else ''}; {r['seconds']:.0f} s"
+                + (f"; load average {r['loadavg_before']:.2f} before / {r['loadavg_after']:.2f} after" if r.get("loadavg_before") is not None else "") + ".")
     if name == "precision.json":
         return f"{r['model']}, {r['granularity']} routers, {r['examples']} {r['split']} examples of `{_short_path(r['data'])}`."
     if name == "tradeoff.json":
