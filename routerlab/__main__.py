@@ -1,7 +1,6 @@
-"""Command line: `python -m routerlab generate | train | eval | calibrate | figures | bench speed | bench tradeoff`.
+"""Command line: `python -m routerlab generate | train | eval | calibrate | figures | bench speed | bench tradeoff | bench context`.
 
-Parses arguments, calls the library, prints text or one JSON object. Bad input ends with a
-one-line `error: ...` (exit code 2), never a traceback.
+Parses arguments, calls the library, prints text or one JSON object. Bad input: `error: ...` (exit 2), no traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from routerlab.tuning.data import SPLITS
 from routerlab.core.errors import RouterLabError
 from routerlab.core.precision import CHOICES as DTYPE_CHOICES
 from routerlab.core.weights import FORMATS as WEIGHT_FORMATS
+from routerlab.bench.context_cli import add_context_parser
 from routerlab.figures import add_command as add_figures_command
 
 
@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "of sets or data files this run does not measure are kept, so the table can be built in parts")
     si.add_argument("--json", action="store_true")
     si.set_defaults(func=_bench_standins)
+    add_context_parser(bench)
     rp = bench.add_parser("report", help="write docs/results.md from every file in assets/bench/ and print the "
                           "trade-off tables (with --out: only print the tables of that tradeoff run)")
     rp.add_argument("--out", default=None, help="a bench tradeoff output folder whose tables to print (default assets/bench)")

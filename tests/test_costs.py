@@ -56,3 +56,41 @@ def test_cost_breakdown_measures_every_piece_of_a_tiny_model():
 
     costs = cost_breakdown(Engine(tiny_model("llama"), None, name="tiny"), [5, 6, 7], context=8, repeat=2)
     assert set(costs) == set(PIECES) and costs["step"] > 0 and costs["attention_full"] >= 0 and costs["mlp"] >= 0
+
+
+LINE = dict(COSTS, context=100.0, per_token={"attention_full": 0.01, "attention_kv_only": 0.0, "step": 0.3})
+
+
+def test_costs_at_moves_attention_and_the_step_along_the_line():
+    from routerlab.core.costs import costs_at
+
+    at = costs_at(LINE, 1100)
+    assert at["attention_full"] == pytest.approx(12.0) and at["step"] == pytest.approx(400.0) and at["mlp"] == 3.0
+    assert at["context"] == 1100.0 and costs_at(COSTS, 1100) is COSTS and costs_at(LINE, None) is LINE
+    assert costs_at(LINE, 0)["attention_full"] == pytest.approx(1.0)  # below the measured context too, never below 0
+    assert costs_at(dict(LINE, context=100.0), -10**6)["step"] == 0.0
+    assert ideal_speedup(LINE, 10, "drop", context=1100) == pytest.approx(400.0 / 280.0)
+    assert ideal_speedup(LINE, 10, "drop") == ideal_speedup(COSTS, 10, "drop")
+
+
+def test_a_run_at_a_long_context_is_estimated_at_its_own_context():
+    short = trace([[None, False, True]] * 3, prompt=1)  # positions 1..3: the line's measured context and below
+    steps = [Step(p, 1, "p", True, [None] * 3, [None] * 3, 0.5, 0.01) for p in range(1000)]
+    long = Trace(3, steps + [Step(1000 + j, 2, "x", False, [None, 0.1, 0.9], [None, False, True], 0.5, 0.02) for j in range(3)]
+                 + [Step(1003, 3, "y", False, [None] * 3, [None] * 3, 0.5, 0.0)], dict(short.meta))
+    at_short, at_long = estimate_speedup(short, LINE), estimate_speedup(long, LINE)
+    # each decoded token costs the step at its own position, and saves one skipped cell's attention there
+    expect = sum(LINE["step"] + 0.3 * (p - 100) for p in (1000, 1001, 1002))
+    saved = sum((2.0 + 0.01 * (p - 100)) - 0.5 for p in (1000, 1001, 1002))
+    assert at_long == pytest.approx(expect / (expect - saved))
+    assert at_long > at_short > 1.0
+
+
+def test_cost_line_measures_two_contexts_of_a_tiny_model():
+    from routerlab.core.costs import GROWS, cost_line
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import tiny_model
+
+    line = cost_line(Engine(tiny_model("llama"), None, name="tiny"), [5, 6, 7], contexts=(64, 8), repeat=2)
+    assert line["context"] == 8.0 and line["long_context"] == 64.0 and set(line["per_token"]) == set(GROWS)
+    assert all(v >= 0 for v in line["per_token"].values()) and set(PIECES) <= set(line)

@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from routerlab.ui.links import FIELDS, TABS, View, link_query, read_link, router_key
+from routerlab.ui.links import FIELDS, LINK_PROMPT_CHARS, TABS, View, link_query, read_link, router_key
 
 FULL, UNTRAINED = "full model (no routing)", "attention-token (untrained)"
 LABELS = [FULL, "attention-token (trained)", "mlp-token (trained)", "block-token (my-set)", UNTRAINED]
@@ -98,3 +98,20 @@ def test_link_query_names_routers_short_and_leaves_out_what_is_unset():
     query = link_query(View(prompt="hi", routers=FULL), FULL, UNTRAINED)
     assert query.startswith("?tab=explore&prompt=hi&routers=full&") and "threshold" not in query and "kv=" not in query
     assert router_key("attention-token (trained)", FULL, UNTRAINED) == "attention-token"
+
+
+DOCS = {"tide-mill": "A long text about a mill.\n\nSummarise the text above in three sentences."}
+
+
+def test_a_long_document_travels_by_name_and_opens_its_prompt():
+    query = link_query(View(prompt=DOCS["tide-mill"], routers=FULL), FULL, UNTRAINED, DOCS)
+    assert "doc=tide-mill" in query and "prompt=" not in query
+    view, problems, given = read_link(dict(parse_qsl(query.lstrip("?"))), DEFAULT, LABELS, FULL, UNTRAINED, 256, 16000, DOCS)
+    assert problems == [] and view.prompt == DOCS["tide-mill"] and "doc" in given
+
+
+def test_a_prompt_too_long_for_a_link_is_left_out_and_an_unknown_document_is_named():
+    query = link_query(View(prompt="word " * (LINK_PROMPT_CHARS // 4), routers=FULL), FULL, UNTRAINED, DOCS)
+    assert "prompt=" not in query and "doc=" not in query and query.startswith("?tab=explore&routers=full")
+    view, problems, _ = read_link({"doc": "moby-dick"}, DEFAULT, LABELS, FULL, UNTRAINED, 256, 16000, DOCS)
+    assert view == DEFAULT and len(problems) == 1 and _shown(problems[0]).startswith("`doc=moby-dick` is not a long document on this server (tide-mill)")

@@ -207,7 +207,7 @@ def test_router_loader_fuzz_fails_only_with_clean_errors():
 def test_safe_defaults_and_env_caps():
     report = lt.safe_loading_checks()
     assert report["load_model_trust_remote_code_default"] is False
-    assert report["defaults"] == dict(max_new_tokens=256, max_prompt_chars=4000, queue_size=64, concurrency=32, allowed_models=[],
+    assert report["defaults"] == dict(max_new_tokens=256, max_prompt_chars=16000, queue_size=64, concurrency=32, allowed_models=[],
                                       room=True, max_batch=32, room_cache_mb=2048)  # sized for a room of 32 visitors
     assert report["from_env"]["max_new_tokens"] == 7 and report["from_env"]["allowed_models"] == ["org/a", "org/b"]
     assert report["junk_env_falls_back"] == dict(max_new_tokens=256, queue_size=1)

@@ -365,7 +365,7 @@ def test_limits_from_env(monkeypatch):
     monkeypatch.setenv("ROUTERLAB_MAX_PROMPT_CHARS", "oops")
     monkeypatch.setenv("ROUTERLAB_ALLOWED_MODELS", " a/b , c ")
     limits = ui.Limits.from_env()
-    assert limits.max_new_tokens == 32 and limits.max_prompt_chars == 4000 and limits.allowed_models == ("a/b", "c")
+    assert limits.max_new_tokens == 32 and limits.max_prompt_chars == 16000 and limits.allowed_models == ("a/b", "c")
 
 
 def test_tradeoff_pick_sets_threshold_and_switches_tab():
@@ -407,8 +407,9 @@ def test_tradeoff_pick_ignores_rows_without_threshold():
 
 
 def test_per_layer_costs_are_measured_and_estimate_a_speedup(res):
-    costs = res.measure_costs(context=16, repeat=2)
+    costs = res.measure_costs(contexts=(16, 64), repeat=2)
     assert res.costs_for(None) is costs and costs["step"] > 0 and costs["context"] == 16
+    assert costs["long_context"] == 64 and set(costs["per_token"]) == {"attention_full", "attention_kv_only", "step"}
     assert ui.plots.live_stats(Trace(4, [], {}), costs)["speedup_estimate"] is None  # no decoded token yet
 
 
@@ -416,3 +417,73 @@ def test_build_demo_wires_named_endpoints(res):
     demo = ui.build_demo(res)
     names = {d.api_name for d in demo.fns.values() if d.api_name}
     assert {"generate", "regenerate", "stop", "set_threshold", "compare"} <= names
+
+
+def test_long_documents_fill_the_prompt_and_fit_the_default_limits():
+    from routerlab.core.documents import load_documents
+    from routerlab.ui.layout import document_chosen
+
+    docs = load_documents()
+    assert len(docs) >= 2 and all(d.task and d.source and d.licence for d in docs)
+    limits = ui.Limits()
+    assert all(len(d.prompt) <= limits.max_prompt_chars for d in docs)
+    res = tiny_resources()  # its limit (200 characters) leaves every document out: none is offered that would be refused
+    assert res.documents == []
+    res = ui.Resources(res.engine, ui.Limits(max_new_tokens=64), router_sets=res.router_sets, prompts=["Hello there"], documents=docs)
+    assert [d.title for d in res.documents] == [d.title for d in docs]
+    prompt, status = document_chosen(res, docs[0].title)
+    assert prompt == docs[0].prompt and prompt.endswith(docs[0].task) and res.check_prompt(prompt) == prompt
+    assert f"{len(prompt):,} characters" in status
+    skip, status = document_chosen(res, "no such text")
+    assert is_skip(skip) and "No long document" in status
+
+
+def test_a_long_prompt_shows_how_far_its_reading_is_and_stop_ends_it(res, monkeypatch):
+    """The prompt is read in chunks (core/generation.py); the run is held after its first chunk (a Control that waits
+    when it records it), so the frame that shows the progress is awaited, not raced."""
+    import threading
+
+    from routerlab.core import engine as core_engine
+    from routerlab.core import generation
+
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 16)
+    reached, go = threading.Event(), threading.Event()
+
+    class HeldControl(core_engine.Control):
+        @property
+        def prompt_read(self):
+            return self._read
+
+        @prompt_read.setter
+        def prompt_read(self, value):
+            self._read = value
+            if 0 < value < self.prompt_tokens:
+                reached.set()
+                go.wait(60)
+
+    monkeypatch.setattr(core_engine, "Control", HeldControl)
+    session = ui.Session()
+    prompt = "Hello there, " * 6  # 78 characters: 78 tokens of the character tokenizer, 5 chunks
+    gen = explore(res, session, prompt=prompt, max_new=4, quality=False)
+    try:
+        outs = pull_until(gen, lambda out: isinstance(out[3], str) and "Reading the prompt" in out[3])
+        assert reached.is_set()
+        n = session.control.prompt_tokens
+        assert n >= 70 and f"Reading the prompt: {session.control.prompt_read} of {n} tokens" in outs[-1][3]
+        assert "Stopping" in ui.stop_run(session)  # Stop while the prompt is read
+    finally:
+        go.set()
+    outs = run_all(gen)
+    meta = session.trace.meta
+    assert meta["stop_reason"] == "stopped" and meta["prefill_stopped_at"] < n and session.trace.generated_steps == []
+
+
+def test_prefill_progress_counts_a_ladders_prompts():
+    from types import SimpleNamespace
+
+    from routerlab.ui.stream import prefill_progress
+
+    run = lambda read, total=1800: SimpleNamespace(prompt_read=read, prompt_tokens=total)  # noqa: E731
+    assert prefill_progress([run(512)]) == "reading the prompt: 512 of 1,800 tokens"
+    assert prefill_progress([run(1800), run(300), run(0, 0)]) == "reading the prompt: 2,100 of 5,400 tokens (3 runs, one after another)"
+    assert prefill_progress([run(1800)]) is None and prefill_progress([run(0, 0)]) is None

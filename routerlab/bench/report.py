@@ -103,6 +103,7 @@ COMMAND = "python -m routerlab bench report"
 # file -> (section title, the command that writes the file)
 SOURCES = {
     "speed.json": ("Decode speed", "make bench"),
+    "context.json": ("Where skipping pays: speedup against context length", "make context"),
     "precision.json": ("Precision: float32 against bfloat16", "make precision"),
     "tradeoff.json": ("Speed vs quality: the trade-off sweep", "make tradeoff"),
     "heldout_extra.json": ("Held-out evaluation: extra prompts, greedy answers", "make heldout-extra"),
@@ -429,7 +430,42 @@ def room_markdown(r: dict) -> list[str]:
     return out
 
 
-RENDERERS = {"room.json": room_markdown, "soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
+def context_curve_markdown(r: dict) -> list[str]:
+    """`bench context`: the curve (per context, each run's speedup, ideal, skip rate, KL, agreement), then the sets."""
+    lines = [f"Command: `{r['command']}`. Prompts: the long documents (assets/documents) joined and cut to about each "
+             f"context, then \"{r['task']}\"; {r['new_tokens']} new tokens, greedy, end of text ignored. Every run's k-th "
+             "token decoded in the same round as the others' (lockstep), quality scored only after the last timed step; speedup: the median over rounds of "
+             "the full model's step time over the run's in the same round. Ideal: the step less exactly the measured cost "
+             f"of the skipped cells (costs measured at {r['costs']['context']:.0f} and {r['costs']['long_context']:.0f} cached "
+             "tokens, a line between). KL and agreement: the quality meter, scoring each run's tokens after its last timed step.", "",
+             "| context (tokens) | full model tok/s | threshold | kv policy | skipped | speedup | ideal | of ideal | mean KL | top-1 agreement |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for p in r["points"]:
+        for x in p["runs"]:
+            lines.append(f"| {p['context']} | {p['full_tokens_per_second']:.1f} | {x['threshold']:.2f} | {x['kv_policy']} | "
+                         f"{_pct(x['skip_rate'])} | {x['speedup']:.2f}x | {x['ideal_speedup']:.2f}x | "
+                         f"{100 * x['speedup'] / x['ideal_speedup']:.0f}% | {x['mean_kl']:.3f} | {_pct(x['agreement'])} |")
+    lines.append("")
+    if r.get("sets"):
+        lines += [f"Shipped sets on long held-out documents against the short example prompts, each set at its own threshold "
+                  f"and KV policy, teacher-forced on the full model's greedy answer ({r['sets_answer_tokens']} tokens; "
+                  "`tuning.evaluate.evaluate_examples`). No set was trained or calibrated on these documents. Skip rates "
+                  "count the answer's routed cells (prompt: the prompt's).", "",
+                  "| set | threshold | kv | long: KL | long: agreement | long: skipped | long: prompt skipped | short: KL | "
+                  "short: agreement | short: skipped | short: prompt skipped |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in r["sets"]:
+            lo, sh = s["long"], s["short"]
+            lines.append(f"| {s['set']} | {s['threshold']:.2f} | {s['kv_policy']} | {lo['kl_full']:.3f} | {_pct(lo['agreement'])} | "
+                         f"{_pct(lo['skip_rate'])} | {_pct(lo['skip_rate_prompt'])} | {sh['kl_full']:.3f} | {_pct(sh['agreement'])} | "
+                         f"{_pct(sh['skip_rate'])} | {_pct(sh['skip_rate_prompt'])} |")
+        long_ = r["sets"][0]["long"]
+        lines += ["", f"Long: {long_['examples']} documents, {long_['prompt_tokens']:,} prompt tokens; short: "
+                  f"{r['sets'][0]['short']['examples']} example prompts, {r['sets'][0]['short']['prompt_tokens']:,} prompt tokens.", ""]
+    return lines
+
+
+RENDERERS = {"context.json": context_curve_markdown, "room.json": room_markdown, "soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
              "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
              "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
 
@@ -458,6 +494,10 @@ def conditions(name: str, r: dict) -> str | None:
     if name == "speed.json":
         return (f"{r['model']} on {r['device']}, {r['threads']} threads; prompt {r['prompt_tokens']} tokens, "
                 f"{r['new_tokens']} new tokens, {r['rounds']} rounds.")
+    if name == "context.json":
+        return (f"{r['model']} on {r['device']}, {r['threads']} threads; {r['routers']} routers, {r['new_tokens']} new tokens "
+                f"per run, lockstep{' (--quick)' if r.get('quick') else ''}; {r['seconds']:.0f} s"
+                + (f"; load average {r['loadavg_before']:.2f} before / {r['loadavg_after']:.2f} after" if r.get("loadavg_before") is not None else "") + ".")
     if name == "precision.json":
         return f"{r['model']}, {r['granularity']} routers, {r['examples']} {r['split']} examples of `{_short_path(r['data'])}`."
     if name == "tradeoff.json":

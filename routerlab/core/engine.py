@@ -59,6 +59,9 @@ class Control:
         self.trace: Trace | None = None
         self.meter: QualityMeter | None = None  # the run's quality meter, once the run starts (quality on)
         self.sharing = 0  # rows in the room's last step this run took part in (0: not in a shared batch)
+        # The prefill's progress (core/generation.py reads a long prompt in chunks): prompt tokens read of the prompt's.
+        self.prompt_tokens = 0
+        self.prompt_read = 0
 
     @property
     def threshold(self) -> float:

@@ -1,5 +1,8 @@
 """One request's decode as a state machine: prefill, then begin / end around each token's forward.
 
+The prefill reads a long prompt in chunks (`prefill_chunks`), so Stop works during it and its progress is on the
+run's Control (`prompt_read` of `prompt_tokens`), where a UI in another thread reads it.
+
 `Generation` holds what a request owns (its caches, Plan, sampler, quality meter, trace) and does everything of a
 decode step except the forward itself: `begin` scores a due quality chunk, honours Stop, samples the next token,
 handles end of text and the last token, and says what to feed (`feed`); `end` records the forward's scores and
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Iterator
 
 import torch
 
@@ -24,6 +28,11 @@ from routerlab.core.trace import Step, Trace
 # Below this temperature sampling is greedy: the scaled logits overflow float32 (1e-45 gave inf and a NaN softmax)
 # long before the distribution differs from argmax's, whose most likely token then has all the probability anyway.
 GREEDY_BELOW = 1e-4
+# Prompt tokens per prefill forward: a long prompt is read in chunks, so Stop is honoured and progress shown between
+# them. Each forward pays a fixed cost (on a CPU without bf16 units every weight is converted to fp32 for a many-row
+# product, weights.linear): on a loaded 2-core AVX2 VM a 2,044-token prompt read in 256-token chunks took 2.5-4x the
+# one forward's time, in 512-token chunks 1.3-1.6x (/tmp/pf.py-style side-by-side runs, noisy: others shared the cores).
+PREFILL_CHUNK = 512
 
 
 def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
@@ -58,15 +67,42 @@ class Generation:
         self._t0 = 0.0
         self._quality = 0.0  # seconds the quality pass took inside the current step
         self._piece = ""
+        self._prompt_steps: list[Step] = []
 
     def prefill(self) -> list[Step]:
+        """Read the prompt: its Steps, all at once at the end. Stop honoured between chunks (then only the chunks read
+        have Steps, and `begin` ends the run as stopped)."""
+        for _ in self.prefill_chunks():
+            pass
+        return self._prompt_steps
+
+    def prefill_chunks(self) -> Iterator[int]:
+        """Read the prompt PREFILL_CHUNK tokens at a time (chunks of equal size, through the same caches), yielding
+        the tokens read after each; `control.prompt_read` of `control.prompt_tokens` says the same to other threads.
+        The same numbers as one forward over the prompt, to float rounding: each chunk's queries attend to the cache
+        the earlier chunks wrote, as the whole prompt's later tokens do to its earlier ones. A sequence-level set
+        reads the prompt in one forward: it decides each layer once, from the whole prompt's mean."""
+        ids, control, total = self.ids, self.control, len(self.ids)
+        control.prompt_tokens, control.prompt_read = total, 0
+        self.trace.meta.update(prompt_tokens=total, stop_reason="max_new_tokens")
+        chunks = 1 if self.sequence else max(1, math.ceil(total / PREFILL_CHUNK))
+        bounds = [round(k * total / chunks) for k in range(chunks + 1)]  # equal chunks: no short last one
+        rows: list = []
         t0 = time.perf_counter()
-        self.logits, scores = self.engine._forward(self.ids, 0, self.caches, self.plan)
+        for start, end in zip(bounds, bounds[1:]):
+            if start and control.stop_requested:
+                break
+            self.logits, scores = self.engine._forward(ids[start:end], start, self.caches, self.plan)
+            rows.extend(scores)
+            self.positions = control.prompt_read = end
+            yield end
         seconds = time.perf_counter() - t0
-        self.positions = len(self.ids)
-        self.trace.meta.update(prefill_seconds=seconds, prompt_tokens=len(self.ids), stop_reason="max_new_tokens")
+        self.trace.meta["prefill_seconds"] = seconds
+        if self.positions < total:
+            self.trace.meta["prefill_stopped_at"] = self.positions
         text = self.engine._token_text
-        return [self._record(p, tid, text(tid), True, row, seconds / len(self.ids)) for p, (tid, row) in enumerate(zip(self.ids, scores))]
+        self._prompt_steps = [self._record(p, tid, text(tid), True, row, seconds / len(rows))
+                              for p, (tid, row) in enumerate(zip(ids, rows))]
 
     def begin(self) -> list[Step]:
         """Everything before the next forward. Sets `feed` when a token must run through the model; else the run is

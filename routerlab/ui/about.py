@@ -42,6 +42,15 @@ the first token within 12 s for 95% of them, where one generation at a time turn
 [the threshold ladder](?tab=compare&routers=attention-token&threshold=0.5&kv=kv&max_new_tokens=96&quality=on).
 `python -m routerlab figures --out DIR` writes its figures for slides; `docs/workshop.ipynb` is the same lesson in code.
 
+### Where skipping pays: long contexts
+In a model this small, at a short prompt, a decode step's time goes mostly to reading the MLP and output weights, and
+skipping a share of attention saves little time. Attention reads every cached token, so its share grows with the
+context: at a long document (pick one under *Long document*: 1,600-2,100 tokens with a task) the same skipped share
+removes more of each step, and `drop`, which also leaves skipped tokens out of later tokens' caches, gains most. The
+Trade-off tab's last figure, *Where skipping pays*, is that speedup measured against context length (`make context`),
+its ideal beside it and the quality cost at each point; the estimated speedup in Explore costs each token at its own
+context. A long prompt is read in chunks: the status line counts its tokens, and Stop works while it is read.
+
 ### Three ways to skip attention with a KV cache
 {kv_policies}
 

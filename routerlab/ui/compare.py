@@ -21,7 +21,7 @@ from routerlab.core.trace import Trace
 from routerlab.ui import plots, safe
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import Session, _shown, _status, _warn, plot_data, without_paths
-from routerlab.ui.stream import Decoder
+from routerlab.ui.stream import Decoder, prefill_progress
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
     heat = _shown(session, "compare_heat", lambda: plot_data(plots.empty_heatmap(HEAT_EMPTY)))
     cache: dict = {}
     try:
-        for snaps, draw_plot in decoder.frames(traces):
+        for snaps, draw_plot in decoder.frames(traces, reading=controls):
             full, rungs = snaps[0], snaps[1:]
             finished = decoder.done.is_set()
             if draw_plot and rungs[-1].steps:  # otherwise repeat the last one (see plot_data)
@@ -97,7 +97,8 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
                 *_padded(columns, column_html(None, None, None)),
                 ladder_html(full, rungs, running=not finished),
                 heat,
-                _status("run", f"Generating {len(snaps)} runs, one token each in turn…") if not finished
+                _status("run", f"{reading.capitalize()}…") if not finished and (reading := prefill_progress(controls))
+                else _status("run", f"Generating {len(snaps)} runs, one token each in turn…") if not finished
                 else _status("stop", "Stopped: every column ended where it was.") if everything.stopped
                 else _status("ok", "Done. A red outline marks each column's first token that differs from the full model."),
             )

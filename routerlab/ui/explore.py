@@ -22,7 +22,7 @@ from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
 from routerlab.ui.resources import Resources
 from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data, without_paths
-from routerlab.ui.stream import Decoder
+from routerlab.ui.stream import Decoder, prefill_progress
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,11 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
             snap = snap[0]
             if decoder.done.is_set():
                 break  # the final view below draws everything once
-            if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):
-                continue  # still prefilling
+            if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):  # still reading the prompt: say how far
+                reading = prefill_progress([control])
+                if reading:
+                    yield plots.token_html(snap, cache=spans), heat, stats, _status("run", f"{reading.capitalize()} on {safe.text(engine.name)}{note}…"), None, None, bar, hist, "Generate", live_frame
+                continue
             if draw_plot:
                 live_frame = plots.heatmap_json(snap, live=True, cache=columns)
                 status = _status("run", f"Generating… {len(snap.generated_steps)} tokens, threshold {control.threshold:.2f}{note}{_sharing(control)}")

@@ -15,6 +15,7 @@ import math
 import gradio as gr
 
 from routerlab.core.config import GRANULARITIES, KV_POLICIES
+from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
 from routerlab.tuning.job import JobSettings
 from routerlab.ui import plots, safe
@@ -23,14 +24,32 @@ from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.links import COPY_LINK_JS, TABS, View, link_note_done, open_link, view_link
 from routerlab.ui.resources import UNTRAINED, Limits, Resources
-from routerlab.ui.session import Session, _delete_session, _status, close_tab, keep_session
-from routerlab.ui import train_plots
+from routerlab.ui.session import Session, _delete_session, _status, _warn, close_tab, keep_session
+from routerlab.ui import tradeoff_plots, train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 CSS_FILE = ASSETS / "css" / "app.css"
 THRESHOLD_INFO = "a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view"
 EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
+
+
+DOC_LABEL = "Long document (1,600-2,100 tokens)"
+DOC_INFO = "fills the prompt with a text and its task; reading a long prompt takes a few seconds, and skipping saves more at long contexts"
+
+
+def _doc_titles(res: Resources) -> list[str]:
+    return [d.title for d in res.documents]
+
+
+def document_chosen(res: Resources, title):
+    """A long document picked: its text and task go into the prompt box (the status says how long it is)."""
+    try:
+        prompt = res.document_prompt(title)
+    except RouterLabError as err:
+        return gr.skip(), _warn(err)
+    return prompt, _status("ok", f"Prompt: **{safe.text(title)}** ({len(prompt):,} characters) and its task. Press **Generate** "
+                                 "(or **Compare**); the status line counts the prompt's tokens while the model reads them.")
 
 
 class _Checked:
@@ -269,6 +288,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                     with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore") as tab_explore:
                         prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt")
                         gr.Examples([[p] for p in res.prompts], inputs=[prompt], label="Example prompts")
+                        doc_pick = CheckedDropdown(_doc_titles(res), value=None, label=DOC_LABEL, info=DOC_INFO, visible=bool(res.documents), elem_id="rl-doc")
                         with gr.Row():
                             go_btn = gr.Button("Generate", variant="primary", elem_id="rl-generate")
                             regen_btn = gr.Button("Regenerate at this threshold", elem_id="rl-regenerate")
@@ -285,6 +305,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         gr.Markdown("A **threshold ladder**: the same prompt through the **full model** and the router set on the left at up to three thresholds, "
                                     "one token each in turn, so their speeds are measured side by side. Higher threshold = more skipped. Leave a box empty for fewer columns.")
                         c_prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt")
+                        c_doc_pick = CheckedDropdown(_doc_titles(res), value=None, label=DOC_LABEL, info=DOC_INFO, visible=bool(res.documents), elem_id="rl-c-doc")
                         with gr.Row(equal_height=True):
                             c_thresholds = [LadderNumber(t, minimum=0.0, maximum=1.0, step=0.01, label=f"Threshold {k + 1}", min_width=120, elem_id=f"rl-c-t{k + 1}") for k, t in enumerate(LADDER)]
                             c_btn = gr.Button("Compare", variant="primary", elem_id="rl-compare")
@@ -300,6 +321,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         t_plot = gr.Plot(fig_quality, label="What skipping costs", elem_id="rl-tradeoff")
                         gr.Plot(fig_speed, label="Measured vs ideal speedup", elem_id="rl-t-speed")
                         gr.Plot(fig_time, label="Where the time goes", elem_id="rl-t-time")
+                        gr.Plot(tradeoff_plots.context_curve(results.get("context")), label="Where skipping pays: context length", elem_id="rl-t-context")
                         gr.Markdown("Every row of the trade-off sweep. **Click a tuned row** to use its threshold in Explore." + (
                             f" Thresholds of {safe.text(', '.join(results['calibrated']))} are on the slider's calibrated scale (the sweep ran on raw router scores)." if results["calibrated"] else ""),
                             elem_classes=["rl-muted"])
@@ -393,6 +415,8 @@ def build_demo(res: Resources) -> gr.Blocks:
         cmp_evt = c_btn.click(_compare, [c_prompt, *c_thresholds, router_label, kv_policy, max_new, temperature, model, session], [*c_columns, c_stats, c_heat, status],
                               api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
         c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)  # every column ends; the stream shows them
+        doc_pick.input(lambda title: document_chosen(res, title), [doc_pick], [prompt, status], api_name=False, queue=False)
+        c_doc_pick.input(lambda title: document_chosen(res, title), [c_doc_pick], [c_prompt, status], api_name=False, queue=False)
         router_label.input(lambda label, s: router_set_chosen(res, label, s), [router_label, session], [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
         t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")

@@ -2,6 +2,10 @@
 
     ?tab=compare&routers=attention-token&threshold=0.7&kv=drop&max_new_tokens=64&temperature=0&quality=on&prompt=...
 
+A shipped long document (assets/documents) travels by name (`doc=tide-mill`), and a prompt longer than
+LINK_PROMPT_CHARS not at all (the link says so): a URL of 9,000 encoded characters outgrows what servers and chat
+apps pass on (uvicorn's h11 refuses a request head over 16 KB).
+
 Owns `View` (what a link can set: the settings column, the prompt and the tab), `read_link` (a page's
 query parameters -> the View to show and, for each bad or unknown value, a message naming it; a bad value
 falls back to the default, never breaks the page), `link_query` (a View -> its relative link, `?...`,
@@ -28,6 +32,7 @@ import gradio as gr
 from routerlab.core.config import KV_POLICIES
 from routerlab.ui import safe
 
+LINK_PROMPT_CHARS = 2000  # the longest prompt a link carries as text
 TABS = ("explore", "compare", "tradeoff", "train", "layers", "about")
 FULL_KEY, UNTRAINED_KEY = "full", "untrained"
 ON, OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
@@ -77,7 +82,8 @@ def _number(value: str, low: float, high: float) -> float | None:
     return x if math.isfinite(x) and low <= x <= high else None
 
 
-def _parsers(labels: list[str], full: str, untrained: str, max_new_tokens: int, max_prompt_chars: int) -> dict:
+def _parsers(labels: list[str], full: str, untrained: str, max_new_tokens: int, max_prompt_chars: int,
+             documents: Mapping[str, str]) -> dict:
     """Query parameter -> (View field, parse: text -> value or None when bad, what it accepts)."""
     names = safe.text(", ".join(router_key(label, full, untrained) for label in labels))
 
@@ -91,6 +97,7 @@ def _parsers(labels: list[str], full: str, untrained: str, max_new_tokens: int, 
     return {
         "tab": ("tab", choice(TABS), f"a tab ({', '.join(TABS)})"),
         "prompt": ("prompt", lambda v: v if v.strip() and len(v) <= max_prompt_chars else None, f"a prompt of 1 to {max_prompt_chars} characters"),
+        "doc": ("prompt", lambda v: documents.get(v.strip().lower()), f"a long document on this server ({safe.text(', '.join(documents)) or 'none'})"),
         "routers": ("routers", lambda v: _router_label(v, labels, full, untrained), f"a router set on this server ({names})"),
         "threshold": ("threshold", lambda v: _number(v, 0.0, 1.0), "a number from 0 to 1"),
         "kv": ("kv_policy", choice(KV_POLICIES), f"a KV policy ({', '.join(KV_POLICIES)})"),
@@ -105,19 +112,20 @@ def _short(text: str) -> str:
 
 
 def read_link(params: Mapping[str, str], default: View, labels: list[str], full: str, untrained: str,
-              max_new_tokens: int, max_prompt_chars: int) -> tuple[View, list[str], set[str]]:
+              max_new_tokens: int, max_prompt_chars: int, documents: Mapping[str, str] | None = None) -> tuple[View, list[str], set[str]]:
     """The View a page opened with `params` shows, the messages for what it could not use, and which parameters it set.
 
     Starts from `default` and applies each known parameter whose value is valid; a bad value keeps the default and
     adds one message naming the parameter, the value and what it accepts; an unknown parameter adds a message too.
-    The messages are Markdown for the page's note: the parameters and values in them are escaped (safe.code)."""
-    parsers = _parsers(labels, full, untrained, max_new_tokens, max_prompt_chars)
+    The messages are Markdown for the page's note: the parameters and values in them are escaped (safe.code).
+    `documents`: id -> prompt of the long documents a `doc=` parameter may name."""
+    parsers = _parsers(labels, full, untrained, max_new_tokens, max_prompt_chars, documents or {})
     view, problems, given = default, [], set()
     for key, value in params.items():
         if key in GRADIO_KEYS or key.startswith("__"):
             continue
         if key not in parsers:
-            problems.append(f"{safe.code(_short(key))} is not a setting a link can carry ({safe.text(', '.join(FIELDS))})")
+            problems.append(f"{safe.code(_short(key))} is not a setting a link can carry ({safe.text(', '.join(FIELDS + ('doc',)))})")
             continue
         field, parse, accepts = parsers[key]
         parsed = parse(str(value))
@@ -129,11 +137,14 @@ def read_link(params: Mapping[str, str], default: View, labels: list[str], full:
     return view, problems, given
 
 
-def link_query(view: View, full: str, untrained: str) -> str:
-    """The relative link (`?tab=...&...`) that opens `view` wherever the app runs: every field, in FIELDS order."""
+def link_query(view: View, full: str, untrained: str, documents: Mapping[str, str] | None = None) -> str:
+    """The relative link (`?tab=...&...`) that opens `view` wherever the app runs: every field, in FIELDS order.
+    A prompt that is one of `documents` (id -> prompt) goes as its id; one over LINK_PROMPT_CHARS is left out."""
+    doc = next((key for key, text in (documents or {}).items() if text == view.prompt), "")
     fields = {
         "tab": view.tab,
-        "prompt": view.prompt,
+        "prompt": "" if doc or len(view.prompt) > LINK_PROMPT_CHARS else view.prompt,
+        "doc": doc,
         "routers": router_key(view.routers, full, untrained),
         "threshold": "" if view.threshold is None else f"{view.threshold:g}",
         "kv": view.kv_policy or "",
@@ -163,6 +174,11 @@ COPY_LINK_JS = """
 """
 
 
+def _documents(res) -> dict[str, str]:
+    """id -> prompt of the server's long documents (Resources.documents)."""
+    return {d.id: d.prompt for d in getattr(res, "documents", ())}
+
+
 def _defaults(res, view: View) -> View:
     """`view` with the threshold and KV policy its router set was calibrated for where the link left them out."""
     info = next((r for r in res.router_sets if r.label == view.routers and r.path is not None), None)
@@ -188,7 +204,8 @@ def open_link(res, default: View, request: gr.Request | None, session=None):
     if not any(k not in GRADIO_KEYS and not k.startswith("__") for k in params):
         return (gr.skip(),) * 11
     limits = res.limits
-    view, problems, _ = read_link(params, default, res.router_labels(), FULL, UNTRAINED, limits.max_new_tokens, limits.max_prompt_chars)
+    view, problems, _ = read_link(params, default, res.router_labels(), FULL, UNTRAINED, limits.max_new_tokens, limits.max_prompt_chars,
+                                  _documents(res))
     view = _defaults(res, view)
     if problems:
         gr.Warning("This link has settings the app cannot use; they keep their defaults (see the note at the top).")
@@ -212,7 +229,12 @@ def view_link(res, prompt, compare_prompt, threshold, routers, kv_policy, max_ne
                 threshold=float(threshold) if isinstance(threshold, (int, float)) else None, kv_policy=kv_policy or None,
                 max_new_tokens=int(max_new_tokens) if isinstance(max_new_tokens, (int, float)) else 96,
                 temperature=float(temperature) if isinstance(temperature, (int, float)) else 0.0, quality=bool(quality))
-    query = link_query(view, FULL, UNTRAINED)
+    documents = _documents(res)
+    query = link_query(view, FULL, UNTRAINED, documents)
+    if len(view.prompt) > LINK_PROMPT_CHARS and view.prompt not in documents.values():
+        note = (f"⚠ The prompt ({len(view.prompt):,} characters) is too long to travel in a link (at most {LINK_PROMPT_CHARS:,}): "
+                "the link opens these settings with the default prompt. Send the text along with the link.")
+        return gr.Textbox(value=query, visible=True), gr.Markdown(note, visible=True)
     if view.routers not in res.router_labels():
         note = (f"⚠ **{safe.text(view.routers)}** was trained or uploaded in this session and lives only here: whoever opens the link "
                 "gets the default router set. Share its zip (Train tab) with the link.")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from routerlab.core.costs import estimate_speedup
+from routerlab.core.costs import context_of, estimate_speedup
 from routerlab.core.trace import Step, Trace, savings
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
@@ -423,6 +423,8 @@ def live_stats(trace: Trace | None, costs: dict[str, float] | None = None, thres
         "speedup_estimate": estimate_speedup(trace, costs, threshold),
         "costs_measured": bool(costs),
         "costs_context": (costs or {}).get("context"),
+        "costs_line": bool((costs or {}).get("per_token")),  # each token costed at its own context (core.costs.cost_line)
+        "run_context": context_of(trace),
         "quality": qp.measured(trace),
         "mean_kl": trace.mean_kl(),
         "agreement": trace.agreement(),

@@ -118,8 +118,10 @@ def speed_card(stats: dict) -> tuple[str, str, str]:
         hint = ("per-layer costs not measured on this server (started with --no-warmup)" if not stats.get("costs_measured")
                 else "no decoded token yet")
         return "est. speedup", "–", hint
-    ctx = stats.get("costs_context")
+    ctx, run = stats.get("costs_context"), stats.get("run_context")
     at = f" at {ctx:.0f} cached tokens" if ctx else ""
+    if stats.get("costs_line") and run:  # attention's cost grows with the cache: this run's own context counts
+        at = f" at two contexts; each token costed at its own, this run's mean {run:,.0f} cached tokens"
     return ("est. speedup (per-layer costs)", f"{max(1.0, est):.2f}×",
             "estimated from measured per-layer costs: the full model's measured decode step, minus the measured cost of the "
             f"skipped sub-layers under this KV policy (timed on this machine{at}); not a side-by-side measurement (Compare measures one)")

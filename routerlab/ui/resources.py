@@ -2,7 +2,7 @@
 
 Owns `Limits` (caps from the environment), `RouterSetInfo` and the scan of shipped router sets
 (with `expected_skips`: a calibrated set's measured skip rates along the slider, read from its router.json),
-the example prompts, the dropdown labels `UNTRAINED` / `FULL`, and `Resources` (engines loaded
+the example prompts and the long documents (core/documents.py), the dropdown labels `UNTRAINED` / `FULL`, and `Resources` (engines loaded
 once, routers built once, prompt and config checks, the per-layer costs measured at start-up).
 Knows nothing about Gradio components, sessions, tabs or plots; tensors stay behind the lazy
 imports of `routerlab.core` / `routerlab.tuning` (routers, checkpoints).
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.documents import load_documents
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
 
@@ -60,7 +61,7 @@ class Limits:
     """Operator caps, from the environment (see README): what one visitor may ask of a shared server."""
 
     max_new_tokens: int = 256
-    max_prompt_chars: int = 4000
+    max_prompt_chars: int = 16000  # the shipped long documents (assets/documents) are 7,000-9,100 characters with their tasks
     queue_size: int = 64
     concurrency: int = 32  # generations in flight at once (with the room, they share its decode steps)
     allowed_models: tuple[str, ...] = ()
@@ -80,7 +81,7 @@ class Limits:
         allowed = tuple(m.strip() for m in os.environ.get("ROUTERLAB_ALLOWED_MODELS", "").split(",") if m.strip())
         return cls(
             max_new_tokens=_env_int("ROUTERLAB_MAX_NEW_TOKENS", 256),
-            max_prompt_chars=_env_int("ROUTERLAB_MAX_PROMPT_CHARS", 4000),
+            max_prompt_chars=_env_int("ROUTERLAB_MAX_PROMPT_CHARS", 16000),
             queue_size=_env_int("ROUTERLAB_QUEUE_SIZE", 64),
             concurrency=_env_int("ROUTERLAB_CONCURRENCY", 32),
             allowed_models=allowed,
@@ -182,12 +183,15 @@ class Resources:
 
     def __init__(self, engine, limits: Limits | None = None, router_sets: list[RouterSetInfo] | None = None,
                  prompts: list[str] | None = None, model_loader: Callable[[str], Any] | None = None,
-                 status: str = ""):
+                 status: str = "", documents: list | None = None):
         self.engine = engine
         self.default_model = engine.name
         self.limits = limits or Limits()
         self.router_sets = router_sets if router_sets is not None else available_router_sets()
         self.prompts = prompts or load_prompts()
+        # core.documents.Document: the long-document choice in Explore and Compare, those that fit this server's limit
+        docs = load_documents() if documents is None else documents
+        self.documents = [d for d in docs if len(d.prompt) <= self.limits.max_prompt_chars]
         self.model_loader = model_loader  # name -> Engine, for operator-allowed models
         self.status = status or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
         self.costs: dict[str, dict[str, float]] = {}  # engine name -> core.costs.cost_breakdown, measured at start-up
@@ -279,27 +283,34 @@ class Resources:
                                  "Remove them and try again.") from None
         return prompt
 
+    def document_prompt(self, title: str | None) -> str:
+        """The prompt (text + task) of the long document titled `title`."""
+        found = next((d for d in self.documents if d.title == title), None)
+        if found is None:
+            raise RouterLabError(f"No long document is called {title!r} on this server.", "Pick one from the list.")
+        return found.prompt
+
     def costs_for(self, engine_name: str | None) -> dict[str, float] | None:
         """The measured per-layer costs of an engine (None until `measure_costs` ran for it)."""
         return self.costs.get(engine_name or self.default_model)
 
-    def measure_costs(self, context: int = 128, repeat: int = 10) -> dict[str, float]:
+    def measure_costs(self, contexts: tuple[int, int] = (128, 1024), repeat: int = 10) -> dict[str, float]:
         """Seconds per decode token of each piece of the default model's step on this machine
-        (core.costs.cost_breakdown), at `context` cached tokens: what Explore's estimated speedup
-        is made of. A few seconds at start-up (app.py; --no-warmup skips it and shows no estimate)."""
-        from routerlab.core.costs import cost_breakdown
+        (core.costs.cost_line: cost_breakdown at two contexts, so attention's growth with the cache is known),
+        what Explore's estimated speedup is made of: each decoded token costed at its own context. Some seconds
+        at start-up (app.py; --no-warmup skips it and shows no estimate)."""
+        from routerlab.core.costs import cost_line
 
         engine = self.engine
         if engine.tokenizer is not None:
             ids = engine.encode(self.prompts[0], GenerateConfig())
         else:
             ids = [1, 2, 3, 4]
-        context = max(2, min(context, engine.max_context - 2))
         out: dict[str, Any] = {}
 
         def measure():  # in a worker thread, as every app run decodes: on CPU torch in the main thread can run slower
             try:
-                out["costs"] = cost_breakdown(engine, ids, context, repeat=repeat)
+                out["costs"] = cost_line(engine, ids, contexts, repeat=repeat)
             except BaseException as err:  # reported below, in the caller's thread
                 out["error"] = err
 
@@ -308,6 +319,6 @@ class Resources:
         worker.join()
         if "error" in out:
             raise out["error"]
-        costs = dict(out["costs"], context=float(context))
+        costs = out["costs"]
         self.costs[engine.name] = costs
         return costs

@@ -1,7 +1,7 @@
 """The stream driver: decode in a worker thread, hand the UI consistent snapshots at its own pace.
 
 Owns `Decoder` (runs engine step iterators to the end in a daemon thread), `Pacer` (when a frame is
-due) and `snapshot`, and the frame rates of text and heatmap updates. Knows nothing about Gradio,
+due), `prefill_progress` (how far a long prompt's reading is) and `snapshot`, and the frame rates of text and heatmap updates. Knows nothing about Gradio,
 sessions, plots or tensors: it only advances iterators, copies the step list of a `Trace` and reads
 what a run's `Control` says about its quality pass.
 """
@@ -114,9 +114,10 @@ class Decoder:
             self.done.set()
 
     def frames(self, traces: list[Trace], text_every: float | None = None, plot_every: float | None = None,
-               runs: Sequence[RunState] = ()) -> Iterator[tuple[list[Trace], bool]]:
+               runs: Sequence[RunState] = (), reading: Sequence = ()) -> Iterator[tuple[list[Trace], bool]]:
         """Yield (snapshots, draw_plot) when a trace grew, paced by `Pacer` (with `runs`, the Controls
-        of the traces' runs, it keeps frames off their quality passes).
+        of the traces' runs, it keeps frames off their quality passes). A prompt read in chunks counts as growth
+        (the Controls of `runs` and `reading` say how far it is: `prefill_progress`), so its progress is shown.
 
         The last frame, after decoding ended, always has draw_plot=True.
         """
@@ -129,7 +130,8 @@ class Decoder:
             if finished:
                 yield snaps, True
                 return
-            draw = pacer.due(time.perf_counter(), sum(len(t.steps) for t in snaps), runs)
+            read = sum(getattr(c, "prompt_read", 0) for c in (*runs, *reading))
+            draw = pacer.due(time.perf_counter(), sum(len(t.steps) for t in snaps) + read, runs)
             if draw is not None:
                 yield snaps, draw
 
@@ -137,6 +139,18 @@ class Decoder:
         self._thread.join(timeout=5.0)
         if self.error is not None:
             raise self.error
+
+
+def prefill_progress(controls: Sequence) -> str | None:
+    """'reading the prompt: 512 of 1,800 tokens' while the runs of `controls` (one prompt each, the same for all: a
+    run or a ladder) still read it (core/generation.py reads a long prompt in chunks); None once all have read it.
+    A run not started yet counts its prompt as unread."""
+    total = max((getattr(c, "prompt_tokens", 0) for c in controls), default=0)
+    read = sum(getattr(c, "prompt_read", 0) for c in controls)
+    if not total or read >= total * len(controls):
+        return None
+    runs = f" ({len(controls)} runs, one after another)" if len(controls) > 1 else ""
+    return f"reading the prompt: {read:,} of {total * len(controls):,} tokens{runs}"
 
 
 def snapshot(trace: Trace) -> Trace:

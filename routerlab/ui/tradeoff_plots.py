@@ -283,3 +283,52 @@ def time_split(speed: dict | None) -> go.Figure:
     fig.update_yaxes(autorange="reversed", row=2, col=1)
     fig.update_annotations(font_size=12)
     return fig
+
+
+POLICY_DASH = {"kv": "solid", "drop": "dot"}
+THRESHOLD_COLORS = ("#f59f00", "#c92a2a", "#862e9c")
+
+
+def context_curve(result: dict | None) -> go.Figure:
+    """`bench context` (assets/bench/context.json): measured speedup against context length for each threshold and KV
+    policy (lockstep, against the full model), the ideal dashed beside each, KL and agreement in the hover."""
+    points = [p for p in (result or {}).get("points", []) if isinstance(p, dict) and _num(p.get("context")) is not None]
+    if not points:
+        return _empty_figure("No context curve in assets/bench/ (context.json): run `make context`.", height=420)
+    fig = go.Figure()
+    cases = []
+    for p in points:
+        for r in p.get("runs", []):
+            key = (_num(r.get("threshold")), str(r.get("kv_policy")))
+            if key not in cases:
+                cases.append(key)
+    thresholds = sorted({t for t, _ in cases if t is not None})
+    for t, policy in cases:
+        color = THRESHOLD_COLORS[thresholds.index(t) % len(THRESHOLD_COLORS)] if t in thresholds else "#212529"
+        xs, ys, ideal, hover = [], [], [], []
+        for p in points:
+            r = next((r for r in p.get("runs", []) if (_num(r.get("threshold")), str(r.get("kv_policy"))) == (t, policy)), None)
+            if r is None or _num(r.get("speedup")) is None:
+                continue
+            xs.append(_num(p["context"]))
+            ys.append(_num(r["speedup"]))
+            ideal.append(_num(r.get("ideal_speedup")))
+            hover.append([f"{100 * (_num(r.get('skip_rate')) or 0):.0f}%", f"{_num(r.get('mean_kl')) or 0:.3f}",
+                          f"{100 * (_num(r.get('agreement')) or 0):.0f}%", f"{_num(r.get('ideal_speedup')) or 0:.2f}"])
+        name = f"{t:.2f} {safe.text(policy)}"
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines+markers", name=f"{name} measured", line=dict(color=color, dash=POLICY_DASH.get(policy, "solid"), width=2.5),
+            marker=dict(size=8, color=color), customdata=hover,
+            hovertemplate=(f"<b>threshold {name}</b><br>%{{x}} tokens of context: %{{y:.2f}}× the full model (ideal %{{customdata[3]}}×)"
+                           "<br>skipped %{customdata[0]} · KL %{customdata[1]} nats · top-1 agreement %{customdata[2]}<extra></extra>"),
+        ))
+        if any(v is not None for v in ideal):
+            fig.add_trace(go.Scatter(x=xs, y=ideal, mode="markers", name=f"{name} ideal", marker=dict(size=7, symbol="line-ew-open", color=color,
+                                     line=dict(width=2, color=color)), hovertemplate=f"<b>{name} ideal</b>: %{{y:.2f}}×<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#495057", width=1, dash="dash"))
+    where = f"{safe.text(result.get('model', ''))} on {safe.text(result.get('device', '?'))}, {result.get('threads', '?')} threads"
+    _base_layout(fig, f"<b>Where skipping pays</b>: decode speedup against context length ({where}; `make context`)", 460)
+    fig.update_layout(legend=dict(orientation="v", x=1.02, y=1.0, yanchor="top"), margin=dict(r=10))
+    fig.update_xaxes(title_text="context: prompt tokens (log scale)", type="log")
+    fig.update_yaxes(title_text="speedup over the full model (lockstep), ×")
+    return fig

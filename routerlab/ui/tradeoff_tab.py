@@ -112,7 +112,7 @@ def load_results(folder: Path = BENCH_DIR, calibrations: dict[str, dict] | None 
                                                    for r in heldout["curve"].get("tuned", []) if isinstance(r, dict)])
             heldout = dict(heldout, curve=curve)
     return {"df": df, "rows": [] if df is None else df.to_dict("records"), "speed": _read_json(folder / "speed.json"), "heldout": heldout,
-            "heldout_name": name, "calibrated": sorted(converted)}
+            "heldout_name": name, "calibrated": sorted(converted), "context": _read_json(folder / "context.json")}
 
 
 def _on_slider(threshold, method, granularity, calibrations: dict[str, dict], converted: set[str]):
