@@ -3,8 +3,10 @@
 A row is one generation (core/generation.py): the token it feeds, its position, its own KV caches and its own
 `Plan` (router set or none, threshold, KV policy). At each routed sub-layer every row decides for itself from its
 own scores; the sub-layer's products run once for the rows that run it (gathered), a `kv` row that skips attention
-writes only its keys and values, and a sub-layer that every row skips is not computed at all. Attention reads each
-row's own cache, so caches stay per row and ragged (`drop` keeps each layer's own positions).
+writes only its keys and values, and a sub-layer that every row skips is not computed at all. The rows' caches sit in
+the slots of one `Slots` (core/slots.py) while they step together: at each layer the keys and values of every row
+that writes are stored in one indexed write, each at its own length, and the attention of every row that attends is
+one call over the slots, masked by each row's length there (`drop` keeps each layer's own positions: its holes).
 
 `step_rows` covers what `one_token.run_layer_one` covers (plain layers, hard gates, no stand-ins); a row that
 needs more (`mask`, stand-ins, another family's layers) takes the engine's own forward alone, in the same step, and
@@ -24,6 +26,7 @@ from routerlab.core.gates import ALL, Plan, decide
 from routerlab.core.kernels import rope
 from routerlab.core.one_token import one_token_ok
 from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
+from routerlab.core.slots import Slots
 
 
 class Row(Protocol):
@@ -61,6 +64,9 @@ def step_rows(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[flo
 
 
 def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]]:
+    slots = Slots.of([r.caches for r in rows])  # the rows' caches in slots 0..B-1
+    where = [r.caches[0].slot for r in rows]
+    rows = sorted(rows, key=lambda r: r.caches[0].slot)  # computed in slot order: row b is slot b
     device = an.embed.weight.device
     ids = torch.tensor([[r.feed[0] for r in rows]], device=device)  # (1, B): the rows stand where a prefill's tokens would
     positions = torch.tensor([r.feed[1] for r in rows], device=device)  # (B,), in any order
@@ -68,14 +74,16 @@ def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]
     tables = an.rope(h, positions)
     scores: list[dict[int, float]] = [{} for _ in rows]
     for i, parts in enumerate(an.layers):
-        h = _layer(i, parts, h, tables[parts.attn.rope_key], positions, rows, scores)
+        h = _layer(i, parts, h, tables[parts.attn.rope_key], positions, rows, scores, slots)
     x = an.final_norm(h)[0]  # (B, D)
     logits = an.head.batch(x, an.upcast)  # (B, V)
     if an.final_softcap:
         logits = torch.tanh(logits / an.final_softcap) * an.final_softcap
     n = an.n_layers
-    table = [[float(s[i]) if i in s else math.nan for i in range(n)] for s in scores]
-    return logits, torch.tensor(table, dtype=torch.float32).tolist()  # float32, as a forward's score table holds them
+    table = torch.tensor([[float(s[i]) if i in s else math.nan for i in range(n)] for s in scores], dtype=torch.float32).tolist()
+    if where != sorted(where):  # back to the callers' order
+        logits, table = logits[torch.tensor(where, device=device)], [table[s] for s in where]
+    return logits, table  # scores in float32, as a forward's score table holds them
 
 
 def _decisions(i: int, x: torch.Tensor, rows: list[Row], scores: list[dict], targets: tuple[str, ...]) -> list[bool]:
@@ -100,15 +108,15 @@ def _decisions(i: int, x: torch.Tensor, rows: list[Row], scores: list[dict], tar
 
 
 def _layer(i: int, parts: LayerParts, h: torch.Tensor, table, positions: torch.Tensor, rows: list[Row],
-           scores: list[dict]) -> torch.Tensor:
+           scores: list[dict], slots: Slots) -> torch.Tensor:
     x = parts.attn_norm(h)  # (1, B, D)
     runs = _decisions(i, x, rows, scores, ("attention", "block"))
     attend = [b for b, r in enumerate(runs) if r]
     keys_only = [b for b, r in enumerate(runs) if not r and rows[b].plan.policy == "kv" and rows[b].plan.level != "sequence"]
     if attend:
-        h = _add(h, attend, _attention(parts.attn, x, attend, table, positions, rows, i))
+        h = _add(h, attend, _attention(parts.attn, x, attend, table, positions, slots, i))
     if keys_only:
-        _keys_values(parts.attn, x, keys_only, table, positions, rows, i)
+        _keys_values(parts.attn, x, keys_only, table, positions, slots, i)
     blocked = {b for b, r in enumerate(runs) if not r and rows[b].plan.target == "block"}  # a skipped block skips its MLP too
     x = parts.mlp_norm(h)
     runs = _decisions(i, x, rows, scores, ("mlp",))
@@ -140,30 +148,38 @@ def _table(table, which: list[int], b: int):
     return table[0].index_select(2, idx), table[1].index_select(2, idx)
 
 
-def _attention(a: AttentionParts, x: torch.Tensor, which: list[int], table, positions: torch.Tensor, rows: list[Row],
+def _attention(a: AttentionParts, x: torch.Tensor, which: list[int], table, positions: torch.Tensor, slots: Slots,
                i: int) -> torch.Tensor:
-    """The attention update (n, D) of rows `which`: one q|k|v product for them all, then each row's query against
-    its own cache (after appending its own key and value)."""
-    n, hd = len(which), a.head_dim
+    """The attention update (n, D) of rows `which`: one q|k|v product for them all, their keys and values stored in
+    one write, then one attention call over every row's slot, each row masked to its own length at this layer."""
+    n, hd, b = len(which), a.head_dim, x.shape[1]
     y = a.qkv.batch(_gather(x, which), a.upcast)  # (n, q_size + 2 * kv_size)
     heads = a.n_heads + a.n_kv_heads
-    qk = rope(y[:, : heads * hd].reshape(n, heads, hd).transpose(0, 1)[None], _table(table, which, x.shape[1]))  # (1, H, n, hd)
+    qk = rope(y[:, : heads * hd].reshape(n, heads, hd).transpose(0, 1)[None], _table(table, which, b))[0]  # (H, n, hd)
     values = y[:, y.shape[1] - a.kv_size :].reshape(n, a.n_kv_heads, hd)  # (n, Hkv, hd)
+    slots.write(i, which, qk[a.n_heads :].transpose(0, 1), values, positions if n == b else positions[which])
     g = a.n_heads // a.n_kv_heads
-    out = []
-    for j, b in enumerate(which):
-        k, v, _ = rows[b].caches[i].append(qk[:, a.n_heads :, j : j + 1], values[j][None, :, None], positions[b : b + 1])
-        q = qk[:, : a.n_heads, j].reshape(1, a.n_kv_heads, g, hd)  # the query heads of each KV group, folded
-        out.append(F.scaled_dot_product_attention(q, k, v, scale=a.scaling).reshape(1, a.q_size))  # (1, q_size)
-    return a.o.batch(torch.cat(out), a.upcast)  # (n, D)
+    q = qk[: a.n_heads].transpose(0, 1).reshape(n, a.n_kv_heads, g, hd)  # the query heads of each KV group, folded
+    if n < b:  # the rows that skip stand in the call with a zero query; their outputs are dropped
+        idx = torch.tensor(which, device=q.device)
+        q = q.new_zeros(b, a.n_kv_heads, g, hd).index_copy_(0, idx, q)
+    lengths = [max(t, 1) for t in slots.lengths(i)]  # a row that skips with nothing stored yet: one (finite) entry
+    t = max(lengths)
+    k, v = slots.keys_values(i, t)  # (B, Hkv, t, hd)
+    mask = None
+    if min(lengths) < t:
+        mask = (torch.arange(t, device=q.device)[None] < torch.tensor(lengths, device=q.device)[:, None]).view(b, 1, 1, t)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling)  # (B, Hkv, G, hd)
+    if n < b:
+        out = out.index_select(0, idx)
+    return a.o.batch(out.reshape(n, a.q_size), a.upcast)  # (n, D)
 
 
-def _keys_values(a: AttentionParts, x: torch.Tensor, which: list[int], table, positions: torch.Tensor, rows: list[Row],
+def _keys_values(a: AttentionParts, x: torch.Tensor, which: list[int], table, positions: torch.Tensor, slots: Slots,
                  i: int) -> None:
-    """What skipping rows still write under `kv`: their keys and values at this layer."""
+    """What skipping rows still write under `kv`: their keys and values at this layer, in one write."""
     n, hd = len(which), a.head_dim
     y = a.kv.batch(_gather(x, which), a.upcast)  # (n, 2 * kv_size)
     keys = rope(y[:, : a.kv_size].reshape(n, a.n_kv_heads, hd).transpose(0, 1)[None], _table(table, which, x.shape[1]))
     values = y[:, a.kv_size :].reshape(n, a.n_kv_heads, hd)
-    for j, b in enumerate(which):
-        rows[b].caches[i].append(keys[:, :, j : j + 1], values[j][None, :, None], positions[b : b + 1])
+    slots.write(i, which, keys[0].transpose(0, 1), values, positions if n == x.shape[1] else positions[which])
