@@ -93,7 +93,7 @@ def _decisions(i: int, x: torch.Tensor, rows: list[Row], scores: list[dict], tar
     groups: dict[int, tuple] = {}
     for b, row in enumerate(rows):
         plan = row.plan
-        router = plan.routers.get(i) if plan.routers is not None and plan.target in targets else None
+        router = plan.router(i) if plan.target in targets else None
         if router is None:
             continue
         if plan.level == "sequence":  # decided at prefill, once for the request

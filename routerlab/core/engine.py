@@ -224,7 +224,7 @@ def mlp_part(parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gate: Gate, st
 
 def run_layer(i: int, parts: LayerParts, h: torch.Tensor, positions: torch.Tensor, rope, cache: LayerCache | None,
               plan: Plan, scores: Scores) -> torch.Tensor:
-    router = plan.routers.get(i) if plan.routers is not None else None
+    router = plan.router(i)
     standin = plan.routers.standin(i) if router is not None else None
     target = plan.target
     x = parts.attn_norm(h)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from routerlab.core.router import RouterSet
+from routerlab.core.router import RouterSet, sigmoid
 
 
 @dataclass
@@ -29,6 +29,27 @@ class Plan:
     policy: str = "kv"
     ste: bool = False
     sequence: dict[int, tuple[torch.Tensor, bool]] = field(default_factory=dict)  # level=sequence: decided at prefill
+    # Looked up once per request, since a decode step asks at every layer and a RouterSet's lookups (ModuleDict, module
+    # attributes) cost microseconds each: layer -> router, and layer -> its weight as a flat fp32 view (decode scores).
+    _by_layer: dict | None = field(default=None, init=False, repr=False, compare=False)
+    _flat: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def router(self, layer: int):
+        """The router at `layer`, or None where the layer is not routed (or the plan has no routers)."""
+        if self._by_layer is None:
+            rs = self.routers
+            self._by_layer = {} if rs is None else {i: rs.get(i) for i in rs.config.layers}
+        return self._by_layer.get(layer)
+
+    def score_one(self, layer: int, x: torch.Tensor) -> float:
+        """The score of one token x (1, 1, D) by the router at `layer`, as `Router.score_one` computes it (one dot
+        product in fp32, one host read, the calibration in Python), without its per-call lookups."""
+        router = self.router(layer)
+        w = self._flat.get(layer)
+        if w is None:  # a view of the weight, not a copy: training's in-place updates show (routers keep fp32 weights)
+            w = self._flat[layer] = router.proj.weight.detach().float().view(-1)
+        c = router.calibration
+        return sigmoid(c.scale * torch.dot(x.view(-1).float(), w).item() + c.shift)
 
     @property
     def target(self) -> str | None:
@@ -72,7 +93,7 @@ def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: Scores) -> G
     if t == 1 and not plan.ste and plan.policy != "mask":
         # Decode: real skipping needs the decision on the host anyway, so take the score there
         # (one dot product, one read) and compare it in Python: no tensor op per layer beyond that.
-        score = router.score_one(x)
+        score = plan.score_one(layer, x)
         scores[layer] = score
         return ALL if score >= plan.threshold else NONE
     s = router(x)[0]  # (T,)

@@ -64,7 +64,7 @@ def mlp_one(parts: LayerParts, x: torch.Tensor) -> torch.Tensor:
 def run_layer_one(i: int, parts: LayerParts, h: torch.Tensor, position: torch.Tensor, table, cache: LayerCache,
                   plan: Plan, scores: Scores) -> torch.Tensor:
     """`engine.run_layer` for h (1, 1, D), one token at `position` (1,), with its layer's cache."""
-    router = plan.routers.get(i) if plan.routers is not None else None
+    router = plan.router(i)
     target = plan.target
     x = parts.attn_norm(h)
     gate = decide(router, x, i, plan, scores) if router is not None and target in ("attention", "block") else ALL
