@@ -36,6 +36,7 @@ class Slots:
         self.cap = [0] * n  # tokens per slot, per layer
         self.room = 0  # slots allocated
         self.rows: list[list[LayerCache]] = []  # slot -> that row's caches
+        self._steps = torch.arange(0, device=self.device)  # 0, 1, 2, ...: masks by length
 
     # -- membership ------------------------------------------------------------------------------------
     @staticmethod
@@ -137,29 +138,37 @@ class Slots:
             c.k, c.v, c.pos, c.slot = self.k[i][s : s + 1], self.v[i][s : s + 1], self.pos[i][s], s
 
     # -- a batched step's reads and writes -------------------------------------------------------------
-    def write(self, layer: int, which: list[int], k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
-        """Rows `which` (slots) append one key and value each at `layer`, each at its own length: one indexed write.
-        k, v (n, Hkv, hd); pos (n,)."""
+    def write(self, layer: int, which: list[int], index: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
+              pos: torch.Tensor) -> tuple[list[int], torch.Tensor | None]:
+        """Rows `which` (slots; `index` the same as a tensor, None for every row in order) append one key and value
+        each at `layer`, each at its own length: one indexed write. k, v (n, Hkv, hd); pos (n,). Returns where each
+        wrote, as a list and (unless they all wrote at the same place) as a tensor."""
         caches = [self.rows[s][layer] for s in which]
         at = [c.n for c in caches]
         end = max(at) + 1
         if end > self.cap[layer]:
             self.grow(layer, end)
-        if len(which) == len(self.rows) and at[0] == end - 1 and min(at) == end - 1:  # every row, one column
-            self.k[layer][: len(which), :, at[0]] = k
-            self.v[layer][: len(which), :, at[0]] = v
-            self.pos[layer][: len(which), at[0]] = pos
+        cols = None
+        if min(at) == end - 1 and index is None:  # every row, one column
+            b = len(which)
+            self.k[layer][:b, :, end - 1] = k
+            self.v[layer][:b, :, end - 1] = v
+            self.pos[layer][:b, end - 1] = pos
         else:
-            rows, cols = torch.tensor(which, device=self.device), torch.tensor(at, device=self.device)
+            rows = index if index is not None else torch.tensor(which, device=self.device)
+            cols = torch.tensor(at, device=self.device)
             self.k[layer][rows, :, cols] = k
             self.v[layer][rows, :, cols] = v
             self.pos[layer][rows, cols] = pos
         for c in caches:
             c.n += 1
+        return at, cols
 
-    def lengths(self, layer: int) -> list[int]:
-        """Each slot's tokens at `layer`, slot order."""
-        return [r[layer].n for r in self.rows]
+    def upto(self, t: int, cols: torch.Tensor) -> torch.Tensor:
+        """(n, t): True at the entries up to and including `cols` (n,) of each row."""
+        if self._steps.shape[0] < t:
+            self._steps = torch.arange(max(t, 2 * self._steps.shape[0]), device=self.device)
+        return self._steps[None, :t] <= cols[:, None]
 
     def keys_values(self, layer: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's first t keys and values at `layer`: views (B, Hkv, t, hd), no copy."""
