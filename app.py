@@ -7,6 +7,8 @@ Environment (all optional): GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, ROUTERLAB_M
 ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTERLAB_MAX_NEW_TOKENS
 (256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (64), ROUTERLAB_CONCURRENCY (32),
 ROUTERLAB_ROOM (on|off: one batched decode loop for every visitor), ROUTERLAB_MAX_BATCH (32), ROUTERLAB_ROOM_CACHE_MB (2048),
+ROUTERLAB_ENGINE (process|thread: the room's loop in an engine process of its own, which loads the model too, or in
+this process beside the web server; a process that cannot start falls back to thread, said in the log),
 ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16),
 ROUTERLAB_ROUTERS (extra router sets: folders or Hub repo ids), ROUTERLAB_TRAINING (on|off) and its caps.
 """
@@ -19,7 +21,6 @@ import os
 import sys
 import time
 
-from routerlab import ui
 from routerlab.core.errors import RouterLabError
 from routerlab.core.models import check_quantize
 from routerlab.core.precision import check_dtype, env_dtype
@@ -34,6 +35,8 @@ def load_engine(spec: str | None, dtype: str = "auto", quantize: str = "auto"):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from routerlab import ui  # here, not at the top: the engine process imports this file again (spawn), and needs no UI
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
@@ -87,11 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     if not limits.room:  # each generation decodes alone, in a worker thread of its own
         demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options(limits))
         return 0
-    from routerlab.core.room import Room, run_where_fastest
+    from routerlab.core.engine_process import EngineSpec
+    from routerlab.core.remote import open_room, serve_room
 
-    room = engine.room = Room(engine, limits.max_batch, limits.room_cache_mb << 20)
+    def say(message: str) -> None:
+        print(f"RouterLab: {message}", flush=True)
+
+    spec = None  # ROUTERLAB_ENGINE=thread: the loop runs in this process's main thread
+    if limits.room_process:  # the engine process builds the same engine: same model, dtype and weights
+        spec = EngineSpec(kwargs={"model": args.model, "dtype": dtype, "quantize": quantize})
+        say("starting the engine process: it loads the model too, and runs the room's decode loop where no web server thread interrupts it …")
+    room = open_room(engine, spec, limits.max_batch, limits.room_cache_mb << 20, log=say)
     demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True, **ui.launch_options(limits))
-    run_where_fastest(room, engine, log=lambda m: print(f"RouterLab: {m}", flush=True))  # until Ctrl-C
+    serve_room(room, engine, log=say)  # until Ctrl-C
     demo.close()
     return 0
 

@@ -37,3 +37,12 @@ def test_ideal_speedup_removes_exactly_the_skipped_work():
     assert ideal_speedup(costs, 10, "drop") == 100.0 / 80.0
     assert ideal_speedup(costs, 10, "kv") == 100.0 / 85.0
     assert ideal_speedup(costs, 10, "mask") == 1.0
+
+
+def test_make_room_sets_each_served_level_beside_the_isolated_step_of_as_many_rows():
+    from routerlab.bench.load.room import served_vs_step
+
+    report = {"modes": {"room": {"levels": {"1": {"aggregate_tokens_per_s": 40.0}, "8": {"aggregate_tokens_per_s": 60.0},
+                                            "32": {"aggregate_tokens_per_s": None}}}},
+              "steps": {"sizes": {"1": {"tokens_per_s": 50.0}, "8": {"tokens_per_s": 120.0}, "32": {"tokens_per_s": 200.0}}}}
+    assert served_vs_step(report) == {"1": 0.8, "8": 0.5}

@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -684,14 +685,20 @@ def test_report_train_tab_in_the_browser(browser, app_url, capsys):
               f"{time.perf_counter() - started:.0f} s:\n{result}")
 
 
-@pytest.fixture(scope="module")
-def room_app(embedded):
-    """The app with its room (core/room.py); the room's loop is started by the test, once every page has asked."""
+@pytest.fixture(scope="module", params=["thread", "process"])
+def room_app(embedded, request):
+    """The app with its room (core/room.py); the room's loop is started by the test, once every page has asked. `process`:
+    the room in an engine process of its own (core/remote.py, as app.py serves it), stepped by the test's thread."""
     from routerlab.core.engine import Engine
+    from routerlab.core.engine_process import EngineSpec
+    from routerlab.core.remote import RemoteRoom
     from routerlab.core.room import Room
 
     engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
-    room = engine.room = Room(engine)
+    if request.param == "process":
+        room = engine.room = RemoteRoom(EngineSpec(kwargs={"model": None}), stepped=True, log=lambda m: None)
+    else:
+        room = engine.room = Room(engine)
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256))
     demo = ui.build_demo(res)
     demo.queue(max_size=16, default_concurrency_limit=8)
@@ -700,6 +707,26 @@ def room_app(embedded):
     demo.close()
     room.close()
     engine.room = None
+
+
+def _start_loop(room) -> threading.Thread:
+    """The room's loop in a thread: an in-process room's own, or one that steps an engine process's room."""
+    from routerlab.core.remote import RemoteRoom
+
+    if not isinstance(room, RemoteRoom):
+        return room.start()
+
+    def steps():
+        try:
+            while True:
+                if not any(room.step().values()):
+                    time.sleep(0.05)  # idle: nothing to step
+        except Exception:  # the room closed at the fixture's end
+            pass
+
+    thread = threading.Thread(target=steps, name="routerlab-remote-steps", daemon=True)
+    thread.start()
+    return thread
 
 
 def test_several_pages_generate_at_once_in_one_room(browser, room_app):
@@ -723,7 +750,7 @@ def test_several_pages_generate_at_once_in_one_room(browser, room_app):
         while room.busy["waiting"] < 3:  # every page's request is in the room before its loop starts
             assert time.time() < deadline, f"the pages' requests did not reach the room: {room.busy}"
             time.sleep(0.05)
-        thread = room.start()
+        thread = _start_loop(room)
         for page in pages:
             page.wait_for_function(DONE_AFTER_BUSY, arg="", timeout=120_000)
         for page, prompt in zip(pages, prompts):

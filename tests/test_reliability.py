@@ -98,8 +98,9 @@ def test_a_room_serves_visitors_at_once_each_with_its_own_threshold(room_server)
     assert report["errors"] == 0, report["error_messages"]
     assert report["traces_checked"] == 6 and report["decision_errors"] == 0 and len(report["thresholds"]) == 3
     assert report["server_after"]["live"] == 0
-    row = level_run(room_server.url, 4, page_defaults(room_server.url), ui.load_prompts(), new_tokens=5)
+    row = level_run(room_server.url, 4, page_defaults(room_server.url), ui.load_prompts(), new_tokens=5, server_pid=room_server.pid)
     assert row["served"] == 4 and row["errors"] == row["refusals"] == 0 and row["tokens"] > 0
+    assert row["web_server_cpu_s"] > 0 and row["clients_cpu_s"] >= 0 and row["server_cpu_ms_per_token"] > 0  # CPU read from /proc
     stats = lt.probe(room_server.url)["room"]
     assert stats["steps"] > 0 and stats["rows"] == stats["waiting"] == 0 and stats["thread"] == "routerlab-room"
 

@@ -38,6 +38,7 @@ import torch
 from routerlab.core import batch_paths
 from routerlab.core.batch import step_rows
 from routerlab.core.generation import Generation
+from routerlab.core.threads import ThreadTuner
 from routerlab.core.trace import Step, Trace
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Room:
         self.where: str | None = None  # "main" or "worker", when chosen by `run_where_fastest`
         self.steps = 0  # batched steps so far
         self.largest = 0  # the largest batch so far
+        self.threads = None  # a core.threads.ThreadTuner choosing torch's thread count per step (set when serving)
         self._position_bytes = engine.n_layers * int(engine.costs(None)["kv_bytes"])  # KV bytes of one position, all layers
 
     # -- the readers' side -------------------------------------------------------------------------
@@ -158,7 +160,12 @@ class Room:
             else:
                 rows.append(entry)
         if rows:
+            if self.threads is not None:
+                self.threads.before(len(rows))
+            t0 = time.perf_counter()
             self._forward(rows)
+            if self.threads is not None:
+                self.threads.after(len(rows), time.perf_counter() - t0)
         for entry in list(self._solos):
             try:
                 step = next(entry.solo, _END)
@@ -252,6 +259,9 @@ def run_where_fastest(room: Room, engine, log=print, choice: tuple[str, dict] | 
     `products`: first measure which product each kind of weight is fastest with at each batch size (core/batch_paths.py)."""
     if products:
         log(batch_paths.describe(batch_paths.tune(engine.anatomy)))
+    if room.threads is None and torch.get_num_threads() > 1:
+        room.threads = ThreadTuner()  # 1 or all threads, whichever the loop's own steps find faster under the load of the moment
+        log(f"the loop times its own steps with {' and '.join(map(str, room.threads.choices))} threads and keeps the faster for each batch size")
     where, m = choice or where_to_run(engine)
     log(f"one decode loop serves every visitor, in the {where} thread (a step's products took {m['this_thread_s'] * 1e3:.1f} ms "
         f"from the main thread, {m['worker_thread_s'] * 1e3:.1f} ms from a worker; batches of up to {room.max_batch})")

@@ -46,6 +46,15 @@ def _env_int(name: str, default: int, low: int = 1) -> int:
         return default
 
 
+def _env_engine() -> bool:
+    """ROUTERLAB_ENGINE: `process` (the default) or `thread`; anything else is said in the log and taken as the default."""
+    raw = os.environ.get("ROUTERLAB_ENGINE", "process").strip().lower() or "process"
+    if raw not in ("process", "thread"):
+        log.warning("ignoring ROUTERLAB_ENGINE=%r: use process or thread", raw)
+        return True
+    return raw == "process"
+
+
 @dataclass(frozen=True)
 class Limits:
     """Operator caps, from the environment (see README): what one visitor may ask of a shared server."""
@@ -64,6 +73,7 @@ class Limits:
     room: bool = True  # one decode loop for every visitor, a batched step (core/room.py); off: each generation decodes alone
     max_batch: int = 32  # the most rows in one step of the room
     room_cache_mb: int = 2048  # the most KV cache the room's rows may hold (as their longest runs would fill them)
+    room_process: bool = True  # the room's loop in an engine process of its own (core/remote.py); False: in the web server's process
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -83,6 +93,7 @@ class Limits:
             room=os.environ.get("ROUTERLAB_ROOM", "on").strip().lower() not in ("off", "0", "false", "no"),
             max_batch=_env_int("ROUTERLAB_MAX_BATCH", 32),
             room_cache_mb=_env_int("ROUTERLAB_ROOM_CACHE_MB", 2048),
+            room_process=_env_engine(),
         )
 
 

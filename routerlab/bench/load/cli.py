@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which server phases to run (comma-separated; training: 4 visitors generate alone, then while one trains; "
                         "soak: --soak-generations at the page's defaults, 1 and then 8 at a time, 64-96 new tokens; run it with --cap 256)")
     p.add_argument("--soak-generations", type=int, default=100, help="generations per concurrency level of the soak phase")
+    p.add_argument("--levels", default=None, help="room: visitors at once, comma-separated (default: 1,2,4,8,16,32)")
+    p.add_argument("--room-modes", default=None, help="room: servers to measure, comma-separated, from room (the loop in an "
+                   "engine process), room-thread (ROUTERLAB_ENGINE=thread) and alone (default: room,alone)")
+    p.add_argument("--no-extras", action="store_true", help="room: only the levels (no command-line comparison, no 8-visitor "
+                   "variants, no isolated step)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON results file ('-' for none)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     return p
@@ -158,16 +163,29 @@ def _step_costs() -> dict:
 
 
 def _room(args) -> int:
-    from routerlab.bench.load.room import room_bench
+    from routerlab.bench.load.room import DEFAULT_MODES, LEVELS, MODES, room_bench
 
+    try:
+        levels = tuple(int(n) for n in args.levels.split(",")) if args.levels else LEVELS
+        modes = tuple(m.strip() for m in args.room_modes.split(",")) if args.room_modes else DEFAULT_MODES
+    except ValueError:
+        print(f"error: --levels takes whole numbers, comma-separated (e.g. 1,8), not {args.levels!r}", file=sys.stderr)
+        return 2
+    if not levels or min(levels) < 1 or not set(modes) <= set(MODES):
+        print(f"error: --levels: numbers >= 1; --room-modes: from {', '.join(MODES)}", file=sys.stderr)
+        return 2
     report = {"command": "python -m routerlab.bench.load " + " ".join(args.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-              **room_bench(log=lambda *a: print(*a, file=sys.stderr, flush=True))}
+              **room_bench(levels, log=lambda *a: print(*a, file=sys.stderr, flush=True), modes=modes, extras=not args.no_extras)}
     report["machine"].update(cpu=_cpu())
-    report["steps"] = _step_costs()
+    if not args.no_extras:
+        from routerlab.bench.load.room import served_vs_step
+
+        report["steps"] = _step_costs()
+        report["served_vs_isolated_step"] = served_vs_step(report)
     out = ROOM_OUT if args.out == str(DEFAULT_OUT) else args.out
     if out != "-":
         Path(out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps(report["ratios"], indent=1))
+    print(json.dumps({"ratios": report["ratios"], "served_vs_isolated_step": report.get("served_vs_isolated_step")}, indent=1))
     failed = sum(r["errors"] for m in report["modes"].values() for r in m["levels"].values())
     return 1 if failed else 0
 

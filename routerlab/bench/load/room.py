@@ -1,7 +1,8 @@
 """The room benchmark: a whole room presses Generate at once, with the shared decode loop and without it, in one run.
 
-Owns `room_bench`: for each mode (the room: one batched decode loop, `ROUTERLAB_ROOM=on` at the app's defaults; and
-today's path before it: each generation alone in a worker thread, `ROUTERLAB_ROOM=off` with the caps it had, 2 at
+Owns `room_bench`: for each mode (the room: one batched decode loop, `ROUTERLAB_ROOM=on` at the app's defaults, its loop
+in an engine process; `room-thread`, on request: the same loop in the web server's process, `ROUTERLAB_ENGINE=thread`; and
+the path before the room: each generation alone in a worker thread, `ROUTERLAB_ROOM=off` with the caps it had, 2 at
 once and a queue of 16) it starts the real app in a child process, then at each level 1, 2, 4, 8, 16 and 32
 visitors start one generation each at the same moment (64 new tokens, the page's example prompts and its default
 settings: quality on). Per level: aggregate tokens/s, each visitor's own streaming rate (p5, p50), time to first
@@ -20,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from routerlab.bench.load import cpu
 from routerlab.bench.load.driver import client, probe, submit, tokens_shown, trace_of
 from routerlab.bench.load.server import spawn
 from routerlab.bench.load.soak import page_defaults
@@ -27,8 +29,10 @@ from routerlab.bench.load.traffic import pct
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 POLL_S = 0.1  # how often a visitor looks at its stream: the clients share the server's 2 cores, so they look rarely
-MODES = {"room": {"ROUTERLAB_ROOM": "on"},
-         "alone": {"ROUTERLAB_ROOM": "off", "ROUTERLAB_CONCURRENCY": "2", "ROUTERLAB_QUEUE_SIZE": "16"}}  # today's path, its caps
+MODES = {"room": {"ROUTERLAB_ROOM": "on", "ROUTERLAB_ENGINE": "process"},  # the app's default: the loop in an engine process
+         "room-thread": {"ROUTERLAB_ROOM": "on", "ROUTERLAB_ENGINE": "thread"},  # the loop in the web server's own process
+         "alone": {"ROUTERLAB_ROOM": "off", "ROUTERLAB_CONCURRENCY": "2", "ROUTERLAB_QUEUE_SIZE": "16"}}  # the path before the room, its caps
+DEFAULT_MODES = ("room", "alone")
 
 
 def _visitor(url: str, prompt: str, settings: dict, new_tokens: int, deadline: float, out: dict) -> None:
@@ -60,9 +64,12 @@ def _visitor(url: str, prompt: str, settings: dict, new_tokens: int, deadline: f
         c.close()
 
 
-def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, deadline_s: float = 240.0) -> dict:
-    """`sessions` visitors start one generation each at the same moment."""
+def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, deadline_s: float = 240.0,
+              server_pid: int | None = None) -> dict:
+    """`sessions` visitors start one generation each at the same moment. With `server_pid`, also the CPU seconds the
+    web server's process, the processes it started (the engine process) and this one (the clients) used meanwhile."""
     outs = [dict() for _ in range(sessions)]
+    cpu0, clients0 = (cpu.tree(server_pid) if server_pid else None), cpu.this_process()
     start = time.perf_counter()
     threads = [threading.Thread(target=_visitor, args=(url, prompts[k % len(prompts)], settings, new_tokens, start + deadline_s, outs[k]),
                                 daemon=True) for k in range(sessions)]
@@ -75,7 +82,12 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
     rates = [o["rate"] for o in ok if o.get("rate")]
     ttft = [o["ttft"] for o in ok]
     tokens = sum(o["tokens"] for o in ok)
-    return {
+    cpu1 = cpu.tree(server_pid) if cpu0 else None
+    used = {"web_server_cpu_s": round(cpu1["server"] - cpu0["server"], 1), "engine_cpu_s": round(cpu1["children"] - cpu0["children"], 1),
+            "clients_cpu_s": round(cpu.this_process() - clients0, 1)} if cpu1 else {}
+    if used and tokens:
+        used["server_cpu_ms_per_token"] = round(1e3 * (used["web_server_cpu_s"] + used["engine_cpu_s"]) / tokens, 1)
+    return {**used,
         "sessions": sessions, "served": len(ok), "errors": sum(not o.get("ok") and not o.get("refused") for o in outs),
         "refusals": sum(bool(o.get("refused")) for o in outs), "tokens": tokens,
         "aggregate_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
@@ -117,7 +129,9 @@ def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, roun
 def ratios(report: dict) -> dict:
     """Per level, with the room: aggregate tokens/s and the slowest visitor's own rate (p5) against one session's own
     streaming rate (its visitor rate at level 1, the same run), and the aggregate against the alone path's."""
-    room, alone = report["modes"]["room"]["levels"], report["modes"]["alone"]["levels"]
+    modes = report["modes"]
+    room = modes.get("room", {}).get("levels", {})
+    alone, thread = (modes.get(m, {}).get("levels", {}) for m in ("alone", "room-thread"))
     one = room.get("1", {}).get("visitor_tokens_per_s_p50")
 
     def ratio(a, b):
@@ -125,16 +139,22 @@ def ratios(report: dict) -> dict:
 
     return {n: {"aggregate_vs_one_session": ratio(r["aggregate_tokens_per_s"], one),
                 "visitor_p5_vs_one_session": ratio(r["visitor_tokens_per_s_p5"], one),
-                "aggregate_vs_alone_path": ratio(r["aggregate_tokens_per_s"], alone.get(n, {}).get("aggregate_tokens_per_s"))}
+                "aggregate_vs_alone_path": ratio(r["aggregate_tokens_per_s"], alone.get(n, {}).get("aggregate_tokens_per_s")),
+                **({"aggregate_vs_thread_engine": ratio(r["aggregate_tokens_per_s"], thread.get(n, {}).get("aggregate_tokens_per_s"))}
+                   if thread else {})}
             for n, r in room.items()}
 
 
-def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print) -> dict:
+def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print, modes: tuple[str, ...] = DEFAULT_MODES,
+               extras: bool = True) -> dict:
+    """`modes`: which servers of MODES, one after another; `extras`: with the room, also one visitor against the command
+    line and 8 visitors with the full model and two thresholds."""
     from routerlab import ui
 
     prompts = ui.load_prompts()
     report: dict = {"levels": list(levels), "new_tokens": new_tokens, "modes": {}}
-    for mode, env in MODES.items():
+    for mode in modes:
+        env = MODES[mode]
         env = {**env, "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="routerlab-room-")}
         server = spawn(env=env, log_path=Path(tempfile.gettempdir()) / f"routerlab-room-{mode}.log")
         try:
@@ -142,16 +162,16 @@ def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print
             level_run(server.url, 1, settings, prompts, 8)  # warm-up: first calls pay one-time set-up
             rows = {}
             for n in levels:
-                rows[str(n)] = level_run(server.url, n, settings, prompts, new_tokens)
+                rows[str(n)] = level_run(server.url, n, settings, prompts, new_tokens, server_pid=server.pid)
                 if log:
                     log(f"[room] {mode}, {n} at once: {rows[str(n)]}")
             out = {"server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")}, "settings": settings,
                    "loop": probe(server.url).get("room"), "levels": rows}
-            if mode == "room":
+            if mode == "room" and extras:
                 out["one_visitor_vs_cli"] = app_vs_cli(server.url, settings, prompts[0], new_tokens)
                 if log:
                     log(f"[room] one visitor against the command line: {out['one_visitor_vs_cli']}")
-            if mode == "room" and 8 in levels:
+            if mode == "room" and extras and 8 in levels:
                 variants = {"full model": dict(settings, router_set=ui.FULL),
                             f"{settings['router_set']} at 0.5": dict(settings, threshold=0.5),
                             f"{settings['router_set']} at 0.7": dict(settings, threshold=0.7)}
@@ -164,3 +184,12 @@ def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print
     report["ratios"] = ratios(report)
     report["machine"] = {"cpus": os.cpu_count()}
     return report
+
+
+def served_vs_step(report: dict) -> dict:
+    """Per level, with the room: the served aggregate tokens/s against the same machine's batched step alone at that
+    many rows (`steps`, measured in the same run), i.e. what serving keeps of what its engine can do."""
+    room = report["modes"].get("room", {}).get("levels", {})
+    sizes = report.get("steps", {}).get("sizes", {})
+    return {n: round(r["aggregate_tokens_per_s"] / sizes[n]["tokens_per_s"], 2) for n, r in room.items()
+            if n in sizes and r.get("aggregate_tokens_per_s") and sizes[n].get("tokens_per_s")}

@@ -214,19 +214,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(engine, limits=None, router_sets=None, port: int | None = None, room_thread: bool = True) -> Server:
+def serve(engine, limits=None, router_sets=None, port: int | None = None, room_thread: bool = True, spec=None) -> Server:
     """Launch the watched app in this process on 127.0.0.1 (non-blocking). With `limits.room` and an Engine itself (a
-    test's Holding wrapper decodes alone), the engine gets a room: its loop runs in a thread of its own, unless
-    `room_thread` is False (the caller then runs `server.room`'s loop, e.g. in the main thread)."""
+    test's Holding wrapper decodes alone), the engine gets a room: with `spec` (an engine_process.EngineSpec of the same
+    model) its loop runs in an engine process, as app.py runs it with ROUTERLAB_ENGINE=process; else in a thread of its
+    own, unless `room_thread` is False (the caller then runs `server.room`'s loop, e.g. in the main thread)."""
     from routerlab import ui
     from routerlab.core.engine import Engine
-    from routerlab.core.room import Room
+    from routerlab.core.remote import RemoteRoom, open_room
 
     demo, res, watched = build_server(engine, limits, router_sets)
     room = None
     if res.limits.room and isinstance(engine, Engine):
-        room = engine.room = Room(engine, res.limits.max_batch, res.limits.room_cache_mb << 20)
-        if room_thread:
+        room = open_room(engine, spec, res.limits.max_batch, res.limits.room_cache_mb << 20,
+                         log=lambda m: print(m, file=sys.stderr, flush=True))
+        if room_thread and not isinstance(room, RemoteRoom):
             room.start()
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port or free_port(), prevent_thread_lock=True,
                             quiet=True, **ui.launch_options())
@@ -275,18 +277,22 @@ def spawn(port: int | None = None, env: dict | None = None, timeout: float = 600
 
 
 def _serve_forever(port: int) -> int:
+    from routerlab import ui
     from routerlab.core.engine import Engine
+    from routerlab.core.engine_process import EngineSpec
     from routerlab.core.models import load_model
-
+    from routerlab.core.remote import RemoteRoom
     from routerlab.core.room import run_where_fastest, where_to_run
 
     loaded = load_model(device="cpu")
     engine = Engine.from_loaded(loaded)
-    server = serve(engine, port=port, room_thread=False)
-    choice = where_to_run(engine) if server.room is not None else None  # measured before any client arrives
+    spec = EngineSpec(kwargs={"model": None}) if ui.Limits.from_env().room_process else None  # the same model (ROUTERLAB_ENGINE)
+    server = serve(engine, port=port, room_thread=False, spec=spec)
+    local = server.room is not None and not isinstance(server.room, RemoteRoom)  # its loop runs in this main thread
+    choice = where_to_run(engine) if local else None  # measured before any client arrives
     print(READY, server.url, flush=True)
     try:
-        if server.room is not None:
+        if local:
             run_where_fastest(server.room, engine, log=lambda m: print(m, file=sys.stderr, flush=True), choice=choice)  # as app.py does
         while True:
             time.sleep(3600)

@@ -1,0 +1,74 @@
+"""How many threads torch's kernels use in the room's loop, chosen by timing the loop's own steps as it serves.
+
+On 2 cores, two OpenMP threads make a quiet step fastest, but a parallel region waits for its slowest thread: when
+anything else runs (the web server, the visitors' browsers or clients, a training job), one of the two loses its
+core and the step stalls. Measured on a 2-core Xeon (issue 42): the room's step with 2 threads ran 174 tokens/s alone
+and 94 beside a process keeping half a core busy; with 1 thread 120 alone and 120 beside it. Which wins depends on
+the machine and on the load of the moment, so `ThreadTuner` keeps measuring: it runs most steps with the count that
+has been faster per token lately, for batches of about the same size, and now and then tries each other count for a
+few steps (`explore_every`, `trial`), so a change in load changes the choice within seconds.
+
+Knows nothing about rows, models or the UI: only step times and batch sizes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _bucket(rows: int) -> int:
+    """Batches of about the same size share a record: 1, 2-3, 4-7, 8-15, 16-31, 32+ rows."""
+    return min(max(rows, 1).bit_length(), 6)
+
+
+class ThreadTuner:
+    """Call `before(rows)` before each step (it sets torch's thread count) and `after(rows, seconds)` after it."""
+
+    def __init__(self, choices: tuple[int, ...] | None = None, explore_every: int = 64, trial: int = 4, decay: float = 0.8,
+                 set_threads=torch.set_num_threads):
+        cores = os.cpu_count() or 1
+        self.choices = tuple(sorted(set(choices or (1, torch.get_num_threads()))))
+        self.choices = tuple(c for c in self.choices if 1 <= c <= max(cores, 1)) or (1,)
+        self.explore_every, self.trial, self.decay = explore_every, trial, decay
+        self._set = set_threads
+        self.per_token: dict[tuple[int, int], float] = {}  # (bucket, threads) -> seconds per row, decayed average
+        self.current: int | None = None
+        self.steps = 0
+        self._trying: list[int] = []  # counts still to try in this exploration, each for `trial` steps
+
+    def choice(self, rows: int) -> int:
+        """The count with the lowest recorded seconds per row for batches of this size; one not yet measured first."""
+        b = _bucket(rows)
+        unmeasured = [c for c in self.choices if (b, c) not in self.per_token]
+        if unmeasured:
+            return unmeasured[0]
+        return min(self.choices, key=lambda c: self.per_token[(b, c)])
+
+    def before(self, rows: int) -> int:
+        if len(self.choices) > 1 and self.steps and self.steps % self.explore_every == 0 and not self._trying:
+            best = self.choice(rows)
+            self._trying = [c for c in self.choices if c != best for _ in range(self.trial)]
+        threads = self._trying.pop(0) if self._trying else self.choice(rows)
+        if threads != self.current:
+            self._set(threads)
+            self.current = threads
+        return threads
+
+    def after(self, rows: int, seconds: float) -> None:
+        self.steps += 1
+        if rows < 1 or seconds <= 0 or self.current is None:
+            return
+        key = (_bucket(rows), self.current)
+        value = seconds / rows
+        old = self.per_token.get(key)
+        self.per_token[key] = value if old is None else self.decay * old + (1 - self.decay) * value
+
+    def summary(self) -> dict:
+        """For logs and reports: per batch size, each count's recent milliseconds per row."""
+        out: dict[str, dict[str, float]] = {}
+        for (b, c), v in sorted(self.per_token.items()):
+            lo = 1 << (b - 1)
+            out.setdefault(f"{lo}+ rows", {})[f"{c} threads"] = round(v * 1e3, 2)
+        return out

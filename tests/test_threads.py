@@ -1,0 +1,49 @@
+"""The room's thread count (core/threads.py): chosen from the loop's own step times per batch size, tried again now
+and then, and changed when the load changes. Driven with made-up step times: nothing here depends on the machine."""
+
+from __future__ import annotations
+
+from routerlab.core.threads import ThreadTuner
+
+
+def _tuner(**kw):
+    calls = []
+    tuner = ThreadTuner(choices=(1, 2), set_threads=calls.append, **kw)
+    return tuner, calls
+
+
+def _run(tuner, steps: int, rows: int, cost: dict[int, float]) -> list[int]:
+    used = []
+    for _ in range(steps):
+        t = tuner.before(rows)
+        used.append(t)
+        tuner.after(rows, cost[t] * rows)
+    return used
+
+
+def test_each_count_is_measured_then_the_faster_is_kept_with_short_trials_of_the_other():
+    tuner, calls = _tuner(explore_every=20, trial=2)
+    used = _run(tuner, 100, 8, {1: 0.010, 2: 0.006})
+    assert used[:2] == [1, 2]  # each measured once first
+    assert used.count(2) >= 90 and 1 in used[20:]  # mostly the faster, the other tried again later
+    assert calls[0] == 1 and len(calls) < 20  # the count is set only when it changes
+
+
+def test_a_change_of_load_changes_the_choice():
+    tuner, _ = _tuner(explore_every=10, trial=3)
+    _run(tuner, 50, 8, {1: 0.010, 2: 0.006})  # quiet: two threads win
+    used = _run(tuner, 60, 8, {1: 0.010, 2: 0.020})  # another process takes a core: two threads stall
+    assert tuner.choice(8) == 1 and used[-30:].count(1) >= 20  # the rest: short trials of two threads again
+
+
+def test_batch_sizes_keep_their_own_records():
+    tuner, _ = _tuner(explore_every=1000)
+    _run(tuner, 10, 1, {1: 0.010, 2: 0.006})
+    _run(tuner, 10, 32, {1: 0.002, 2: 0.004})
+    assert tuner.choice(1) == 2 and tuner.choice(32) == 1
+    assert set(tuner.summary()) == {"1+ rows", "32+ rows"}
+
+
+def test_one_choice_never_explores():
+    tuner = ThreadTuner(choices=(1,), set_threads=lambda n: None)
+    assert _run(tuner, 50, 4, {1: 0.01}) == [1] * 50
