@@ -71,7 +71,7 @@ def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]
     ids = torch.tensor([[r.feed[0] for r in rows]], device=device)  # (1, B): the rows stand where a prefill's tokens would
     positions = torch.tensor([r.feed[1] for r in rows], device=device)  # (B,), in any order
     h = an.embed(ids)  # (1, B, D)
-    tables = {kind: (cos, sin, torch.cat([cos, sin])) for kind, (cos, sin) in an.rope(h, positions).items()}  # + both stacked
+    tables = {kind: _Rotary(cos, sin) for kind, (cos, sin) in an.rope(h, positions).items()}
     scores: list[dict[int, float]] = [{} for _ in rows]
     routes = _Routes(rows)
     for i, parts in enumerate(an.layers):
@@ -93,6 +93,7 @@ class _Routes:
 
     def __init__(self, rows: list[Row]):
         self.thresholds = [r.plan.threshold for r in rows]
+        self.everyone = list(range(len(rows)))
         self.keeps_kv = [r.plan.policy == "kv" and r.plan.level != "sequence" for r in rows]  # a skipped attention still writes
         self.blocks = [r.plan.target == "block" for r in rows]  # a skipped block skips its MLP too
         self.sets: dict[int, tuple[Plan, list[int]]] = {}  # id(RouterSet) -> (a plan with it, its rows)
@@ -122,7 +123,7 @@ def _decisions(i: int, x: torch.Tensor, routes: _Routes, scores: list[dict], tar
             run[b] = decide(router, x[:, b : b + 1], i, plan, scores[b]) is ALL
     thresholds = routes.thresholds
     for router, members in groups.values():
-        for b, score in zip(members, router.score_rows(x[0, members])):
+        for b, score in zip(members, router.score_rows(x[0] if members == routes.everyone else x[0, members])):
             scores[b][i] = score
             run[b] = score >= thresholds[b]
     return run
@@ -177,12 +178,16 @@ def _add(h: torch.Tensor, rows: _Rows, update: torch.Tensor) -> torch.Tensor:
     return h.index_add(1, rows.index, update[None])
 
 
-def _rotary(table, rows: _Rows):
-    """The rotary table (cos, sin), each (1, 1, B, hd), cut to `rows`: one gather from both stacked (`_step`)."""
-    if rows.index is None:
-        return table[:2]
-    both = table[2].index_select(2, rows.index)  # (2, 1, n, hd)
-    return both[0:1], both[1:2]
+class _Rotary:
+    """A step's rotary table as its rows' heads take it: cos and signed sin (B, 1, hd), stacked (2, B, 1, hd), so the
+    rows of a sub-layer cut both in one gather."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):  # (1, 1, B, hd) each, `kernels.rope_tables` form
+        self.both = torch.cat([cos, sin]).transpose(1, 2)  # (2, B, 1, hd)
+
+    def of(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        both = rows.pick(self.both, 1)
+        return both[0], both[1]
 
 
 def _attention(a: AttentionParts, x: torch.Tensor, rows: _Rows, table, positions: torch.Tensor, slots: Slots,
@@ -192,11 +197,11 @@ def _attention(a: AttentionParts, x: torch.Tensor, rows: _Rows, table, positions
     n, hd = rows.n, a.head_dim
     y = a.qkv.batch(_gather(x, rows), a.upcast)  # (n, q_size + 2 * kv_size)
     heads = a.n_heads + a.n_kv_heads
-    qk = rope(y[:, : heads * hd].reshape(n, heads, hd).transpose(0, 1)[None], _rotary(table, rows))[0]  # (H, n, hd)
-    values = y[:, y.shape[1] - a.kv_size :].reshape(n, a.n_kv_heads, hd)  # (n, Hkv, hd)
-    at, cols = slots.write(i, rows.which, rows.index, qk[a.n_heads :].transpose(0, 1), values, rows.pick(positions))
+    qk = rope(y[:, : heads * hd].view(n, heads, hd), table.of(rows))  # (n, Hq + Hkv, hd): queries and keys, one pass
+    values = y[:, heads * hd :].view(n, a.n_kv_heads, hd)  # (n, Hkv, hd)
+    at, cols = slots.write(i, rows.which, rows.index, qk[:, a.n_heads :], values, rows.pick(positions))
     g = a.n_heads // a.n_kv_heads
-    q = qk[: a.n_heads].transpose(0, 1).reshape(n, a.n_kv_heads, g, hd)  # the query heads of each KV group, folded
+    q = qk[:, : a.n_heads].view(n, a.n_kv_heads, g, hd)  # the query heads of each KV group, folded
     t = max(at) + 1  # each row's keys: its first at + 1 entries at this layer (its own just written)
     k, v = slots.keys_values(i, t)  # every row's (B, Hkv, t, hd): views
     # Only the rows that attend: a copy of their keys and values costs less than attending for every row.
@@ -211,6 +216,6 @@ def _keys_values(a: AttentionParts, x: torch.Tensor, rows: _Rows, table, positio
     """What skipping rows still write under `kv`: their keys and values at this layer, in one write."""
     n, hd = rows.n, a.head_dim
     y = a.kv.batch(_gather(x, rows), a.upcast)  # (n, 2 * kv_size)
-    keys = rope(y[:, : a.kv_size].reshape(n, a.n_kv_heads, hd).transpose(0, 1)[None], _rotary(table, rows))[0]
-    values = y[:, a.kv_size :].reshape(n, a.n_kv_heads, hd)
-    slots.write(i, rows.which, rows.index, keys.transpose(0, 1), values, rows.pick(positions))
+    keys = rope(y[:, : a.kv_size].view(n, a.n_kv_heads, hd), table.of(rows))
+    values = y[:, a.kv_size :].view(n, a.n_kv_heads, hd)
+    slots.write(i, rows.which, rows.index, keys, values, rows.pick(positions))
