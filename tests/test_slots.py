@@ -174,3 +174,31 @@ def test_a_row_moves_from_one_batch_to_another(engine):
     assert len(first.rows) == 1 and first.rows[0] is batch[1].caches
     for b, a in zip(mixed, ref):
         _kv_same(b, a)
+
+
+def test_the_last_row_left_in_the_slots_goes_on_alone_in_its_slot(engine, monkeypatch):
+    """A batch of one takes the engine's own forward on the row's caches: still views of its slot, which grow there
+    (LayerCache.append asks the slots), and the row batches again from where it stands when another joins."""
+    monkeypatch.setattr(LayerCache, "CHUNK", 2)
+    plans = _plans(engine)
+    pairs = [_pair(engine, k, plans[k]) for k in range(3)]
+    batch, alone = [p[0] for p in pairs], [p[1] for p in pairs]
+    _step_both(engine, batch, alone, 0)
+    store = batch[0].caches[0].store
+    for r in batch[1:]:
+        release(r.caches)
+    batch, alone = batch[:1], alone[:1]
+    caps = []
+    for t in range(1, 7):
+        _step_both(engine, batch, alone, t)
+        caps.append(list(store.cap))
+    assert batch[0].caches[0].store is store and store.rows == [batch[0].caches]
+    assert caps[0] != caps[-1], "its slot grew while it ran alone"
+    late_b, late_a = _pair(engine, 5, plans[5])
+    batch.append(late_b)
+    alone.append(late_a)
+    for t in range(7, 10):
+        _step_both(engine, batch, alone, t)
+    assert batch[1].caches[0].store is store
+    for b, a in zip(batch, alone):
+        _kv_same(b, a)
