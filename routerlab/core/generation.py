@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 
+from routerlab.core.cache import release
 from routerlab.core.config import GenerateConfig
 from routerlab.core.gates import Plan
 from routerlab.core.router import RouterSet
@@ -160,6 +161,7 @@ class Generation:
         # What the full model would hold for the same positions: the last token, never fed back, is in neither (counting
         # it here made every run, kv and mask too, look as if it saved one position's KV at every layer).
         meta["kv_bytes_full"] = self.positions * self.engine.n_layers * int(meta["costs"]["kv_bytes"])
+        release(self.caches)  # a batch's slot freed at once, for the next row (core/slots.py)
         self.done = True
 
     def _quality_of_step(self, seconds: float) -> None:
