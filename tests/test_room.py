@@ -252,8 +252,11 @@ def test_the_room_runs_in_a_thread_of_its_own_and_closes():
 
 def test_the_embedded_model_in_a_room_writes_what_it_writes_alone(embedded, capsys):
     """The page's six example prompts, greedy, as rows of one room against each alone, on the embedded model's default
-    path (bf16, the file's 4-bit codes): products of several rows may round differently from one row's, so a token
-    may differ; nearly all must match."""
+    path (bf16, the file's 4-bit codes). In bf16 a batch rounds differently from one row (products of n rows; attention
+    over rows of other lengths, whose padding regroups the softmax's sums): logits move by a few tenths, so where two
+    tokens are nearly tied greedy decoding may take the other, and the rest of that run follows another text. So: most
+    runs are identical, and where a run departs from its run alone, it does so at a near-tie of the alone run's own
+    distribution (a rounding, not a wrong computation; the float32 tests above require the same tokens everywhere)."""
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.ui.resources import ROUTERS_DIR, load_prompts
 
@@ -264,9 +267,36 @@ def test_the_embedded_model_in_a_room_writes_what_it_writes_alone(embedded, caps
     alone = [[s.token_id for s in _alone(engine, r).generated_steps] for r in requests]
     shared, room = _in_room(engine, requests)
     together = [[s.token_id for s in t.generated_steps] for t in shared]
-    same = sum(a == b for x, y in zip(alone, together) for a, b in zip(x, y))
-    total = sum(len(x) for x in alone)
+    margins = []
+    for (ids, r, c), x, y in zip(requests, alone, together):
+        k = next((j for j, (a, b) in enumerate(zip(x, y)) if a != b), None)
+        if k is not None:  # the alone run's own logits where the two first differ: how far apart were the two tokens?
+            row = _alone_logits(engine, ids, r, c)[k]
+            assert int(row.argmax()) == x[k]
+            margins.append(float(row[x[k]] - row[y[k]]))
+    same = sum(x == y for x, y in zip(alone, together))
     with capsys.disabled():
         print(f"\n[room] embedded model, {len(requests)} example prompts in one room (largest batch {room.largest}): "
-              f"{same} of {total} greedy tokens as alone ({same / total:.1%}); runs identical: {sum(x == y for x, y in zip(alone, together))}")
-    assert room.largest == len(requests) and same / total >= 0.9
+              f"runs identical to alone: {same} of {len(requests)}; where one departs, the alone run's logit gap between "
+              f"the two tokens: {[round(m, 3) for m in margins]}")
+    assert room.largest == len(requests) and same >= len(requests) // 2
+    assert all(m <= 0.5 for m in margins)
+
+
+def _alone_logits(engine, ids, routers, config) -> list[torch.Tensor]:
+    """The distributions a generation alone samples its tokens from, in order (as Engine._steps decodes it)."""
+    from routerlab.core.generation import Generation
+    from routerlab.core.trace import Trace
+
+    control = Control(config.threshold)
+    gen = Generation(engine, ids, routers, config, control, Trace(engine.n_layers, meta=engine.trace_meta(routers, config)))
+    out = []
+    with torch.inference_mode():
+        gen.prefill()
+        while True:
+            out.append(gen.logits[0, -1].float())
+            gen.begin()
+            if gen.feed is None:
+                return out
+            logits, scores = engine._forward([gen.feed[0]], gen.feed[1], gen.caches, gen.plan)
+            gen.end(logits, scores[0])
