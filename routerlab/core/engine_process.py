@@ -19,6 +19,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 
 from routerlab.core.trace import Step
@@ -26,6 +27,7 @@ from routerlab.core.wire import RouterCache, TraceWatch, pack_error
 
 log = logging.getLogger(__name__)
 
+COALESCE_S = 0.015  # how long the sender lets Steps gather before it sends them (and diffs every run's records)
 POLL_S = 0.05  # with no new Step, the sender still looks this often for quality passes starting or ending
 _END = object()
 
@@ -183,6 +185,9 @@ class _Child:
         while not self.closed.is_set():
             try:
                 items = [self.events.get(timeout=POLL_S)]
+                # A step makes a Step for every row: wait for the rest of it, so the watches of every job are diffed
+                # (Python work that holds the interpreter lock the loop needs) once per batch, not once per row.
+                time.sleep(COALESCE_S)
             except queue.Empty:
                 items = []
             while True:
