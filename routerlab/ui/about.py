@@ -35,7 +35,7 @@ the room shared about 33 tokens/s among them; what it buys most is waiting: 32 v
 the first token within 12 s for 95% of them, where one generation at a time turned 14 of 32 away.
 
 ### Teaching with it
-`docs/workshop.md` is a 75-minute lesson in seven exercises, each with a link that opens this page in its settings
+`docs/workshop.md` is a 75-minute lesson in eight exercises, each with a link that opens this page in its settings
 (**Copy link to this view**, left, makes one for what you see). The first three, on this server:
 [what a router decides](?tab=explore&routers=attention-token&threshold=0.5&kv=kv&max_new_tokens=96&quality=on) ·
 [the threshold at 0.7](?tab=explore&routers=attention-token&threshold=0.7&kv=kv&max_new_tokens=96&quality=on) ·
