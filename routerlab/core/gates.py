@@ -47,7 +47,10 @@ class Plan:
         router = self.router(layer)
         w = self._flat.get(layer)
         if w is None:  # a view of the weight, not a copy: training's in-place updates show (routers keep fp32 weights)
-            w = self._flat[layer] = router.proj.weight.detach().float().view(-1)
+            proj = getattr(router, "proj", None)
+            w = self._flat[layer] = proj.weight.detach().float().view(-1) if proj is not None else False
+        if w is False:  # a stand-in for a router (a test's, a recorder) that scores in its own way
+            return router.score_one(x)
         c = router.calibration
         return sigmoid(c.scale * torch.dot(x.view(-1).float(), w).item() + c.shift)
 
