@@ -42,7 +42,7 @@ from typing import Callable, Iterator
 
 from routerlab.core.engine_process import EngineSpec, main
 from routerlab.core.errors import RouterLabError
-from routerlab.core.room import MAX_BATCH, Room, run_where_fastest
+from routerlab.core.room import _END, MAX_BATCH, Room, run_where_fastest
 from routerlab.core.trace import Step, Trace
 from routerlab.core.wire import SentKeys, apply_change, pack_routers, unpack_error
 
@@ -50,7 +50,6 @@ _log = logging.getLogger(__name__)
 
 WATCH_S = 0.02  # how often the watcher looks for moved sliders and Stops to send
 START_TIMEOUT_S = 600.0  # a first start may convert the embedded model (about a minute on 2 cores)
-_END = object()
 
 
 @dataclass
@@ -103,16 +102,9 @@ class RemoteRoom:
 
     @staticmethod
     def _read(job: _Job) -> Iterator[Step]:
-        try:
-            while True:
-                item = job.out.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:  # also a reader that stopped reading (a closed tab): the watcher tells the engine to stop the row
-            job.control.request_stop()
+        """The room's own reader: Steps until the end, an error raised, and a reader that stops reading (a closed tab)
+        stops its row (the watcher tells the engine)."""
+        return Room._read(job)
 
     @property
     def busy(self) -> dict:
