@@ -46,3 +46,13 @@ def test_make_room_sets_each_served_level_beside_the_isolated_step_of_as_many_ro
                                             "32": {"aggregate_tokens_per_s": None}}}},
               "steps": {"sizes": {"1": {"tokens_per_s": 50.0}, "8": {"tokens_per_s": 120.0}, "32": {"tokens_per_s": 200.0}}}}
     assert served_vs_step(report) == {"1": 0.8, "8": 0.5}
+
+
+def test_make_room_splits_a_levels_loop_time_by_phase():
+    from routerlab.bench.load.room import loop_split
+
+    before = {"prefill": 1.0, "quality": 0.0, "forward": 2.0, "solo": 0.0, "other": 0.5, "idle": 10.0, "steps": 10, "rows": 10}
+    after = {"prefill": 3.0, "quality": 2.0, "forward": 7.0, "solo": 0.0, "other": 1.5, "idle": 10.0, "steps": 60, "rows": 410}
+    split = loop_split(before, after)
+    assert split["seconds"] == 10.0 and split["forward"] == 0.5 and split["prefill"] == 0.2 and split["idle"] == 0.0
+    assert split["mean_rows"] == 8.0

@@ -59,9 +59,11 @@ def _alone(engine, request):
 
 
 def _in_room(engine, requests, join_at: dict[int, int] | None = None, max_batch: int = 32):
-    """Run the requests as rows of one room, stepped here; request k joins after `join_at[k]` steps (default 0)."""
+    """Run the requests as rows of one room, stepped here; request k joins after `join_at[k]` steps (default 0). Every
+    request waiting joins at the next step (no prefill budget): the batches, hence their rounding, never depend on timing."""
     join_at = join_at or {}
     room = engine.room = Room(engine, max_batch=max_batch)
+    room.prefill_budget_s = math.inf
     try:
         controls, readers, steps = {}, {}, 0
         while True:
@@ -111,6 +113,11 @@ def test_mixed_rows_decode_as_they_do_alone(lowbit):
     quality = shared[-1].generated_steps
     assert all(s.kl_full is not None for s in quality) and shared[-1].meta["quality_chunks"] >= 4
     assert shared[1].meta["room"]["shared_steps"] > 0 and shared[1].meta["room"]["largest_batch"] == room.largest
+    spent = room.spent  # where the loop's time went: every phase these rows had is counted
+    assert spent["prefill"] > 0 and spent["forward"] > 0 and spent["quality"] > 0 and spent["idle"] == 0
+    spent = room.time_spent()
+    assert spent["steps"] == room.steps and room.steps < spent["rows"] <= room.steps * room.largest
+    assert room.spent["quality"] >= shared[-1].meta["quality_seconds"]  # also the pass at its row's end
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)

@@ -209,7 +209,8 @@ class _Child:
             for job in list(self.jobs.values()):
                 out += [(c[0], job.rid, *c[1:]) for c in job.watch.changes()]
             room = self.room
-            now = {"where": room.where, "thread": room.thread_name, "steps": room.steps, "largest": room.largest, "busy": room.busy}
+            now = {"where": room.where, "thread": room.thread_name, "steps": room.steps, "largest": room.largest, "busy": room.busy,
+                   "spent": room.time_spent()}
             if out or now != stats:
                 stats = now
                 self._send(("batch", out, now))

@@ -77,6 +77,7 @@ class RemoteRoom:
         self.thread_name: str | None = None
         self.steps = 0
         self.largest = 0
+        self._spent: dict = {}
         self.restarts = 0
         self._busy = {"rows": 0, "solo": 0, "waiting": 0}
         self._lock = threading.RLock()  # jobs, the connection and sends
@@ -109,6 +110,10 @@ class RemoteRoom:
     @property
     def busy(self) -> dict:
         return dict(self._busy)
+
+    def time_spent(self) -> dict:
+        """The engine process's `Room.time_spent`, as last sent."""
+        return dict(self._spent)
 
     @property
     def pid(self) -> int | None:
@@ -234,6 +239,7 @@ class RemoteRoom:
         if stats is not None:
             self.where, self.thread_name, self.steps, self.largest, self._busy = (
                 stats["where"], stats["thread"], stats["steps"], stats["largest"], stats["busy"])
+            self._spent = stats.get("spent", {})
         for event in events:
             kind, rid = event[0], event[1]
             job = self._jobs.get(rid)

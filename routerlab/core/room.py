@@ -68,6 +68,7 @@ class Room:
         self.engine = engine
         self.max_batch = max(1, int(max_batch))
         self.cache_bytes = cache_bytes  # None: no cap beyond max_batch
+        self.prefill_budget_s = PREFILL_BUDGET_S  # tests set it to inf: who joins a step then never depends on timing
         self._cond = threading.Condition()
         self._waiting: deque[_Entry] = deque()
         self._rows: list[_Entry] = []
@@ -78,6 +79,13 @@ class Room:
         self.steps = 0  # batched steps so far
         self.largest = 0  # the largest batch so far
         self.threads = None  # a core.threads.ThreadTuner choosing torch's thread count per step (set when serving)
+        # Where the loop's time went, in seconds since it started (read by `make room` to attribute the served rate):
+        # prefill (newcomers' prompts), quality (the meters' full-depth passes, also at a row's end), forward (the
+        # batched step), solo (Compare's columns), other (sampling, bookkeeping), idle (nothing to do); and
+        # rows: the rows stepped in all (rows / steps: the mean batch).
+        self.spent = dict.fromkeys(("prefill", "quality", "forward", "solo", "other", "idle"), 0.0)
+        self.rows_stepped = 0
+        self._left_quality = 0.0  # scoring seconds of the rows that left
         self._position_bytes = engine.n_layers * int(engine.costs(None)["kv_bytes"])  # KV bytes of one position, all layers
 
     # -- the readers' side -------------------------------------------------------------------------
@@ -103,6 +111,10 @@ class Room:
         finally:  # also a reader that stopped reading (a closed tab): the row leaves at its next step
             entry.control.request_stop()
 
+    def time_spent(self) -> dict:
+        """`spent` (seconds, rounded to ms) with the steps and rows stepped so far (rows / steps: the mean batch)."""
+        return {**{k: round(v, 3) for k, v in self.spent.items()}, "steps": self.steps, "rows": self.rows_stepped}
+
     def row_bytes(self, tokens: int) -> int:
         """KV cache bytes one row of `tokens` positions holds at most (every layer keeps every position)."""
         return tokens * self._position_bytes
@@ -118,11 +130,13 @@ class Room:
         self.thread_name = threading.current_thread().name
         log.info("the room decodes in thread %r (batches of up to %d rows)", self.thread_name, self.max_batch)
         while not (stop is not None and stop.is_set()):
+            t0 = time.perf_counter()
             with self._cond:
                 while not (self._waiting or self._rows or self._solos or self._closed or (stop is not None and stop.is_set())):
                     self._cond.wait(0.5)
                 if self._closed:
                     return
+            self.spent["idle"] += time.perf_counter() - t0
             self.step()
 
     def start(self) -> threading.Thread:
@@ -143,7 +157,11 @@ class Room:
 
     def step(self) -> None:
         """One step of the whole room (see the module docstring)."""
+        start = time.perf_counter()
+        quality0 = self._quality_seconds()
         self._admit()
+        prefilled = time.perf_counter()
+        self.spent["prefill"] += prefilled - start
         rows = []
         shared = len(self._rows) > 1
         for entry in self._rows:  # quality passes while shared: full chunks only (module docstring)
@@ -159,13 +177,17 @@ class Room:
                 self._end(entry)
             else:
                 rows.append(entry)
+        forward = 0.0
         if rows:
             if self.threads is not None:
                 self.threads.before(len(rows))
             t0 = time.perf_counter()
             self._forward(rows)
+            forward = time.perf_counter() - t0
             if self.threads is not None:
-                self.threads.after(len(rows), time.perf_counter() - t0)
+                self.threads.after(len(rows), forward)
+            self.rows_stepped += len(rows)
+        solo = time.perf_counter()
         for entry in list(self._solos):
             try:
                 step = next(entry.solo, _END)
@@ -174,6 +196,16 @@ class Room:
             if step is _END or isinstance(step, BaseException):
                 self._solos.remove(entry)
             entry.out.put(step)
+        end = time.perf_counter()
+        quality = self._quality_seconds() - quality0
+        self.spent["forward"] += forward
+        self.spent["quality"] += quality
+        self.spent["solo"] += end - solo
+        self.spent["other"] += max(0.0, (solo - prefilled) - forward - quality)
+
+    def _quality_seconds(self) -> float:
+        """The quality meters' scoring seconds so far, over the rows in the room and those that left (`_end` adds theirs)."""
+        return self._left_quality + sum(e.gen.meter.seconds for e in self._rows if e.gen is not None and e.gen.meter is not None)
 
     def _admit(self) -> None:
         """Solo runs join at once; shared ones while the batch and the cache cap allow, prefilled one after another until
@@ -197,7 +229,7 @@ class Room:
             if admitted is None:
                 return
             self._prefill(admitted)
-            if time.perf_counter() - start >= PREFILL_BUDGET_S:
+            if time.perf_counter() - start >= self.prefill_budget_s:
                 return
 
     def _prefill(self, entry: _Entry) -> None:
@@ -249,6 +281,8 @@ class Room:
                 gen.close()
         if entry in self._rows:
             self._rows.remove(entry)
+            if gen is not None and gen.meter is not None:
+                self._left_quality += gen.meter.seconds
         entry.control.sharing = 0
         entry.out.put(error if error is not None else _END)
 

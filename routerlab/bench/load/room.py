@@ -70,6 +70,7 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
     web server's process, the processes it started (the engine process) and this one (the clients) used meanwhile."""
     outs = [dict() for _ in range(sessions)]
     cpu0, clients0 = (cpu.tree(server_pid) if server_pid else None), cpu.this_process()
+    spent0 = _spent(url) if server_pid else None
     start = time.perf_counter()
     threads = [threading.Thread(target=_visitor, args=(url, prompts[k % len(prompts)], settings, new_tokens, start + deadline_s, outs[k]),
                                 daemon=True) for k in range(sessions)]
@@ -87,6 +88,8 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
             "clients_cpu_s": round(cpu.this_process() - clients0, 1)} if cpu1 else {}
     if used and tokens:
         used["server_cpu_ms_per_token"] = round(1e3 * (used["web_server_cpu_s"] + used["engine_cpu_s"]) / tokens, 1)
+    if spent0:
+        used["loop"] = loop_split(spent0, _spent(url))
     return {**used,
         "sessions": sessions, "served": len(ok), "errors": sum(not o.get("ok") and not o.get("refused") for o in outs),
         "refusals": sum(bool(o.get("refused")) for o in outs), "tokens": tokens,
@@ -97,6 +100,22 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
         "time_to_first_token_s_p95": round(pct(ttft, 0.95), 2) if ttft else None,
         "wall_s": round(wall, 1), "failures": [o["status"] for o in outs if not o.get("ok")][:5],
     }
+
+
+def _spent(url: str) -> dict | None:
+    return (probe(url).get("room") or {}).get("spent") or None
+
+
+def loop_split(before: dict, after: dict) -> dict:
+    """Where the room's loop spent a run's time (Room.time_spent before and after it): each phase's share of the
+    loop's seconds, the seconds, and the mean rows of a batched step. (The engine process sends its figures with its
+    Steps, so `after` may miss the last few milliseconds.)"""
+    phases = [k for k in after if k not in ("steps", "rows")]
+    seconds = {k: after[k] - before.get(k, 0.0) for k in phases}
+    total = sum(seconds.values())
+    steps = after.get("steps", 0) - before.get("steps", 0)
+    return {"seconds": round(total, 1), **{k: round(v / total, 3) for k, v in seconds.items() if total > 0},
+            "mean_rows": round((after.get("rows", 0) - before.get("rows", 0)) / steps, 1) if steps else None}
 
 
 def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, rounds: int = 3) -> dict:

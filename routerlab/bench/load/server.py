@@ -205,7 +205,7 @@ def _room_stats(engine) -> dict | None:
     if room is None:
         return None
     return {"where": room.where, "thread": room.thread_name, "max_batch": room.max_batch, "steps": room.steps,
-            "largest_batch": room.largest, **room.busy}
+            "largest_batch": room.largest, **room.busy, "spent": room.time_spent()}
 
 
 def free_port() -> int:
