@@ -120,6 +120,38 @@ def test_mixed_rows_decode_as_they_do_alone(lowbit):
     assert room.spent["quality"] >= shared[-1].meta["quality_seconds"]  # also the pass at its row's end
 
 
+class _CountingEngine(Engine):
+    """An Engine that counts its packed quality passes and the meters in each."""
+
+    packs: list[int]
+
+    def full_passes(self, calls):
+        self.packs.append(len(calls))
+        return super().full_passes(calls)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_quality_passes_due_together_are_packed_and_score_as_alone(family):
+    """Rows that fall due together score in one packed forward (also their last tokens, as they end), and every
+    token's KL and the full model's top token are what the row's meter finds alone."""
+    model = tiny_model(family)
+    engine = _CountingEngine(model)
+    engine.packs = []
+    att = _routers(model, "attention-token", 0)
+    requests = [(ids, None if k == 3 else att, GenerateConfig(
+        max_new_tokens=7 + k, ignore_eos=True, threshold=0.5, quality=True, quality_chunk=3, quality_refresh=None))
+        for k, ids in enumerate([[5, 17, 42, 9], [88, 3, 19], [7, 8, 9, 10, 11, 12], [44, 45], [61, 62, 63]])]
+    alone = [_alone(engine, r) for r in requests]
+    assert engine.packs == []  # alone: one pass at a time
+    shared, _ = _in_room(engine, requests)
+    assert engine.packs and max(engine.packs) == 4  # the four routed rows' passes together (the full model needs none)
+    for a, s in zip(alone, shared):
+        assert [x.token_id for x in s.steps] == [x.token_id for x in a.steps]
+        for x, y in zip(a.generated_steps, s.generated_steps):
+            assert y.kl_full is not None and abs(x.kl_full - y.kl_full) <= 1e-4 and x.full_top_token == y.full_top_token
+    assert all(t.meta["quality_seconds"] > 0 for t, (_, r, _) in zip(shared, requests) if r is not None)
+
+
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_every_family_decodes_in_a_room_as_alone(family):
     """Families the batched layers do not cover (per-head norms, sandwich norms, sliding windows, MoE) run their

@@ -34,6 +34,7 @@ from routerlab.core.gates import ALL, NONE, Gate, Plan, Scores, decide, score_ta
 from routerlab.core.generation import Generation, sample  # noqa: F401 (sample: re-exported)
 from routerlab.core.kernels import rope
 from routerlab.core.one_token import one_token_ok, run_layer_one
+from routerlab.core.packed import Segment, forward_packed
 from routerlab.core.precision import describe, dtype_name
 from routerlab.core.quality import QualityMeter
 from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
@@ -119,7 +120,11 @@ def project_kv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor,
 def project_qkv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, ...]:
     """Queries, keys and values of the same tokens from one fused product (and, without per-head
     norms, one rotary pass over the query and key heads together)."""
-    y = a.qkv(x, a.upcast)  # (1, T, q_size + 2 * kv_size)
+    return split_qkv(a, a.qkv(x, a.upcast), table)
+
+
+def split_qkv(a: AttentionParts, y: torch.Tensor, table) -> tuple[torch.Tensor, ...]:
+    """Queries, keys and values (1, H, T, hd), rotated, from the fused product y (1, T, q_size + 2 * kv_size)."""
     if a.q_norm is not None or a.k_norm is not None:
         q = rope(_heads(y[..., : a.q_size], a.q_norm, a.head_dim), table)
         return (q, *_kv(a, y[..., a.q_size :], table))
@@ -130,11 +135,15 @@ def project_qkv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor
 
 def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor,
            later_keys: bool = False) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention by positions, so caches may have holes.
+    """Causal (optionally sliding-window) attention by positions, so caches may have holes, through the output map:
+    (1, Tq, D). A single query needs no mask when it is the last position (a decode step); `later_keys` says the
+    keys may hold later positions (some tokens of a longer forward skipped, their keys kept)."""
+    return a.o(attend_heads(a, q, q_pos, k, v, k_pos, later_keys), a.upcast)
 
-    A single query needs no mask when it is the last position (a decode step); `later_keys` says the
-    keys may hold later positions (some tokens of a longer forward skipped, their keys kept).
-    """
+
+def attend_heads(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 k_pos: torch.Tensor, later_keys: bool = False) -> torch.Tensor:
+    """`attend` before the output map: the heads' outputs side by side (1, Tq, q_size), in q's dtype."""
     _, hq, tq, hd = q.shape
     g = hq // a.n_kv_heads
     dtype = q.dtype
@@ -144,7 +153,7 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
         # The keys are these very queries, in order (a prefill; or a drop layer's running tokens):
         # the causal kernel, no mask built.
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=a.scaling, enable_gqa=g > 1)
-        return a.o(out.to(dtype).transpose(1, 2).reshape(1, tq, hq * hd), a.upcast)  # (1, Tq, D)
+        return out.to(dtype).transpose(1, 2).reshape(1, tq, hq * hd)
     mask = None
     if tq > 1 or a.sliding_window or later_keys:
         mask = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk)
@@ -155,7 +164,7 @@ def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Ten
     qg = q.reshape(1, a.n_kv_heads, g * tq, hd)  # (1, Hkv, G*Tq, hd)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
     out = out.to(dtype).view(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
-    return a.o(out.reshape(1, tq, hq * hd), a.upcast)  # (1, Tq, D)
+    return out.reshape(1, tq, hq * hd)
 
 
 # -- one layer -------------------------------------------------------------------------------
@@ -262,6 +271,22 @@ def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: lis
         h = layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
     logits = an.logits(h[:, logits_at] if logits_at is not None else h[:, -1:])
     return logits, score_table(scores, ids.shape[1], an.n_layers, h.device)
+
+
+class FullDepth:
+    """A quality meter's full model (quality.FullForward): the run's tokens at full depth, with a KV cache of its own;
+    `Engine.full_passes` packs several into one forward."""
+
+    def __init__(self, an: Anatomy, caches: list[LayerCache]):
+        self.an, self.caches = an, caches
+
+    @torch.inference_mode()
+    def __call__(self, chunk: list[int], start: int, n: int) -> torch.Tensor:
+        device = self.an.embed.weight.device
+        t = torch.tensor([chunk], device=device)  # (1, T)
+        positions = torch.arange(start, start + len(chunk), device=device)  # (T,)
+        logits, _ = forward(self.an, t, positions, self.caches, Plan(None), logits_at=slice(len(chunk) - n, None))
+        return logits[0]  # (n, V)
 
 
 # -- the engine --------------------------------------------------------------------------------
@@ -423,17 +448,18 @@ class Engine:
             return None
         if routers is None:
             return QualityMeter(ids, None, self._token_text)
-        full_caches = self.new_caches(len(ids) + config.max_new_tokens)  # the full model's own cache
-
-        @torch.inference_mode()
-        def full_forward(chunk: list[int], start: int, n: int) -> torch.Tensor:
-            t = torch.tensor([chunk], device=self.device)  # (1, T)
-            positions = torch.arange(start, start + len(chunk), device=self.device)  # (T,)
-            logits, _ = forward(self.anatomy, t, positions, full_caches, Plan(None), logits_at=slice(len(chunk) - n, None))
-            return logits[0]  # (n, V)
-
+        full_forward = FullDepth(self.anatomy, self.new_caches(len(ids) + config.max_new_tokens))  # its own cache
         return QualityMeter(ids, full_forward, self._token_text, chunk=config.quality_chunk,
                             refresh_seconds=config.quality_refresh)
+
+    @staticmethod
+    def packable(full_forward) -> bool:
+        """Whether a quality meter's full forward can join a packed pass (`full_passes`): this engine's own."""
+        return isinstance(full_forward, FullDepth)
+
+    def full_passes(self, calls: list[tuple]) -> list[torch.Tensor]:
+        """quality.PackedForward: several meters' full-depth passes (each `packable`) in one forward (core/packed.py)."""
+        return forward_packed(self.anatomy, [Segment(ids, start, f.caches, n) for f, ids, start, n in calls])
 
     def run(self, prompt: str, routers: RouterSet | None, config: GenerateConfig) -> Trace:
         """Generate to the end and return the Trace."""

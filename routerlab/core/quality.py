@@ -148,15 +148,33 @@ class QualityMeter:
     @torch.inference_mode()
     def _score(self) -> None:
         t0 = self.clock()
+        batch, feed = self._take()
+        self._settle(batch, self.full_forward(*feed))
+        self._charge(self.clock() - t0)
+
+    def next_pass(self) -> tuple[int, int]:
+        """(tokens fed, logits asked for) of the pass `score` would run now; (0, 0) with nothing waiting."""
+        if not self.pending:
+            return 0, 0
+        n = min(len(self.pending), self.chunk)
+        return self.pending[n - 1][0].position - self.fed, n
+
+    def _take(self) -> tuple[list[tuple[Step, torch.Tensor]], tuple[list[int], int, int]]:
+        """The waiting tokens the next pass scores (at most a chunk), and what that pass feeds the full model:
+        (ids it has not read, up to (not including) the last scored one; their first position; how many logits)."""
         batch, self.pending = self.pending[: self.chunk], self.pending[self.chunk:]
         if self.pending:
             self.since = self.clock()
-        steps = [s for s, _ in batch]
-        n, end = len(steps), steps[-1].position
-        # Feed the tokens the full model has not read, up to (not including) the last scored one:
-        # the logits at positions end-n .. end-1 predict the n scored tokens.
-        logits = self.full_forward(self.ids[self.fed:end], self.fed, n)  # (n, V)
+        n, end = len(batch), batch[-1][0].position
+        # The logits at positions end-n .. end-1 predict the n scored tokens.
+        feed = (self.ids[self.fed:end], self.fed, n)
         self.fed = end
+        return batch, feed
+
+    @torch.inference_mode()
+    def _settle(self, batch: list[tuple[Step, torch.Tensor]], logits: torch.Tensor) -> None:
+        """Write the KL and the full model's top token onto the scored Steps, from the full model's `logits` (n, V)."""
+        steps = [s for s, _ in batch]
         full = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
         routed = torch.log_softmax(torch.stack([r for _, r in batch]).to(full.device).float(), dim=-1)  # (n, V)
         top_logp, top_ids = full.topk(min(self.top, full.shape[-1]), dim=-1)  # (n, k)
@@ -166,6 +184,38 @@ class QualityMeter:
             if f != r:
                 step.full_top_token, step.full_top_text = f, self.token_text(f)
             step.kl_full = k  # last: a reader on another thread that sees the KL sees the top token too
-        self.last_chunk_seconds = self.clock() - t0
-        self.seconds += self.last_chunk_seconds
+
+    def _charge(self, seconds: float) -> None:
+        """A pass of this meter took `seconds` (its share, when it was packed with others')."""
+        self.last_chunk_seconds = seconds
+        self.seconds += seconds
         self.chunks += 1
+
+
+# (full_forward, ids, start, n) of several meters -> each one's logits (n, V), as its full_forward would give them
+PackedForward = Callable[[list[tuple[FullForward, list[int], int, int]]], list[torch.Tensor]]
+
+
+def score_together(meters: list[QualityMeter], packed: PackedForward, clock: Callable[[], float] = time.perf_counter) -> None:
+    """One pass of each meter (as its `score` would run it), the full-depth forwards of them all in one `packed` call:
+    rows of a room that fall due together (core/room.py). A forward's cost is mostly reading every weight, so one over
+    all their chunks costs far less than one each. Each meter is charged the time in proportion to the tokens it fed.
+    Meters without a full forward, or with nothing waiting, are left alone."""
+    meters = [m for m in meters if m.full_forward is not None and m.pending]
+    if not meters:
+        return
+    for m in meters:
+        m.scoring = True
+    try:
+        t0 = clock()
+        taken = [m._take() for m in meters]
+        with torch.inference_mode():
+            logits = packed([(m.full_forward, *feed) for m, (_, feed) in zip(meters, taken)])
+        for m, (batch, _), out in zip(meters, taken, logits):
+            m._settle(batch, out)
+        seconds, fed = clock() - t0, sum(len(feed[0]) for _, feed in taken)
+        for m, (_, feed) in zip(meters, taken):
+            m._charge(seconds * len(feed[0]) / fed)
+    finally:
+        for m in meters:
+            m.scoring = False

@@ -38,6 +38,7 @@ import torch
 from routerlab.core import batch_paths
 from routerlab.core.batch import step_rows
 from routerlab.core.generation import Generation
+from routerlab.core.quality import score_together
 from routerlab.core.threads import ThreadTuner
 from routerlab.core.trace import Step, Trace
 
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 32  # rows in one step (ROUTERLAB_MAX_BATCH): the int4 kernel still gains per row at 32 on 2 cores
 PREFILL_BUDGET_S = 0.3  # prompt prefills one step may take before the running rows get their next token
+# Rows' quality passes that fall due together run as one packed forward of at most this many scored tokens (their
+# logits: 256 x 49k floats, 50 MB) and about this many tokens fed (first passes read the prompt too).
+PACK_LOGITS, PACK_TOKENS = 256, 2048
 _END = object()
 
 
@@ -167,16 +171,24 @@ class Room:
         for entry in self._rows:  # quality passes while shared: full chunks only (module docstring)
             if entry.gen.meter is not None:
                 entry.gen.meter.refresh_seconds = None if shared else entry.gen.config.quality_refresh
+        if shared:
+            self._score_together([e for e in self._rows if self._packable(e) and e.gen.meter.due()])
+        ending = []
         for entry in list(self._rows):
             try:
                 self._put(entry, entry.gen.begin())
             except Exception as err:  # e.g. the quality meter's pass: this row fails, the others go on
                 self._end(entry, err)
                 continue
-            if entry.gen.done:
+            (ending if entry.gen.done else rows).append(entry)
+        while True:  # the last tokens of the rows that end: their meters' passes packed too
+            left = [e for e in ending if e in self._rows and self._packable(e) and e.gen.meter.pending]
+            if len(left) < 2:
+                break
+            self._score_together(left)
+        for entry in ending:
+            if entry in self._rows:
                 self._end(entry)
-            else:
-                rows.append(entry)
         forward = 0.0
         if rows:
             if self.threads is not None:
@@ -202,6 +214,33 @@ class Room:
         self.spent["quality"] += quality
         self.spent["solo"] += end - solo
         self.spent["other"] += max(0.0, (solo - prefilled) - forward - quality)
+
+    def _packable(self, entry: _Entry) -> bool:
+        meter = entry.gen.meter
+        return meter is not None and meter.full_forward is not None and self.engine.packable(meter.full_forward)
+
+    def _score_together(self, entries: list[_Entry]) -> None:
+        """The rows' due quality passes packed into few full-depth forwards (quality.score_together), each of at most
+        PACK_LOGITS scored tokens and about PACK_TOKENS fed. A row alone scores in its `begin`, as a run alone does. A
+        failed pass fails the rows it scored for."""
+        if len(entries) < 2:
+            return
+        groups, group, logits, fed = [], [], 0, 0
+        for entry in entries:
+            t, n = entry.gen.meter.next_pass()
+            if group and (logits + n > PACK_LOGITS or fed + t > PACK_TOKENS):
+                groups.append(group)
+                group, logits, fed = [], 0, 0
+            group.append(entry)
+            logits, fed = logits + n, fed + t
+        groups.append(group)
+        for group in groups:
+            try:
+                score_together([e.gen.meter for e in group], self.engine.full_passes)
+            except Exception as err:
+                log.error("a packed quality pass of %d rows failed", len(group), exc_info=err)
+                for entry in group:
+                    self._end(entry, err)
 
     def _quality_seconds(self) -> float:
         """The quality meters' scoring seconds so far, over the rows in the room and those that left (`_end` adds theirs)."""
