@@ -1,5 +1,5 @@
-"""Packed full-depth forwards (core/packed.py): several sequences in one forward give each the logits and the cache
-its own forward gives it, on every tiny family (float32). (Which kernel a product takes depends on its row count, so on
+"""Packed forwards (core/packed.py): several sequences in one forward give each the logits, scores and cache its own
+forward gives it: full depth (quality passes) on every tiny family, and routed prompts of mixed plans (float32). (Which kernel a product takes depends on its row count, so on
 a low-bit model packed rows may round otherwise: the quality meters' test covers that, tests/test_quality_room.py.)"""
 
 from __future__ import annotations
@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from routerlab.core.config import RoutingConfig
 from routerlab.core.engine import Engine, forward
 from routerlab.core.gates import Plan
 from routerlab.core.models import TINY_FAMILIES, tiny_model
 from routerlab.core.packed import Segment, forward_packed
+from routerlab.core.router import RouterSet
 
 # (prompt, chunks fed after it): sequences of other lengths, some fed twice, as quality meters feed them
 RUNS = [([5, 17, 42, 9, 33, 71, 2], [[8, 9, 10], [11]]), ([88, 3], [[19, 20, 21, 22, 23]]), ([61] * 12, [[62, 63]])]
@@ -60,3 +62,49 @@ def test_a_segment_asking_for_more_logits_than_tokens_is_refused():
     engine = Engine(tiny_model("llama"))
     with pytest.raises(ValueError, match="logits"):
         forward_packed(engine.anatomy, [Segment([1, 2], 0, engine.new_caches(8), n=3)])
+
+
+def _routers(model, granularity: str, seed: int) -> RouterSet:
+    rs = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, [1, 2]))
+    g = torch.Generator().manual_seed(seed)
+    for r in rs.routers.values():
+        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3.0  # about half the tokens skip at 0.5
+    return rs
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "qwen2_moe"])
+def test_routed_prompts_read_packed_route_and_cache_as_each_alone(family):
+    """Prefills of mixed plans (kv and drop with some tokens skipping, every target, sequence level, the full model,
+    a one-token prompt) packed into one forward: each gets its own scores, logits and caches, as alone."""
+    model = tiny_model(family)
+    engine = Engine(model)
+    plans = [(None, "kv"), ("attention-token", "kv"), ("attention-token", "drop"), ("mlp-token", "kv"),
+             ("block-token", "drop"), ("block-token", "kv"), ("attention-sequence", "kv"), ("attention-token", "kv")]
+    prompts = [[5, 17, 42, 9, 33, 71, 2], [88, 3, 19, 20, 21, 22, 23, 24], [61] * 12, [7, 8, 9, 10, 11], [1, 2, 3, 4, 5, 6],
+               [44, 45, 46, 47], [100, 101, 102, 103, 104], [9]]
+
+    def plan(k):
+        granularity, policy = plans[k]
+        return Plan(_routers(model, granularity, k) if granularity else None, 0.5, policy)
+
+    segs = [Segment(p, 0, engine.new_caches(32), 1, plan(k)) for k, p in enumerate(prompts)]
+    got = forward_packed(engine.anatomy, segs)
+    skipped = 0
+    for k, (p, seg, logits) in enumerate(zip(prompts, segs, got)):
+        caches, alone = engine.new_caches(32), plan(k)
+        want, table = forward(engine.anatomy, torch.tensor([p]), torch.arange(len(p)), caches, alone)
+        assert torch.allclose(want[0], logits, atol=1e-4, rtol=1e-4), plans[k]
+        assert torch.allclose(table, seg.scores, atol=1e-5, equal_nan=True), plans[k]
+        skipped += int((table[~table.isnan()] < 0.5).sum())
+        for c, d in zip(caches, seg.caches):  # drop's holes and kv's full rows alike
+            assert c.n == d.n
+            if c.n:
+                assert torch.equal(c.pos[: c.n], d.pos[: d.n]) and torch.allclose(c.k[:, :, : c.n], d.k[:, :, : d.n], atol=1e-5)
+    assert skipped > 10  # the plans really skipped: the packed rows were gathered, not all run
+
+
+def test_plans_a_packed_forward_cannot_take_are_refused():
+    engine = Engine(tiny_model("llama"))
+    soft = Plan(_routers(engine.model, "attention-token", 0), 0.5, "mask")
+    with pytest.raises(ValueError, match="hard gates"):
+        forward_packed(engine.anatomy, [Segment([1, 2], 0, engine.new_caches(8), 1, soft)])

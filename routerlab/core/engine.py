@@ -110,11 +110,19 @@ def _kv(a: AttentionParts, y: torch.Tensor, table) -> tuple[torch.Tensor, torch.
 
 
 def project_q(a: AttentionParts, x: torch.Tensor, table) -> torch.Tensor:
-    return rope(_heads(a.q(x, a.upcast), a.q_norm, a.head_dim), table)
+    return split_q(a, a.q(x, a.upcast), table)
+
+
+def split_q(a: AttentionParts, y: torch.Tensor, table) -> torch.Tensor:
+    """Queries (1, Hq, T, hd), rotated, from a query product y (1, T, q_size)."""
+    return rope(_heads(y, a.q_norm, a.head_dim), table)
 
 
 def project_kv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, torch.Tensor]:
-    return _kv(a, a.kv(x, a.upcast), table)
+    return split_kv(a, a.kv(x, a.upcast), table)
+
+
+split_kv = _kv  # keys (rotated) and values from a k|v product
 
 
 def project_qkv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, ...]:

@@ -72,6 +72,7 @@ class Room:
         self.engine = engine
         self.max_batch = max(1, int(max_batch))
         self.cache_bytes = cache_bytes  # None: no cap beyond max_batch
+        self.pack_quality = True  # rows' quality passes due together run packed (False: one by one, for comparison)
         self.prefill_budget_s = PREFILL_BUDGET_S  # tests set it to inf: who joins a step then never depends on timing
         self._cond = threading.Condition()
         self._waiting: deque[_Entry] = deque()
@@ -181,11 +182,8 @@ class Room:
                 self._end(entry, err)
                 continue
             (ending if entry.gen.done else rows).append(entry)
-        while True:  # the last tokens of the rows that end: their meters' passes packed too
-            left = [e for e in ending if e in self._rows and self._packable(e) and e.gen.meter.pending]
-            if len(left) < 2:
-                break
-            self._score_together(left)
+        while self._score_together([e for e in ending if e in self._rows and self._packable(e) and e.gen.meter.pending]):
+            pass  # the last tokens of the rows that end: their meters' passes packed too (a row's flush scores the rest)
         for entry in ending:
             if entry in self._rows:
                 self._end(entry)
@@ -219,12 +217,12 @@ class Room:
         meter = entry.gen.meter
         return meter is not None and meter.full_forward is not None and self.engine.packable(meter.full_forward)
 
-    def _score_together(self, entries: list[_Entry]) -> None:
+    def _score_together(self, entries: list[_Entry]) -> bool:
         """The rows' due quality passes packed into few full-depth forwards (quality.score_together), each of at most
         PACK_LOGITS scored tokens and about PACK_TOKENS fed. A row alone scores in its `begin`, as a run alone does. A
-        failed pass fails the rows it scored for."""
-        if len(entries) < 2:
-            return
+        failed pass fails the rows it scored for. Whether it ran any."""
+        if len(entries) < 2 or not self.pack_quality:
+            return False
         groups, group, logits, fed = [], [], 0, 0
         for entry in entries:
             t, n = entry.gen.meter.next_pass()
@@ -241,6 +239,7 @@ class Room:
                 log.error("a packed quality pass of %d rows failed", len(group), exc_info=err)
                 for entry in group:
                     self._end(entry, err)
+        return True
 
     def _quality_seconds(self) -> float:
         """The quality meters' scoring seconds so far, over the rows in the room and those that left (`_end` adds theirs)."""
