@@ -22,6 +22,7 @@ import torch
 from routerlab.core.cache import release
 from routerlab.core.config import GenerateConfig
 from routerlab.core.gates import Plan
+from routerlab.core.packed import Segment, packable
 from routerlab.core.router import RouterSet
 from routerlab.core.trace import Step, Trace
 
@@ -97,7 +98,27 @@ class Generation:
             rows.extend(scores)
             self.positions = control.prompt_read = end
             yield end
-        seconds = time.perf_counter() - t0
+        self._read(rows, time.perf_counter() - t0)
+
+    def packed_prefill(self) -> Segment | None:
+        """The prompt as a segment of a packed forward (core/packed.py), where one forward reads it (at most one
+        chunk, any level) and its plan packs; None: read it with `prefill`. After the forward, `prefilled`."""
+        if len(self.ids) > PREFILL_CHUNK or not packable(self.plan):
+            return None
+        self.control.prompt_tokens, self.control.prompt_read = len(self.ids), 0
+        self.trace.meta.update(prompt_tokens=len(self.ids), stop_reason="max_new_tokens")
+        return Segment(self.ids, 0, self.caches, 1, self.plan)
+
+    def prefilled(self, segment: Segment, logits: torch.Tensor, seconds: float) -> list[Step]:
+        """The packed forward read the prompt: its last logits (1, V), the segment's scores, its share of the time."""
+        self.logits = logits.view(1, 1, -1)
+        self.positions = self.control.prompt_read = len(self.ids)
+        self._read(segment.scores.cpu().tolist(), seconds)
+        return self._prompt_steps
+
+    def _read(self, rows: list, seconds: float) -> None:
+        """The prompt's Steps, from its score rows and the seconds reading it took."""
+        ids, total = self.ids, len(self.ids)
         self.trace.meta["prefill_seconds"] = seconds
         if self.positions < total:
             self.trace.meta["prefill_stopped_at"] = self.positions

@@ -37,7 +37,8 @@ import torch
 
 from routerlab.core import batch_paths
 from routerlab.core.batch import step_rows
-from routerlab.core.generation import Generation
+from routerlab.core.generation import PREFILL_CHUNK, Generation
+from routerlab.core.packed import forward_packed
 from routerlab.core.quality import score_together
 from routerlab.core.threads import ThreadTuner
 from routerlab.core.trace import Step, Trace
@@ -73,6 +74,7 @@ class Room:
         self.max_batch = max(1, int(max_batch))
         self.cache_bytes = cache_bytes  # None: no cap beyond max_batch
         self.pack_quality = True  # rows' quality passes due together run packed (False: one by one, for comparison)
+        self.pack_prefill = True  # newcomers' short prompts read in one packed forward (False: one by one)
         self.prefill_budget_s = PREFILL_BUDGET_S  # tests set it to inf: who joins a step then never depends on timing
         self._cond = threading.Condition()
         self._waiting: deque[_Entry] = deque()
@@ -90,6 +92,7 @@ class Room:
         # rows: the rows stepped in all (rows / steps: the mean batch).
         self.spent = dict.fromkeys(("prefill", "quality", "forward", "solo", "other", "idle"), 0.0)
         self.rows_stepped = 0
+        self.packed = {"prefills": 0, "prompts": 0, "quality_passes": 0, "meters": 0}  # packed forwards, and what they held
         self._left_quality = 0.0  # scoring seconds of the rows that left
         self._position_bytes = engine.n_layers * int(engine.costs(None)["kv_bytes"])  # KV bytes of one position, all layers
 
@@ -118,7 +121,8 @@ class Room:
 
     def time_spent(self) -> dict:
         """`spent` (seconds, rounded to ms) with the steps and rows stepped so far (rows / steps: the mean batch)."""
-        return {**{k: round(v, 3) for k, v in self.spent.items()}, "steps": self.steps, "rows": self.rows_stepped}
+        return {**{k: round(v, 3) for k, v in self.spent.items()}, "steps": self.steps, "rows": self.rows_stepped,
+                **{f"packed_{k}": v for k, v in self.packed.items()}}
 
     def row_bytes(self, tokens: int) -> int:
         """KV cache bytes one row of `tokens` positions holds at most (every layer keeps every position)."""
@@ -235,6 +239,8 @@ class Room:
         for group in groups:
             try:
                 score_together([e.gen.meter for e in group], self.engine.full_passes)
+                self.packed["quality_passes"] += 1
+                self.packed["meters"] += len(group)
             except Exception as err:
                 log.error("a packed quality pass of %d rows failed", len(group), exc_info=err)
                 for entry in group:
@@ -246,40 +252,81 @@ class Room:
         return self._left_quality + sum(e.gen.meter.seconds for e in self._rows if e.gen is not None and e.gen.meter is not None)
 
     def _admit(self) -> None:
-        """Solo runs join at once; shared ones while the batch and the cache cap allow, prefilled one after another until
-        PREFILL_BUDGET_S of this step is spent (at least one), so a crowd arriving together is read in a few steps while
-        the streams already running pause for at most about that long."""
+        """Solo runs join at once; shared ones while the batch and the cache cap allow: the short prompts waiting read
+        together in one packed prefill of about PACK_TOKENS (core/packed.py), a long one alone, until PREFILL_BUDGET_S
+        of this step is spent (at least one forward), so a crowd arriving together is read in a step or two while the
+        streams already running pause for about that long at most."""
         start = time.perf_counter()
         while True:
             with self._cond:
-                admitted = None
-                held = sum(e.cache_bytes for e in self._rows)
-                for entry in list(self._waiting):
-                    ids, routers, config, control, trace = entry.args
-                    if not config.shared:
-                        self._waiting.remove(entry)
-                        entry.solo = self.engine._loop(ids, routers, config, control, trace)
-                        self._solos.append(entry)
-                    elif admitted is None and len(self._rows) < self.max_batch and (
-                            self.cache_bytes is None or not self._rows or held + entry.cache_bytes <= self.cache_bytes):
-                        self._waiting.remove(entry)
-                        admitted = entry
-            if admitted is None:
+                admitted = self._take_waiting()
+            if not admitted:
                 return
             self._prefill(admitted)
             if time.perf_counter() - start >= self.prefill_budget_s:
                 return
 
-    def _prefill(self, entry: _Entry) -> None:
-        ids, routers, config, control, trace = entry.args
-        try:
-            entry.gen = Generation(self.engine, ids, routers, config, control, trace)
-            with torch.inference_mode():
-                self._put(entry, entry.gen.prefill())
-        except Exception as err:
-            self._end(entry, err)
+    def _take_waiting(self) -> list[_Entry]:
+        """The waiting requests that join now (the caller holds the lock): every solo run, and the shared ones in
+        order of arrival that fit the batch and the cache cap, as many short prompts as one packed prefill takes or
+        one long prompt (more than one prefill chunk) alone."""
+        taken: list[_Entry] = []
+        held, tokens = sum(e.cache_bytes for e in self._rows), 0
+        for entry in list(self._waiting):
+            ids, routers, config, control, trace = entry.args
+            if not config.shared:
+                self._waiting.remove(entry)
+                entry.solo = self.engine._loop(ids, routers, config, control, trace)
+                self._solos.append(entry)
+                continue
+            alone = not self.pack_prefill or len(ids) > PREFILL_CHUNK
+            if len(self._rows) + len(taken) >= self.max_batch or (taken and (alone or tokens + len(ids) > PACK_TOKENS)):
+                continue
+            if self.cache_bytes is not None and (self._rows or taken) and held + entry.cache_bytes > self.cache_bytes:
+                continue
+            self._waiting.remove(entry)
+            taken.append(entry)
+            held, tokens = held + entry.cache_bytes, tokens + len(ids)
+            if alone:
+                break
+        return taken
+
+    def _prefill(self, entries: list[_Entry]) -> None:
+        """Read the prompts of the rows that join: those that pack (`Generation.packed_prefill`) in one forward, the
+        others one by one. A failure fails the rows whose prompt it was reading."""
+        started = []
+        for entry in entries:
+            try:
+                entry.gen = Generation(self.engine, *entry.args)
+                started.append(entry)
+            except Exception as err:
+                self._end(entry, err)
+        packed = [(e, seg) for e in started if (seg := e.gen.packed_prefill()) is not None] if len(started) > 1 else []
+        for entry in started:
+            if not any(entry is e for e, _ in packed):
+                try:
+                    with torch.inference_mode():
+                        self._put(entry, entry.gen.prefill())
+                except Exception as err:
+                    self._end(entry, err)
+                    continue
+                self._rows.append(entry)
+        if not packed:
             return
-        self._rows.append(entry)
+        t0 = time.perf_counter()
+        try:
+            logits = forward_packed(self.engine.anatomy, [seg for _, seg in packed])
+        except Exception as err:
+            log.error("a packed prefill of %d prompts failed", len(packed), exc_info=err)
+            for entry, _ in packed:
+                self._end(entry, err)
+            return
+        seconds, tokens = time.perf_counter() - t0, sum(len(seg.ids) for _, seg in packed)
+        self.packed["prefills"] += 1
+        self.packed["prompts"] += len(packed)
+        for (entry, seg), out in zip(packed, logits):
+            self._put(entry, entry.gen.prefilled(seg, out, seconds * len(seg.ids) / tokens))
+            self._rows.append(entry)
 
     def _forward(self, rows: list[_Entry]) -> None:
         n = len(rows)

@@ -110,12 +110,13 @@ def loop_split(before: dict, after: dict) -> dict:
     """Where the room's loop spent a run's time (Room.time_spent before and after it): each phase's share of the
     loop's seconds, the seconds, and the mean rows of a batched step. (The engine process sends its figures with its
     Steps, so `after` may miss the last few milliseconds.)"""
-    phases = [k for k in after if k not in ("steps", "rows")]
+    phases = [k for k in after if k not in ("steps", "rows") and not k.startswith("packed_")]
     seconds = {k: after[k] - before.get(k, 0.0) for k in phases}
     total = sum(seconds.values())
     steps = after.get("steps", 0) - before.get("steps", 0)
     return {"seconds": round(total, 1), **{k: round(v / total, 3) for k, v in seconds.items() if total > 0},
-            "mean_rows": round((after.get("rows", 0) - before.get("rows", 0)) / steps, 1) if steps else None}
+            "mean_rows": round((after.get("rows", 0) - before.get("rows", 0)) / steps, 1) if steps else None,
+            **{k: after[k] - before.get(k, 0) for k in after if k.startswith("packed_")}}
 
 
 def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, rounds: int = 3) -> dict:
