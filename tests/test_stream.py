@@ -63,3 +63,13 @@ def test_frames_come_less_often_for_each_visitor_as_a_room_grows():
         p = Pacer(text_every=0.5, plot_every=2.0)
         assert p.due(0.0, 1, [r]) is True
         assert p.next_text == 0.5 * factor and p.next_plot == 2.0 * factor
+
+
+def test_the_first_generated_token_shows_at_once_whatever_the_rooms_pace():
+    """32 sharing a step: text every 4 s, but the frame with the first generated token is not held for the pace."""
+    r = SimpleNamespace(measuring=False, scoring=False, quality_chunks=0, sharing=32)
+    p = Pacer(text_every=0.5, plot_every=2.0)
+    assert p.due(0.0, 40, [r]) is True  # the prompt's frame; the next text waits 4 s
+    assert p.due(0.3, 41, [r], started=True) is False  # the first token: text now
+    assert p.due(0.6, 43, [r], started=True) is None  # later tokens keep the pace
+    assert p.due(4.4, 60, [r], started=True) is False

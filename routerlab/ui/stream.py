@@ -52,24 +52,29 @@ class Pacer:
     browser would slow the pass down. Right after a pass the plot is due at once (its strip has new
     scores); with runs that measure quality, the clock draws the plot only after MEASURED_PLOT_SLACK x
     `plot_every` without a pass. In a room both intervals stretch with the generations sharing the step
-    (SHARED_ROWS_PER_PACE).
+    (SHARED_ROWS_PER_PACE), but the first generated token's text is due at once: in a busy room the pace is
+    seconds, and the wait for the first token is what a visitor feels most.
     """
 
     text_every: float
     plot_every: float
     next_text: float = 0.0
+    first_shown: bool = False  # a frame with a generated token was due
     next_plot: float = 0.0
     text_seen: int = 0
     plot_seen: int = 0
     chunks_seen: int = 0
 
-    def due(self, now: float, size: int, runs: Sequence[RunState] = ()) -> bool | None:
-        """None: no frame now. Otherwise a frame is due, and the value says whether it redraws the plot."""
+    def due(self, now: float, size: int, runs: Sequence[RunState] = (), started: bool = False) -> bool | None:
+        """None: no frame now. Otherwise a frame is due, and the value says whether it redraws the plot. `started`:
+        the traces hold a generated token (not only the prompt)."""
         if any(r.scoring for r in runs):
             return None
         chunks = sum(r.quality_chunks for r in runs)
         draw = chunks > self.chunks_seen or (size != self.plot_seen and now >= self.next_plot)
-        if not draw and (size == self.text_seen or now < self.next_text):
+        first = started and not self.first_shown
+        self.first_shown = self.first_shown or started
+        if not draw and not first and (size == self.text_seen or now < self.next_text):
             return None
         pace = max(1.0, max((getattr(r, "sharing", 0) for r in runs), default=0) / SHARED_ROWS_PER_PACE)
         self.text_seen, self.next_text = size, now + self.text_every * pace
@@ -131,7 +136,8 @@ class Decoder:
                 yield snaps, True
                 return
             read = sum(getattr(c, "prompt_read", 0) for c in (*runs, *reading))
-            draw = pacer.due(time.perf_counter(), sum(len(t.steps) for t in snaps) + read, runs)
+            started = any(len(t.steps) > t.meta.get("prompt_tokens", 1 << 30) for t in snaps)
+            draw = pacer.due(time.perf_counter(), sum(len(t.steps) for t in snaps) + read, runs, started)
             if draw is not None:
                 yield snaps, draw
 
