@@ -1,0 +1,81 @@
+"""The room's loop alone, with and without packed forwards, side by side: `python -m routerlab.bench.room_loop`.
+
+N requests (the example prompts in turn, the page's defaults: the default router set at 0.5, `kv`, greedy, 64 new
+tokens, Measure quality on) join one `Room` at once, stepped in the main thread of this process (no web server, no
+clients) until all end; the same load with `Room.pack_quality` and `Room.pack_prefill` on and off, alternating
+rounds. Prints each run's tokens/s and where the loop's time went (`Room.time_spent`), and the medians' ratio.
+Measures the decode loop's own work, so `make room`'s served figures can be read against it. Knows nothing about
+servers or the UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+from routerlab.core import batch_paths
+from routerlab.core.config import GenerateConfig
+from routerlab.core.engine import Control, Engine
+from routerlab.core.room import Room
+
+KNOBS = ("pack_quality", "pack_prefill")
+
+
+def run(engine, routers, prompts: list[str], n: int, packed: bool, new_tokens: int = 64) -> dict:
+    room = engine.room = Room(engine)
+    for knob in KNOBS:
+        setattr(room, knob, packed)
+    room.prefill_budget_s = float("inf")  # every request is there at the start: all join the first step
+    try:
+        config = GenerateConfig(max_new_tokens=new_tokens, ignore_eos=True, quality=True, threshold=0.5)
+        readers = [engine.generate_ids(engine.encode(prompts[k % len(prompts)], config), routers, config, Control(0.5))
+                   for k in range(n)]
+        t0 = time.perf_counter()
+        while any(room.busy.values()):
+            room.step()
+        wall = time.perf_counter() - t0
+        tokens = sum(len([s for s in r if not s.is_prompt]) for r in readers)
+    finally:
+        engine.room = None
+    spent = room.time_spent()
+    phases = {k: spent[k] for k in ("prefill", "quality", "forward", "other")}
+    total = sum(phases.values())
+    return {"tokens_per_s": round(tokens / wall, 1), "share": {k: round(v / total, 2) for k, v in phases.items()},
+            "packed": room.packed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from routerlab.core.models import load_model
+    from routerlab.tuning.checkpoint import load_routers
+    from routerlab.ui.resources import ROUTERS_DIR, load_prompts
+
+    p = argparse.ArgumentParser(prog="python -m routerlab.bench.room_loop", description=__doc__.split("\n")[0])
+    p.add_argument("--rows", default="8,32", help="requests at once, comma-separated")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of packed and one-by-one")
+    p.add_argument("--router-set", default="attention-token")
+    args = p.parse_args(argv)
+    engine = Engine.from_loaded(load_model())
+    print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
+    routers = load_routers(ROUTERS_DIR / args.router_set, engine.model)[0]
+    prompts = load_prompts()
+    report = {"machine": platform.processor() or platform.machine(), "rows": {}}
+    for n in [int(x) for x in args.rows.split(",")]:
+        run(engine, routers, prompts, n, True, new_tokens=8)  # warm-up
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(args.rounds):
+            for packed in ((True, False) if r % 2 == 0 else (False, True)):
+                out = run(engine, routers, prompts, n, packed)
+                rates[packed].append(out["tokens_per_s"])
+                print(f"{n} rows, packed={packed}: {json.dumps(out)}", flush=True)
+        on, off = statistics.median(rates[True]), statistics.median(rates[False])
+        report["rows"][n] = {"packed": on, "one_by_one": off, "ratio": round(on / off, 2)}
+        print(f"== {n} rows: packed {on:.1f} tokens/s, one by one {off:.1f}: {on / off:.2f}x", flush=True)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
