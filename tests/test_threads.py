@@ -47,3 +47,14 @@ def test_batch_sizes_keep_their_own_records():
 def test_one_choice_never_explores():
     tuner = ThreadTuner(choices=(1,), set_threads=lambda n: None)
     assert _run(tuner, 50, 4, {1: 0.01}) == [1] * 50
+
+
+def test_long_forwards_get_every_thread_and_the_step_its_own_choice_back():
+    tuner, calls = _tuner()
+    _run(tuner, 10, 8, {1: 0.004, 2: 0.009})  # under load one thread steps faster
+    assert tuner.current == 1
+    assert tuner.widest() == 2 and calls[-1] == 2  # a packed prefill or quality pass: both threads
+    assert tuner.before(8) == 1 and calls[-1] == 1  # the next step: its own choice again
+    before = dict(tuner.per_token)
+    tuner.after(8, 0.004 * 8)
+    assert set(tuner.per_token) == set(before)  # timed as a 1-thread step, as it ran

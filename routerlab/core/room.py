@@ -168,6 +168,8 @@ class Room:
         """One step of the whole room (see the module docstring)."""
         start = time.perf_counter()
         quality0 = self._quality_seconds()
+        if self.threads is not None:  # prefills and quality passes: forwards over many tokens (ThreadTuner.widest)
+            self.threads.widest()
         self._admit()
         prefilled = time.perf_counter()
         self.spent["prefill"] += prefilled - start

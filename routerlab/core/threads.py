@@ -56,6 +56,16 @@ class ThreadTuner:
             self.current = threads
         return threads
 
+    def widest(self) -> int:
+        """All the threads, for a forward over many tokens (a packed prefill or quality pass): its large products
+        divide well between threads even beside other load, unlike a decode step's small ones. The next `before`
+        sets the step's own choice again."""
+        threads = max(self.choices)
+        if threads != self.current:
+            self._set(threads)
+            self.current = threads
+        return threads
+
     def after(self, rows: int, seconds: float) -> None:
         self.steps += 1
         if rows < 1 or seconds <= 0 or self.current is None:
