@@ -413,8 +413,14 @@ def room_markdown(r: dict) -> list[str]:
         for mode, m in (("room", room), ("alone", alone)):
             row = m["levels"].get(str(n))
             if row:
-                rows[f"{n} {mode}"] = {k: v for k, v in row.items() if k not in ("sessions", "failures")}
-    out += [_matrix(rows), "", "Ratios (room): " + "; ".join(f"{n} at once: aggregate {v['aggregate_vs_one_session']}x one session, "
+                rows[f"{n} {mode}"] = {k: v for k, v in row.items() if k not in ("sessions", "failures", "loop")}
+    out += [_matrix(rows), ""]
+    split = {f"{n} room": room["levels"][str(n)]["loop"] for n in r["levels"] if room["levels"].get(str(n), {}).get("loop")}
+    if split:
+        out += ["Where the room's loop spent each level's time (`Room.time_spent`, shares of its seconds; `idle`: nothing "
+                "to decode, e.g. before the requests arrive and while the last pages are drawn), the mean rows of a batched "
+                "step, and the packed forwards (prefills of several prompts; quality passes of several rows):", "", _matrix(split), ""]
+    out += ["Ratios (room): " + "; ".join(f"{n} at once: aggregate {v['aggregate_vs_one_session']}x one session, "
             f"slowest visitor (p5) {v['visitor_p5_vs_one_session']}x, {v['aggregate_vs_alone_path']}x the alone path"
             for n, v in r["ratios"].items()), ""]
     if room.get("one_visitor_vs_cli"):
