@@ -153,6 +153,7 @@ def test_the_web_control_says_what_the_engine_control_said(stepped):
     list(reader), list(other)
     assert control.quality_chunks == control.trace.meta["quality_chunks"] >= 3
     assert control.sharing == 0  # the row left the room
+    assert control.prompt_tokens == control.prompt_read == 3  # how far the prompt was read (a long one's progress)
 
 
 def test_a_moved_threshold_and_stop_reach_the_row(stepped):

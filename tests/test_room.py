@@ -345,3 +345,47 @@ def _alone_logits(engine, ids, routers, config) -> list[torch.Tensor]:
                 return out
             logits, scores = engine._forward([gen.feed[0]], gen.feed[1], gen.caches, gen.plan)
             gen.end(logits, scores[0])
+
+
+def test_a_long_prompt_is_read_a_chunk_a_step_while_the_others_decode(monkeypatch):
+    """A prompt longer than one prefill chunk joins a running room: its chunks are read one per step, the running row
+    gets a token at each of those steps, and both write what they write alone. A Stop while it reads ends it there."""
+    from routerlab.core import generation
+
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 8)
+    model = tiny_model("llama")
+    engine = Engine(model)
+    att = _routers(model, "attention-token", 0)
+    short = ([5, 17, 42, 9], att, GenerateConfig(max_new_tokens=10, ignore_eos=True, threshold=0.5))
+    long = (list(range(3, 35)), att, GenerateConfig(max_new_tokens=4, ignore_eos=True, threshold=0.5))  # 32 tokens: 4 chunks
+    alone = [_alone(engine, r) for r in (short, long)]
+    room = engine.room = Room(engine)
+    try:
+        c_short, c_long = Control(0.5), Control(0.5)
+        r_short = engine.generate_ids(*short, c_short)
+        room.step(), room.step()
+        r_long = engine.generate_ids(*long, c_long)
+        grew, read = [], []
+        for _ in range(4):  # the long prompt's four chunks, one per step
+            before = len(c_short.trace.generated_steps)
+            room.step()
+            grew.append(len(c_short.trace.generated_steps) - before)
+            read.append(c_long.prompt_read)
+            assert room.busy["rows"] == 2
+        assert grew == [1, 1, 1, 1] and read == [8, 16, 24, 32] and not c_long.trace.generated_steps
+        while any(room.busy.values()):
+            room.step()
+        for a, s in zip(alone, (c_short.trace, c_long.trace)):
+            _same_run(a, s, lambda step: step.threshold)
+        list(r_short), list(r_long)
+
+        stopped = Control(0.5)
+        reader = engine.generate_ids(*long, stopped)
+        room.step()
+        stopped.request_stop()
+        while any(room.busy.values()):
+            room.step()
+        list(reader)
+        assert stopped.trace.meta["stop_reason"] == "stopped" and stopped.trace.meta["prefill_stopped_at"] == 8
+    finally:
+        engine.room = None

@@ -100,6 +100,11 @@ class Generation:
             yield end
         self._read(rows, time.perf_counter() - t0)
 
+    @property
+    def prompt_steps(self) -> list[Step]:
+        """The prompt's Steps, once `prefill_chunks` has read it (to its end or to a Stop)."""
+        return self._prompt_steps
+
     def packed_prefill(self) -> Segment | None:
         """The prompt as a segment of a packed forward (core/packed.py), where one forward reads it (at most one
         chunk, any level) and its plan packs; None: read it with `prefill`. After the forward, `prefilled`."""

@@ -17,7 +17,8 @@ hands it to each request's queue. Messages (tuples; `rid`: a request's number on
                   ("batch", events, stats)        everything ready at once: per request ("step", rid, Step),
                                                   ("patch", rid, index, kl_full, full_top_token, full_top_text),
                                                   ("meta", rid, set, extend), ("state", rid, sharing, measuring,
-                                                  scoring, quality_chunks), then ("end", rid) or ("error", rid, e);
+                                                  scoring, quality_chunks, prompt_tokens, prompt_read), then
+                                                  ("end", rid) or ("error", rid, e);
                                                   stats: where, thread, steps, largest, busy of the room
                   ("stepped", busy)               stepped mode: the steps asked for ran
 

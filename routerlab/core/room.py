@@ -6,8 +6,9 @@ own). Each `step`:
 
   1. admits waiting requests while the batch has room (at most `max_batch` rows, and at most `cache_bytes` of KV
      caches as the rows' longest runs would fill them), prefilling their prompts until PREFILL_BUDGET_S of the step
-     is spent (at least one), so streams already running stall for about that long at most, and a crowd that
-     arrives together is read within a few steps;
+     is spent (at least one forward: short prompts together in one packed forward, core/packed.py), so streams
+     already running stall for about that long at most, and a crowd that arrives together is read within a step or
+     two; a long prompt (more than one prefill chunk) is read a chunk a step, so nobody waits for a whole document;
   2. lets each row begin its token (its quality meter's due pass, Stop, sampling, end of text; core/generation.py);
   3. runs every row that feeds a token through one batched forward (core/batch.py): each row with its own routers,
      threshold and KV policy; a row that ends leaves at once and its caches go with it;
@@ -35,9 +36,9 @@ from typing import Iterator
 
 import torch
 
-from routerlab.core import batch_paths
+from routerlab.core import batch_paths, generation
 from routerlab.core.batch import step_rows
-from routerlab.core.generation import PREFILL_CHUNK, Generation
+from routerlab.core.generation import Generation
 from routerlab.core.packed import forward_packed
 from routerlab.core.quality import score_together
 from routerlab.core.threads import ThreadTuner
@@ -61,6 +62,7 @@ class _Entry:
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     gen: Generation | None = None
     solo: Iterator[Step] | None = None
+    reading: Iterator[int] | None = None  # a long prompt's chunks still to read (Generation.prefill_chunks)
     cache_bytes: int = 0
 
     @property
@@ -79,6 +81,7 @@ class Room:
         self._cond = threading.Condition()
         self._waiting: deque[_Entry] = deque()
         self._rows: list[_Entry] = []
+        self._reading: list[_Entry] = []  # rows whose long prompt is being read, a chunk a step; then in _rows
         self._solos: list[_Entry] = []
         self._closed = False
         self.thread_name: str | None = None  # the thread that runs the loop, once it runs
@@ -131,7 +134,7 @@ class Room:
     @property
     def busy(self) -> dict:
         with self._cond:
-            return {"rows": len(self._rows), "solo": len(self._solos), "waiting": len(self._waiting)}
+            return {"rows": len(self._rows) + len(self._reading), "solo": len(self._solos), "waiting": len(self._waiting)}
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -141,7 +144,7 @@ class Room:
         while not (stop is not None and stop.is_set()):
             t0 = time.perf_counter()
             with self._cond:
-                while not (self._waiting or self._rows or self._solos or self._closed or (stop is not None and stop.is_set())):
+                while not (self._waiting or self._rows or self._reading or self._solos or self._closed or (stop is not None and stop.is_set())):
                     self._cond.wait(0.5)
                 if self._closed:
                     return
@@ -171,6 +174,7 @@ class Room:
         if self.threads is not None:  # prefills and quality passes: forwards over many tokens (ThreadTuner.widest)
             self.threads.widest()
         self._admit()
+        self._read_long()
         prefilled = time.perf_counter()
         self.spent["prefill"] += prefilled - start
         rows = []
@@ -273,7 +277,8 @@ class Room:
         order of arrival that fit the batch and the cache cap, as many short prompts as one packed prefill takes or
         one long prompt (more than one prefill chunk) alone."""
         taken: list[_Entry] = []
-        held, tokens = sum(e.cache_bytes for e in self._rows), 0
+        held, tokens = sum(e.cache_bytes for e in (*self._rows, *self._reading)), 0
+        rows = len(self._rows) + len(self._reading)
         for entry in list(self._waiting):
             ids, routers, config, control, trace = entry.args
             if not config.shared:
@@ -281,10 +286,10 @@ class Room:
                 entry.solo = self.engine._loop(ids, routers, config, control, trace)
                 self._solos.append(entry)
                 continue
-            alone = not self.pack_prefill or len(ids) > PREFILL_CHUNK
-            if len(self._rows) + len(taken) >= self.max_batch or (taken and (alone or tokens + len(ids) > PACK_TOKENS)):
+            alone = not self.pack_prefill or len(ids) > generation.PREFILL_CHUNK
+            if rows + len(taken) >= self.max_batch or (taken and (alone or tokens + len(ids) > PACK_TOKENS)):
                 continue
-            if self.cache_bytes is not None and (self._rows or taken) and held + entry.cache_bytes > self.cache_bytes:
+            if self.cache_bytes is not None and (rows or taken) and held + entry.cache_bytes > self.cache_bytes:
                 continue
             self._waiting.remove(entry)
             taken.append(entry)
@@ -305,14 +310,19 @@ class Room:
                 self._end(entry, err)
         packed = [(e, seg) for e in started if (seg := e.gen.packed_prefill()) is not None] if len(started) > 1 else []
         for entry in started:
-            if not any(entry is e for e, _ in packed):
-                try:
-                    with torch.inference_mode():
-                        self._put(entry, entry.gen.prefill())
-                except Exception as err:
-                    self._end(entry, err)
-                    continue
-                self._rows.append(entry)
+            if any(entry is e for e, _ in packed):
+                continue
+            if len(entry.gen.ids) > generation.PREFILL_CHUNK:  # a long prompt: a chunk a step (`_read_long`)
+                entry.reading = entry.gen.prefill_chunks()
+                self._reading.append(entry)
+                continue
+            try:
+                with torch.inference_mode():
+                    self._put(entry, entry.gen.prefill())
+            except Exception as err:
+                self._end(entry, err)
+                continue
+            self._rows.append(entry)
         if not packed:
             return
         t0 = time.perf_counter()
@@ -328,6 +338,23 @@ class Room:
         self.packed["prompts"] += len(packed)
         for (entry, seg), out in zip(packed, logits):
             self._put(entry, entry.gen.prefilled(seg, out, seconds * len(seg.ids) / tokens))
+            self._rows.append(entry)
+
+    def _read_long(self) -> None:
+        """One chunk of each long prompt being read (core/generation.py reads them in chunks): the running rows get a
+        token between its chunks, never wait for a whole document. A prompt read to its end (or to a Stop) joins the
+        rows; a failure fails its row."""
+        for entry in list(self._reading):
+            try:
+                with torch.inference_mode():
+                    if next(entry.reading, None) is not None:
+                        continue
+            except Exception as err:
+                self._end(entry, err)
+                continue
+            self._reading.remove(entry)
+            entry.reading = None
+            self._put(entry, entry.gen.prompt_steps)
             self._rows.append(entry)
 
     def _forward(self, rows: list[_Entry]) -> None:
@@ -366,6 +393,8 @@ class Room:
                 error = err
             finally:
                 gen.close()
+        if entry in self._reading:
+            self._reading.remove(entry)
         if entry in self._rows:
             self._rows.remove(entry)
             if gen is not None and gen.meter is not None:

@@ -125,7 +125,8 @@ class TraceWatch:
 
     def changes(self) -> list[tuple]:
         """("patch", index, kl_full, full_top_token, full_top_text) for each newly scored Step, ("meta", set, extend)
-        and ("state", sharing, measuring, scoring, quality_chunks), each only when something changed."""
+        and ("state", sharing, measuring, scoring, quality_chunks, prompt_tokens, prompt_read), each only when
+        something changed."""
         out = []
         steps = self.trace.steps
         if self.unscored:
@@ -150,7 +151,7 @@ class TraceWatch:
         if changed or extended:
             out.append(("meta", changed, extended))
         c = self.control
-        state = (c.sharing, c.measuring, c.scoring, c.quality_chunks)
+        state = (c.sharing, c.measuring, c.scoring, c.quality_chunks, c.prompt_tokens, c.prompt_read)
         if state != self.state:
             self.state = state
             out.append(("state", *state))
@@ -183,6 +184,7 @@ def apply_change(trace: Trace, control, change: tuple) -> None:
         for key, tail in extended.items():
             trace.meta.setdefault(key, []).extend(tail)
     elif kind == "state":
-        _, sharing, measuring, scoring, chunks = change
+        _, sharing, measuring, scoring, chunks, prompt_tokens, prompt_read = change
         control.meter = MeterView(measuring, scoring, chunks)
         control.sharing = sharing
+        control.prompt_tokens, control.prompt_read = prompt_tokens, prompt_read  # a long prompt's progress
