@@ -108,3 +108,44 @@ def test_plans_a_packed_forward_cannot_take_are_refused():
     soft = Plan(_routers(engine.model, "attention-token", 0), 0.5, "mask")
     with pytest.raises(ValueError, match="hard gates"):
         forward_packed(engine.anatomy, [Segment([1, 2], 0, engine.new_caches(8), 1, soft)])
+
+
+@pytest.mark.parametrize("granularity,policy", [(None, "kv"), ("attention-token", "kv"), ("attention-token", "drop"),
+                                                ("block-token", "drop")])
+def test_prompts_that_share_their_start_read_it_once_and_get_what_each_gets_alone(granularity, policy):
+    """Three prompts with the same 10 first tokens (a chat template's system turn) and one without: the stretch is
+    read once and copied, and each prompt's logits, scores and caches are what its own forward gives."""
+    from routerlab.core.packed import forward_shared, shared_stretches
+
+    model = tiny_model("llama")
+    engine = Engine(model)
+    routers = _routers(model, granularity, 7) if granularity else None
+    system = [1, 50, 51, 52, 53, 54, 55, 56, 57, 2]
+    prompts = [system + [60, 61, 62], system + [70, 71], system + [80, 81, 82, 83], [90, 91, 92, 93, 94, 95, 96, 97, 98, 99]]
+    segs = [Segment(p, 0, engine.new_caches(32), 1, Plan(routers, 0.5, policy)) for p in prompts]
+    assert shared_stretches(segs) == [(10, [0, 1, 2])]
+    got = forward_shared(engine.anatomy, segs)
+    for p, seg, logits in zip(prompts, segs, got):
+        caches = engine.new_caches(32)
+        want, table = forward(engine.anatomy, torch.tensor([p]), torch.arange(len(p)), caches, Plan(routers, 0.5, policy))
+        assert torch.allclose(want[0], logits, atol=1e-4, rtol=1e-4)
+        assert seg.scores.shape == table.shape and torch.allclose(table, seg.scores, atol=1e-5, equal_nan=True)
+        for c, d in zip(caches, seg.caches):
+            assert c.n == d.n
+            if c.n:
+                assert torch.equal(c.pos[: c.n], d.pos[: d.n]) and torch.allclose(c.v[:, :, : c.n], d.v[:, :, : d.n], atol=1e-5)
+
+
+def test_no_stretch_is_shared_across_plans_thresholds_or_sequence_level_sets():
+    from routerlab.core.packed import shared_stretches
+
+    model = tiny_model("llama")
+    att, seq = _routers(model, "attention-token", 0), _routers(model, "attention-sequence", 1)
+    ids = list(range(1, 15))
+    segs = [Segment(ids, 0, [], 1, Plan(att, 0.5, "kv")), Segment(ids, 0, [], 1, Plan(att, 0.6, "kv")),
+            Segment(ids, 0, [], 1, Plan(att, 0.5, "drop")), Segment(ids, 0, [], 1, Plan(None)),
+            Segment(ids, 0, [], 1, Plan(seq, 0.5, "kv")), Segment(ids, 0, [], 1, Plan(seq, 0.5, "kv")),
+            Segment(ids, 3, [], 1, Plan(None))]  # a later chunk: not a prompt's start
+    assert shared_stretches(segs) == []
+    segs.append(Segment(ids[:9] + [99], 0, [], 2, Plan(att, 0.5, "kv")))  # shares 9 with the first, keeps its last 2
+    assert shared_stretches(segs) == [(8, [0, 7])]

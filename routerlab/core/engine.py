@@ -34,7 +34,7 @@ from routerlab.core.gates import ALL, NONE, Gate, Plan, Scores, decide, score_ta
 from routerlab.core.generation import Generation, sample  # noqa: F401 (sample: re-exported)
 from routerlab.core.kernels import rope
 from routerlab.core.one_token import one_token_ok, run_layer_one
-from routerlab.core.packed import Segment, forward_packed
+from routerlab.core.packed import Segment, forward_shared
 from routerlab.core.precision import describe, dtype_name
 from routerlab.core.quality import QualityMeter
 from routerlab.core.routed import Anatomy, AttentionParts, LayerParts
@@ -467,7 +467,7 @@ class Engine:
 
     def full_passes(self, calls: list[tuple]) -> list[torch.Tensor]:
         """quality.PackedForward: several meters' full-depth passes (each `packable`) in one forward (core/packed.py)."""
-        return forward_packed(self.anatomy, [Segment(ids, start, f.caches, n) for f, ids, start, n in calls])
+        return forward_shared(self.anatomy, [Segment(ids, start, f.caches, n) for f, ids, start, n in calls])
 
     def run(self, prompt: str, routers: RouterSet | None, config: GenerateConfig) -> Trace:
         """Generate to the end and return the Trace."""

@@ -5,7 +5,8 @@ only.
 What it is for: a room's rows that need a forward over many tokens at the same step (core/room.py). Their quality
 meters each score a chunk of their run at full depth (core/quality.py), and newcomers' prompts are read (prefill).
 A forward over a few dozen tokens pays most of its cost in reading (on CPUs without bf16 units, converting) every
-weight, so eight such forwards packed cost about what three do one by one.
+weight, so eight such forwards packed cost about what three do one by one. `forward_shared` also reads once the
+stretch that prompts share from their start (a chat template's system turn) and copies its keys and values.
 
 Computes what `engine.forward` computes for each sequence under its `Plan`: layer by layer the same operations, each
 sequence deciding its own gates from its own scores; the products run over the packed rows that need them: one q|k|v
@@ -16,6 +17,7 @@ not training); other plans take the engine's forward. Knows nothing about rooms,
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +69,57 @@ def forward_packed(an: Anatomy, segments: list[Segment]) -> list[torch.Tensor]:
     for q in seqs:
         q.seg.scores = score_table(q.scores, q.hi - q.lo, an.n_layers, device)
     return list(logits.split([s.n for s in segments]))
+
+
+SHARED_MIN = 8  # tokens prompts must share from their start before that stretch is read once for all of them
+
+
+def forward_shared(an: Anatomy, segments: list[Segment]) -> list[torch.Tensor]:
+    """`forward_packed`, but segments that start at position 0 under the same plan (token level or none) and share
+    their first tokens (at least SHARED_MIN: a chat template's system turn, 24 tokens for the embedded model) read
+    that stretch once: one forward over it, its keys and values copied into each one's caches, then the rest of
+    each. Causal attention makes the copy exact: nothing before a position depends on what follows it. Each
+    segment's `scores` still cover all its tokens."""
+    shared = []
+    for p, members in shared_stretches(segments):
+        first = segments[members[0]]
+        caches = [LayerCache(parts.attn, p, c.dtype, c.device) for parts, c in zip(an.layers, first.caches)]
+        shared.append((Segment(first.ids[:p], 0, caches, 1, first.plan), members))
+    if not shared:
+        return forward_packed(an, segments)
+    forward_packed(an, [head for head, _ in shared])
+    rest, heads = list(segments), {}
+    for head, members in shared:
+        p = len(head.ids)
+        for k in members:
+            s = segments[k]
+            for mine, theirs in zip(s.caches, head.caches):
+                if theirs.n:  # under drop a layer the stretch skipped everywhere holds nothing
+                    mine.append(theirs.k[:, :, : theirs.n], theirs.v[:, :, : theirs.n], theirs.pos[: theirs.n])
+            rest[k] = Segment(s.ids[p:], p, s.caches, s.n, s.plan)
+            heads[k] = head
+    logits = forward_packed(an, rest)
+    for k, s in enumerate(segments):
+        s.scores = torch.cat([heads[k].scores, rest[k].scores]) if k in heads else rest[k].scores
+    return logits
+
+
+def shared_stretches(segments: list[Segment]) -> list[tuple[int, list[int]]]:
+    """(tokens, indices of the segments) for each stretch `forward_shared` reads once."""
+    groups: dict[tuple, list[int]] = {}
+    for k, s in enumerate(segments):
+        plan = s.plan
+        if s.start == 0 and len(s.ids) > SHARED_MIN and plan.level != "sequence":  # sequence level: the whole prompt decides
+            groups.setdefault((id(plan.routers), plan.threshold, plan.policy, tuple(s.ids[:SHARED_MIN])), []).append(k)
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        common = len(os.path.commonprefix([segments[k].ids for k in members]))
+        p = min(common, *(len(segments[k].ids) - segments[k].n for k in members))  # each keeps the tokens it wants logits of
+        if p >= SHARED_MIN:
+            out.append((p, members))
+    return out
 
 
 class _Seq:

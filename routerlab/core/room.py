@@ -39,7 +39,7 @@ import torch
 from routerlab.core import batch_paths, generation
 from routerlab.core.batch import step_rows
 from routerlab.core.generation import Generation
-from routerlab.core.packed import forward_packed
+from routerlab.core.packed import forward_shared
 from routerlab.core.quality import score_together
 from routerlab.core.threads import ThreadTuner
 from routerlab.core.trace import Step, Trace
@@ -327,7 +327,7 @@ class Room:
             return
         t0 = time.perf_counter()
         try:
-            logits = forward_packed(self.engine.anatomy, [seg for _, seg in packed])
+            logits = forward_shared(self.engine.anatomy, [seg for _, seg in packed])
         except Exception as err:
             log.error("a packed prefill of %d prompts failed", len(packed), exc_info=err)
             for entry, _ in packed:
