@@ -131,9 +131,9 @@ class _CountingEngine(Engine):
 
     packs: list[int]
 
-    def full_passes(self, calls):
+    def full_passes(self, calls, share=True):
         self.packs.append(len(calls))
-        return super().full_passes(calls)
+        return super().full_passes(calls, share)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])

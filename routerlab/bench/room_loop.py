@@ -2,8 +2,9 @@
 
 N requests (the example prompts in turn, the page's defaults: the default router set at 0.5, `kv`, greedy, 64 new
 tokens, Measure quality on) join one `Room` at once, stepped in the main thread of this process (no web server, no
-clients) until all end; the same load with `Room.pack_quality` and `Room.pack_prefill` on and off, alternating
-rounds. Prints each run's tokens/s and where the loop's time went (`Room.time_spent`), and the medians' ratio.
+clients) until all end; the same load three ways, alternating rounds: packed forwards that read the prompts' shared
+start once (the app's way), packed forwards only, and one row at a time (`Room.share_starts`, `Room.pack_quality`,
+`Room.pack_prefill`). Prints each run's tokens/s and where the loop's time went (`Room.time_spent`), and the medians.
 Measures the decode loop's own work, so `make room`'s served figures can be read against it. Knows nothing about
 servers or the UI.
 """
@@ -24,10 +25,14 @@ from routerlab.core.room import Room
 KNOBS = ("pack_quality", "pack_prefill")
 
 
-def run(engine, routers, prompts: list[str], n: int, packed: bool, new_tokens: int = 64) -> dict:
+MODES = ("shared", "packed", "one_by_one")  # packed forwards reading shared prompt starts once; packed only; neither
+
+
+def run(engine, routers, prompts: list[str], n: int, mode: str, new_tokens: int = 64) -> dict:
     room = engine.room = Room(engine)
     for knob in KNOBS:
-        setattr(room, knob, packed)
+        setattr(room, knob, mode != "one_by_one")
+    room.share_starts = mode == "shared"
     room.prefill_budget_s = float("inf")  # every request is there at the start: all join the first step
     try:
         config = GenerateConfig(max_new_tokens=new_tokens, ignore_eos=True, quality=True, threshold=0.5)
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m routerlab.bench.room_loop", description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="8,32", help="requests at once, comma-separated")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of packed and one-by-one")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three ways")
     p.add_argument("--router-set", default="attention-token")
     args = p.parse_args(argv)
     engine = Engine.from_loaded(load_model())
@@ -63,16 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts()
     report = {"machine": platform.processor() or platform.machine(), "rows": {}}
     for n in [int(x) for x in args.rows.split(",")]:
-        run(engine, routers, prompts, n, True, new_tokens=8)  # warm-up
-        rates: dict[bool, list[float]] = {True: [], False: []}
+        run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
+        rates: dict[str, list[float]] = {m: [] for m in MODES}
         for r in range(args.rounds):
-            for packed in ((True, False) if r % 2 == 0 else (False, True)):
-                out = run(engine, routers, prompts, n, packed)
-                rates[packed].append(out["tokens_per_s"])
-                print(f"{n} rows, packed={packed}: {json.dumps(out)}", flush=True)
-        on, off = statistics.median(rates[True]), statistics.median(rates[False])
-        report["rows"][n] = {"packed": on, "one_by_one": off, "ratio": round(on / off, 2)}
-        print(f"== {n} rows: packed {on:.1f} tokens/s, one by one {off:.1f}: {on / off:.2f}x", flush=True)
+            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+                out = run(engine, routers, prompts, n, mode)
+                rates[mode].append(out["tokens_per_s"])
+                print(f"{n} rows, {mode}: {json.dumps(out)}", flush=True)
+        med = {m: statistics.median(v) for m, v in rates.items()}
+        report["rows"][n] = {**med, **{f"{m}_vs_one_by_one": round(med[m] / med["one_by_one"], 2) for m in MODES[:2]}}
+        print(f"== {n} rows: " + ", ".join(f"{m} {v:.1f}" for m, v in med.items()) + " tokens/s", flush=True)
     print(json.dumps(report))
     return 0
 

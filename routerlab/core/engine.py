@@ -465,9 +465,10 @@ class Engine:
         """Whether a quality meter's full forward can join a packed pass (`full_passes`): this engine's own."""
         return isinstance(full_forward, FullDepth)
 
-    def full_passes(self, calls: list[tuple]) -> list[torch.Tensor]:
-        """quality.PackedForward: several meters' full-depth passes (each `packable`) in one forward (core/packed.py)."""
-        return forward_shared(self.anatomy, [Segment(ids, start, f.caches, n) for f, ids, start, n in calls])
+    def full_passes(self, calls: list[tuple], share: bool = True) -> list[torch.Tensor]:
+        """quality.PackedForward: several meters' full-depth passes (each `packable`) in one forward (core/packed.py),
+        the start their first passes share read once (`share`)."""
+        return forward_shared(self.anatomy, [Segment(ids, start, f.caches, n) for f, ids, start, n in calls], share)
 
     def run(self, prompt: str, routers: RouterSet | None, config: GenerateConfig) -> Trace:
         """Generate to the end and return the Trace."""

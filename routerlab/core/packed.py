@@ -74,14 +74,14 @@ def forward_packed(an: Anatomy, segments: list[Segment]) -> list[torch.Tensor]:
 SHARED_MIN = 8  # tokens prompts must share from their start before that stretch is read once for all of them
 
 
-def forward_shared(an: Anatomy, segments: list[Segment]) -> list[torch.Tensor]:
+def forward_shared(an: Anatomy, segments: list[Segment], share: bool = True) -> list[torch.Tensor]:
     """`forward_packed`, but segments that start at position 0 under the same plan (token level or none) and share
     their first tokens (at least SHARED_MIN: a chat template's system turn, 24 tokens for the embedded model) read
     that stretch once: one forward over it, its keys and values copied into each one's caches, then the rest of
     each. Causal attention makes the copy exact: nothing before a position depends on what follows it. Each
-    segment's `scores` still cover all its tokens."""
+    segment's `scores` still cover all its tokens. `share=False`: `forward_packed` as it is (to compare)."""
     shared = []
-    for p, members in shared_stretches(segments):
+    for p, members in shared_stretches(segments) if share else []:
         first = segments[members[0]]
         caches = [LayerCache(parts.attn, p, c.dtype, c.device) for parts, c in zip(an.layers, first.caches)]
         shared.append((Segment(first.ids[:p], 0, caches, 1, first.plan), members))

@@ -77,6 +77,7 @@ class Room:
         self.cache_bytes = cache_bytes  # None: no cap beyond max_batch
         self.pack_quality = True  # rows' quality passes due together run packed (False: one by one, for comparison)
         self.pack_prefill = True  # newcomers' short prompts read in one packed forward (False: one by one)
+        self.share_starts = True  # packed forwards read the start prompts share once (packed.forward_shared)
         self.prefill_budget_s = PREFILL_BUDGET_S  # tests set it to inf: who joins a step then never depends on timing
         self._cond = threading.Condition()
         self._waiting: deque[_Entry] = deque()
@@ -244,7 +245,7 @@ class Room:
         groups.append(group)
         for group in groups:
             try:
-                score_together([e.gen.meter for e in group], self.engine.full_passes)
+                score_together([e.gen.meter for e in group], lambda calls: self.engine.full_passes(calls, self.share_starts))
                 self.packed["quality_passes"] += 1
                 self.packed["meters"] += len(group)
             except Exception as err:
@@ -327,7 +328,7 @@ class Room:
             return
         t0 = time.perf_counter()
         try:
-            logits = forward_shared(self.engine.anatomy, [seg for _, seg in packed])
+            logits = forward_shared(self.engine.anatomy, [seg for _, seg in packed], self.share_starts)
         except Exception as err:
             log.error("a packed prefill of %d prompts failed", len(packed), exc_info=err)
             for entry, _ in packed:
