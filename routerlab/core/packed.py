@@ -25,6 +25,7 @@ import torch
 from routerlab.core.cache import LayerCache
 from routerlab.core.gates import ALL, Gate, Plan, decide, score_table
 from routerlab.core.routed import Anatomy, LayerParts
+from routerlab.core.sublayers import attend_heads, run_mlp, split_kv, split_q, split_qkv
 
 
 @dataclass
@@ -182,8 +183,6 @@ def _pick(table: tuple[torch.Tensor, torch.Tensor], gate: Gate) -> tuple[torch.T
 
 
 def _layer(i: int, parts: LayerParts, h: torch.Tensor, seqs: list[_Seq]) -> torch.Tensor:
-    from routerlab.core.engine import attend_heads, run_mlp, split_kv, split_q, split_qkv
-
     a = parts.attn
     x = parts.attn_norm(h)
     gates = [q.gate(i, x, ("attention", "block")) for q in seqs]
