@@ -133,6 +133,7 @@ class _CountingEngine(Engine):
 
     def full_passes(self, calls, share=True):
         self.packs.append(len(calls))
+        self.at.append(self.room.steps if self.room is not None else None)
         return super().full_passes(calls, share)
 
 
@@ -142,7 +143,7 @@ def test_quality_passes_due_together_are_packed_and_score_as_alone(family):
     token's KL and the full model's top token are what the row's meter finds alone."""
     model = tiny_model(family)
     engine = _CountingEngine(model)
-    engine.packs = []
+    engine.packs, engine.at = [], []
     att = _routers(model, "attention-token", 0)
     requests = [(ids, None if k == 3 else att, GenerateConfig(
         max_new_tokens=7 + k, ignore_eos=True, threshold=0.5, quality=True, quality_chunk=3, quality_refresh=None))
@@ -156,6 +157,27 @@ def test_quality_passes_due_together_are_packed_and_score_as_alone(family):
         for x, y in zip(a.generated_steps, s.generated_steps):
             assert y.kl_full is not None and abs(x.kl_full - y.kl_full) <= 1e-4 and x.full_top_token == y.full_top_token
     assert all(t.meta["quality_seconds"] > 0 for t, (_, r, _) in zip(shared, requests) if r is not None)
+
+
+def test_a_crowds_quality_passes_spread_over_steps_one_pack_a_step(monkeypatch):
+    """Four rows fall due together, two fit a pack: two score at that step, the other two at the next (they decode
+    meanwhile and score nothing alone), and every KL is still what the meter finds alone."""
+    from routerlab.core import room as room_module
+
+    monkeypatch.setattr(room_module, "PACK_LOGITS", 6)  # two chunks of 3
+    model = tiny_model("llama")
+    engine = _CountingEngine(model)
+    engine.packs, engine.at = [], []
+    att = _routers(model, "attention-token", 0)
+    config = GenerateConfig(max_new_tokens=8, ignore_eos=True, threshold=0.5, quality=True, quality_chunk=3, quality_refresh=None)
+    requests = [(ids, att, config) for ids in ([5, 17, 42, 9], [88, 3, 19], [7, 8, 9, 10], [44, 45, 46])]
+    alone = [_alone(engine, r) for r in requests]
+    shared, _ = _in_room(engine, requests)
+    assert engine.packs[:2] == [2, 2] and engine.at[0] < engine.at[1]  # the second pair one step later
+    for a, s in zip(alone, shared):
+        assert [x.token_id for x in s.steps] == [x.token_id for x in a.steps]
+        for x, y in zip(a.generated_steps, s.generated_steps):
+            assert y.kl_full is not None and abs(x.kl_full - y.kl_full) <= 1e-4
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)

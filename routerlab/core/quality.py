@@ -92,6 +92,9 @@ class QualityMeter:
         # True while a chunk is scored (a full-depth forward on the decoding thread), read by other
         # threads: a UI sharing the machine holds its redraws meanwhile (ui/stream.py).
         self.scoring = False
+        # True while a room scores this meter's passes itself, packed with other rows' (core/room.py): `pump` leaves
+        # them to it. `flush` still scores everything.
+        self.deferred = False
 
     def add(self, step: Step, logits: torch.Tensor) -> None:
         """A generated token: `step` (its position follows the last one) and the routed logits it was sampled from."""
@@ -129,8 +132,8 @@ class QualityMeter:
         return waited + fill > latest
 
     def pump(self) -> None:
-        """Score the waiting tokens if a chunk is full or they have waited long enough."""
-        if self.due():
+        """Score the waiting tokens if a chunk is full or they have waited long enough (unless `deferred`)."""
+        if not self.deferred and self.due():
             self.score()
 
     def flush(self) -> None:

@@ -180,11 +180,12 @@ class Room:
         self.spent["prefill"] += prefilled - start
         rows = []
         shared = len(self._rows) > 1
-        for entry in self._rows:  # quality passes while shared: full chunks only (module docstring)
+        for entry in self._rows:  # quality passes while shared: full chunks only (module docstring), packed here
             if entry.gen.meter is not None:
                 entry.gen.meter.refresh_seconds = None if shared else entry.gen.config.quality_refresh
-        if shared:
-            self._score_together([e for e in self._rows if self._packable(e) and e.gen.meter.due()])
+                entry.gen.meter.deferred = shared and self.pack_quality and self._packable(entry)
+        if shared:  # one packed pass a step at most: a crowd's passes spread over steps, never one long stall
+            self._score_together([e for e in self._rows if self._packable(e) and e.gen.meter.due()], first_only=True)
         ending = []
         for entry in list(self._rows):
             try:
@@ -228,10 +229,11 @@ class Room:
         meter = entry.gen.meter
         return meter is not None and meter.full_forward is not None and self.engine.packable(meter.full_forward)
 
-    def _score_together(self, entries: list[_Entry]) -> bool:
+    def _score_together(self, entries: list[_Entry], first_only: bool = False) -> bool:
         """The rows' due quality passes packed into few full-depth forwards (quality.score_together), each of at most
-        PACK_LOGITS scored tokens and about PACK_TOKENS fed. A row alone scores in its `begin`, as a run alone does. A
-        failed pass fails the rows it scored for. Whether it ran any."""
+        PACK_LOGITS scored tokens and about PACK_TOKENS fed (`first_only`: only the first of them; the others stay
+        due and are scored at the next steps). A row alone scores in its `begin`, as a run alone does. A failed pass
+        fails the rows it scored for. Whether it ran any."""
         if len(entries) < 2 or not self.pack_quality:
             return False
         groups, group, logits, fed = [], [], 0, 0
@@ -243,7 +245,7 @@ class Room:
             group.append(entry)
             logits, fed = logits + n, fed + t
         groups.append(group)
-        for group in groups:
+        for group in groups[:1] if first_only else groups:
             try:
                 score_together([e.gen.meter for e in group], lambda calls: self.engine.full_passes(calls, self.share_starts))
                 self.packed["quality_passes"] += 1
