@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from routerlab.core.config import RoutingConfig
 from routerlab.core.engine import Engine, forward
 from routerlab.core.gates import Plan
 from routerlab.core.models import TINY_FAMILIES, tiny_model
 from routerlab.core.packed import Segment, forward_packed
-from routerlab.core.router import RouterSet
+from random_routers import random_routers
 
 # (prompt, chunks fed after it): sequences of other lengths, some fed twice, as quality meters feed them
 RUNS = [([5, 17, 42, 9, 33, 71, 2], [[8, 9, 10], [11]]), ([88, 3], [[19, 20, 21, 22, 23]]), ([61] * 12, [[62, 63]])]
@@ -64,12 +63,6 @@ def test_a_segment_asking_for_more_logits_than_tokens_is_refused():
         forward_packed(engine.anatomy, [Segment([1, 2], 0, engine.new_caches(8), n=3)])
 
 
-def _routers(model, granularity: str, seed: int) -> RouterSet:
-    rs = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, [1, 2]))
-    g = torch.Generator().manual_seed(seed)
-    for r in rs.routers.values():
-        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3.0  # about half the tokens skip at 0.5
-    return rs
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "qwen2_moe"])
@@ -85,7 +78,7 @@ def test_routed_prompts_read_packed_route_and_cache_as_each_alone(family):
 
     def plan(k):
         granularity, policy = plans[k]
-        return Plan(_routers(model, granularity, k) if granularity else None, 0.5, policy)
+        return Plan(random_routers(model, granularity, k) if granularity else None, 0.5, policy)
 
     segs = [Segment(p, 0, engine.new_caches(32), 1, plan(k)) for k, p in enumerate(prompts)]
     got = forward_packed(engine.anatomy, segs)
@@ -105,7 +98,7 @@ def test_routed_prompts_read_packed_route_and_cache_as_each_alone(family):
 
 def test_plans_a_packed_forward_cannot_take_are_refused():
     engine = Engine(tiny_model("llama"))
-    soft = Plan(_routers(engine.model, "attention-token", 0), 0.5, "mask")
+    soft = Plan(random_routers(engine.model, "attention-token", 0), 0.5, "mask")
     with pytest.raises(ValueError, match="hard gates"):
         forward_packed(engine.anatomy, [Segment([1, 2], 0, engine.new_caches(8), 1, soft)])
 
@@ -119,7 +112,7 @@ def test_prompts_that_share_their_start_read_it_once_and_get_what_each_gets_alon
 
     model = tiny_model("llama")
     engine = Engine(model)
-    routers = _routers(model, granularity, 7) if granularity else None
+    routers = random_routers(model, granularity, 7) if granularity else None
     system = [1, 50, 51, 52, 53, 54, 55, 56, 57, 2]
     prompts = [system + [60, 61, 62], system + [70, 71], system + [80, 81, 82, 83], [90, 91, 92, 93, 94, 95, 96, 97, 98, 99]]
     segs = [Segment(p, 0, engine.new_caches(32), 1, Plan(routers, 0.5, policy)) for p in prompts]
@@ -140,7 +133,7 @@ def test_no_stretch_is_shared_across_plans_thresholds_or_sequence_level_sets():
     from routerlab.core.packed import shared_stretches
 
     model = tiny_model("llama")
-    att, seq = _routers(model, "attention-token", 0), _routers(model, "attention-sequence", 1)
+    att, seq = random_routers(model, "attention-token", 0), random_routers(model, "attention-sequence", 1)
     ids = list(range(1, 15))
     segs = [Segment(ids, 0, [], 1, Plan(att, 0.5, "kv")), Segment(ids, 0, [], 1, Plan(att, 0.6, "kv")),
             Segment(ids, 0, [], 1, Plan(att, 0.5, "drop")), Segment(ids, 0, [], 1, Plan(None)),

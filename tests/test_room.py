@@ -13,22 +13,16 @@ import threading
 import pytest
 import torch
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
+from routerlab.core.config import GenerateConfig
 from routerlab.core.engine import Control, Engine
 from routerlab.core.models import TINY_FAMILIES, tiny_model
 from routerlab.core.room import Room
-from routerlab.core.router import RouterSet
 from routerlab.core.weights import LowBitPlan
+from random_routers import random_routers
 
 SCORE_TOL = 1e-4  # a row's scores in the batch against alone (float32; products of n rows may round differently)
 
 
-def _routers(model, granularity: str, seed: int) -> RouterSet:
-    rs = RouterSet.zeros(model, RoutingConfig.from_granularity(granularity, [1, 2]))
-    g = torch.Generator().manual_seed(seed)
-    for r in rs.routers.values():
-        r.proj.weight.data = torch.randn(r.proj.weight.shape, generator=g) * 3.0  # about half the cells skip at 0.5
-    return rs
 
 
 def _requests(model) -> list[tuple]:
@@ -36,15 +30,15 @@ def _requests(model) -> list[tuple]:
     def cfg(**kw):
         return GenerateConfig(**{"max_new_tokens": 12, "ignore_eos": True, **kw})
 
-    att = _routers(model, "attention-token", 0)
+    att = random_routers(model, "attention-token", 0)
     return [
         ([5, 17, 42, 9], None, cfg()),  # the full model
         ([5, 17, 42, 9, 33, 71, 2], att, cfg(threshold=0.5, kv_policy="kv")),
         ([88, 3, 19], att, cfg(threshold=0.3, kv_policy="drop")),
         ([7, 7, 8, 9, 10, 11, 12, 13, 14], att, cfg(threshold=0.6, kv_policy="mask")),  # not batched: its own forward, same step
-        ([44, 45], _routers(model, "mlp-token", 1), cfg(threshold=0.5)),
-        ([61, 62, 63, 64, 65], _routers(model, "block-token", 2), cfg(threshold=0.5, kv_policy="drop")),
-        ([100, 101, 102, 103], _routers(model, "attention-sequence", 3), cfg(threshold=0.5)),
+        ([44, 45], random_routers(model, "mlp-token", 1), cfg(threshold=0.5)),
+        ([61, 62, 63, 64, 65], random_routers(model, "block-token", 2), cfg(threshold=0.5, kv_policy="drop")),
+        ([100, 101, 102, 103], random_routers(model, "attention-sequence", 3), cfg(threshold=0.5)),
         ([9, 8, 7, 6, 5], att, cfg(temperature=0.9, seed=4)),  # sampling with a seed
         ([21, 22, 23], att, cfg(max_new_tokens=4)),  # ends while the others run
         ([31, 32, 33, 34], att, cfg(quality=True, quality_chunk=3, quality_refresh=None)),  # its meter's passes between steps
@@ -144,7 +138,7 @@ def test_quality_passes_due_together_are_packed_and_score_as_alone(family):
     model = tiny_model(family)
     engine = _CountingEngine(model)
     engine.packs, engine.at = [], []
-    att = _routers(model, "attention-token", 0)
+    att = random_routers(model, "attention-token", 0)
     requests = [(ids, None if k == 3 else att, GenerateConfig(
         max_new_tokens=7 + k, ignore_eos=True, threshold=0.5, quality=True, quality_chunk=3, quality_refresh=None))
         for k, ids in enumerate([[5, 17, 42, 9], [88, 3, 19], [7, 8, 9, 10, 11, 12], [44, 45], [61, 62, 63]])]
@@ -168,7 +162,7 @@ def test_a_crowds_quality_passes_spread_over_steps_one_pack_a_step(monkeypatch):
     model = tiny_model("llama")
     engine = _CountingEngine(model)
     engine.packs, engine.at = [], []
-    att = _routers(model, "attention-token", 0)
+    att = random_routers(model, "attention-token", 0)
     config = GenerateConfig(max_new_tokens=8, ignore_eos=True, threshold=0.5, quality=True, quality_chunk=3, quality_refresh=None)
     requests = [(ids, att, config) for ids in ([5, 17, 42, 9], [88, 3, 19], [7, 8, 9, 10], [44, 45, 46])]
     alone = [_alone(engine, r) for r in requests]
@@ -205,7 +199,7 @@ def test_a_batch_of_one_is_the_one_token_step_exactly():
 def test_a_threshold_moved_between_steps_applies_to_that_row_only():
     model = tiny_model("llama")
     engine = Engine(model)
-    att = _routers(model, "attention-token", 0)
+    att = random_routers(model, "attention-token", 0)
     config = GenerateConfig(max_new_tokens=10, ignore_eos=True, threshold=0.5)
     room = engine.room = Room(engine)
     try:
@@ -270,7 +264,7 @@ def test_a_row_that_fails_ends_alone_with_its_error():
     model = tiny_model("llama")
     engine = Engine(model)
     config = GenerateConfig(max_new_tokens=8, ignore_eos=True, quality=True, quality_chunk=2, quality_refresh=None)
-    att = _routers(model, "attention-token", 0)
+    att = random_routers(model, "attention-token", 0)
     room = engine.room = Room(engine)
     try:
         bad, good = Control(0.5), Control(0.5)
@@ -377,7 +371,7 @@ def test_a_long_prompt_is_read_a_chunk_a_step_while_the_others_decode(monkeypatc
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 8)
     model = tiny_model("llama")
     engine = Engine(model)
-    att = _routers(model, "attention-token", 0)
+    att = random_routers(model, "attention-token", 0)
     short = ([5, 17, 42, 9], att, GenerateConfig(max_new_tokens=10, ignore_eos=True, threshold=0.5))
     long = (list(range(3, 35)), att, GenerateConfig(max_new_tokens=4, ignore_eos=True, threshold=0.5))  # 32 tokens: 4 chunks
     alone = [_alone(engine, r) for r in (short, long)]
