@@ -321,3 +321,35 @@ def test_the_control_says_what_the_quality_pass_does(engine):
     full = Control(0.5)
     generate(engine, None, control=full)  # the full model: KL 0 without a pass
     assert (full.measuring, full.quality_chunks) == (False, 0)
+
+
+def test_a_long_prompt_is_read_ahead_a_part_a_pass_and_scores_nothing_until_it_is_read():
+    calls = []
+
+    def full_forward(ids, start, n):
+        calls.append((list(ids), start, n))
+        return torch.zeros(n, 8)
+
+    meter = QualityMeter(list(range(10)), full_forward, str, chunk=16, refresh_seconds=None, read_ahead=3)
+    assert meter.due() and meter.next_pass() == (3, 1)  # 9 tokens to read before the first scored one's position
+    meter.pump()
+    meter.pump()
+    assert calls == [([0, 1, 2], 0, 1), ([3, 4, 5], 3, 1)] and meter.chunks == 0 and meter.seconds >= 0
+    assert not meter.due() and meter.next_pass() == (0, 0)  # 3 left: the scoring pass reads them
+    step = Step(10, 1, "x", False, [None], [None], 0.5, 0.0)
+    meter.add(step, torch.zeros(8))
+    meter.flush()
+    assert calls[-1] == ([6, 7, 8, 9], 6, 1) and meter.chunks == 1 and step.kl_full == pytest.approx(0.0, abs=1e-9)
+
+
+def test_reading_a_prompt_ahead_does_not_change_the_numbers(engine, monkeypatch):
+    from routerlab.core import quality
+
+    rs = routers(engine.model, 3.0)
+    whole = generate(engine, rs, quality_refresh=None)
+    monkeypatch.setattr(quality, "READ_AHEAD", 3)  # the 8-token prompt: read in passes of 3 before the first chunk
+    ahead = generate(engine, rs, quality_refresh=None)
+    assert ahead.meta["quality_chunks"] == whole.meta["quality_chunks"]  # the reads are no chunks
+    for a, b in zip(whole.generated_steps, ahead.generated_steps):
+        assert a.token_id == b.token_id and a.full_top_token == b.full_top_token
+        assert a.kl_full == pytest.approx(b.kl_full, rel=1e-4, abs=1e-6)

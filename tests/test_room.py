@@ -405,3 +405,42 @@ def test_a_long_prompt_is_read_a_chunk_a_step_while_the_others_decode(monkeypatc
         assert stopped.trace.meta["stop_reason"] == "stopped" and stopped.trace.meta["prefill_stopped_at"] == 8
     finally:
         engine.room = None
+
+
+def test_a_rows_quality_pass_due_alone_in_a_shared_room_is_scored_then_and_a_long_prompt_is_read_ahead(monkeypatch):
+    """In a shared room a row's meter leaves its passes to the room: one that falls due while no other row's does is
+    scored at that step all the same (not only when its row ends), and a long prompt's full-depth reading comes a part
+    a step (quality.READ_AHEAD) while the other row gains a token at each. The KLs are what the meter finds alone."""
+    from routerlab.core import quality
+
+    monkeypatch.setattr(quality, "READ_AHEAD", 4)
+    model = tiny_model("llama")
+    engine = Engine(model)
+    att = random_routers(model, "attention-token", 0)
+    measured = (list(range(5, 19)), att, GenerateConfig(max_new_tokens=10, ignore_eos=True, threshold=0.5, quality=True,
+                                                       quality_chunk=3, quality_refresh=None))
+    other = ([88, 3, 19], att, GenerateConfig(max_new_tokens=10, ignore_eos=True, threshold=0.5))
+    alone = _alone(engine, measured)
+    room = engine.room = Room(engine, max_batch=8)
+    room.prefill_budget_s = math.inf
+    try:
+        controls = [Control(0.5), Control(0.5)]
+        readers = [engine.generate_ids(ids, r, c, ctl) for (ids, r, c), ctl in zip((measured, other), controls)]
+        fed, others = [0], []
+        while any(room.busy.values()) or not others:
+            room.step()
+            meter = next((e.gen.meter for e in room._rows if e.gen.meter), None)
+            fed.append(meter.fed if meter is not None else fed[-1])
+            others.append(len(controls[1].trace.generated_steps))
+            if len(controls[0].trace.generated_steps) == 7:  # mid-run: its first two chunks are scored already
+                assert all(s.kl_full is not None for s in controls[0].trace.generated_steps[:6])
+        for reader in readers:
+            list(reader)
+    finally:
+        engine.room = None
+    reads = [b - a for a, b in zip(fed, fed[1:])]
+    assert reads[:3] == [4, 4, 4] and max(reads) == 4  # 13 tokens to read first: 4 a step, then passes of a chunk
+    assert all(b - a == 1 for a, b in zip(others[:6], others[1:7]))  # the other row gains a token every step meanwhile
+    shared = controls[0].trace
+    for x, y in zip(alone.generated_steps, shared.generated_steps):
+        assert x.token_id == y.token_id and abs(x.kl_full - y.kl_full) <= 1e-4

@@ -38,6 +38,11 @@ BUDGET = 0.2
 # chunk fills in about 2 s, and without the grace a run decoding a little slower paid an extra, partial
 # chunk (docs/method.md, "Streaming overhead"). A token still waits at most (1 + FILL_GRACE) x the refresh.
 FILL_GRACE = 0.25
+# A pass reads at most about this many tokens the full model has not read: a long prompt (a document) is read ahead in
+# passes of this size, one per call, before its first scored chunk. One full-depth forward over a 2,000-token document
+# took seconds, and in a room every other visitor's next token waited for it (core/room.py). The same size as a
+# routed prefill's chunks (core/generation.py, PREFILL_CHUNK).
+READ_AHEAD = 512
 
 # (ids, start, n) -> the full model's logits (n, V) at the last n of the positions start .. start+len(ids)-1,
 # after appending ids to the full model's own cache.
@@ -70,7 +75,8 @@ class QualityMeter:
     (so a live view refreshes; None: never on time) and at least (1 - budget) / budget times the
     last chunk's scoring time (so refreshing costs at most about `budget` of the run; None: no such
     floor), unless the chunk would fill within FILL_GRACE of that wait, or at the flush. Only the waiting tokens' routed logits are held:
-    memory is bounded by `chunk` x vocabulary, whatever the run's length.
+    memory is bounded by `chunk` x vocabulary, whatever the run's length. A long prompt is read ahead, `read_ahead`
+    tokens a pass (READ_AHEAD), so no pass is much longer than a chunk's.
 
     With `full_forward=None` the routed model *is* the full model: every KL is 0 by definition, and
     no extra work is done.
@@ -78,7 +84,7 @@ class QualityMeter:
 
     def __init__(self, prompt: list[int], full_forward: FullForward | None, token_text: Callable[[int], str],
                  chunk: int = CHUNK, refresh_seconds: float | None = REFRESH_SECONDS, top: int = KL_TOP,
-                 budget: float | None = BUDGET, clock: Callable[[], float] = time.perf_counter):
+                 budget: float | None = BUDGET, clock: Callable[[], float] = time.perf_counter, read_ahead: int | None = None):
         self.ids = list(prompt)  # every token of the run so far, in position order
         self.fed = 0  # tokens the full model's cache holds: positions 0 .. fed-1
         self.full_forward, self.token_text = full_forward, token_text
@@ -88,6 +94,7 @@ class QualityMeter:
         self.seconds = 0.0  # wall time spent scoring (the cost of quality on)
         self.chunks = 0
         self.budget, self.clock = budget, clock
+        self.read_ahead = max(1, int(READ_AHEAD if read_ahead is None else read_ahead))
         self.last_chunk_seconds = 0.0
         # True while a chunk is scored (a full-depth forward on the decoding thread), read by other
         # threads: a UI sharing the machine holds its redraws meanwhile (ui/stream.py).
@@ -117,8 +124,18 @@ class QualityMeter:
             return self.refresh_seconds
         return max(self.refresh_seconds, self.last_chunk_seconds * (1.0 - self.budget) / self.budget)
 
+    def unread(self) -> int:
+        """Tokens the full model may read before the next scored one: all it has not read, except the position whose
+        logits score the first waiting token (or the next generated one) and what follows."""
+        limit = (self.pending[0][0].position if self.pending else len(self.ids)) - 1
+        return max(0, limit - self.fed)
+
+    def _reads_ahead(self) -> bool:
+        """Whether the next pass only reads (a long prompt's next READ_AHEAD tokens) and scores nothing."""
+        return self.full_forward is not None and self.unread() > self.read_ahead
+
     def due(self) -> bool:
-        if len(self.pending) >= self.chunk:
+        if len(self.pending) >= self.chunk or self._reads_ahead():
             return True
         wait = self.refresh_wait()
         if wait is None or not self.pending:
@@ -137,7 +154,7 @@ class QualityMeter:
             self.score()
 
     def flush(self) -> None:
-        """Score every waiting token (the end of a run, however it ended)."""
+        """Score every waiting token (the end of a run, however it ended), reading ahead first where a pass would be long."""
         while self.pending:
             self.score()
 
@@ -153,10 +170,12 @@ class QualityMeter:
         t0 = self.clock()
         batch, feed = self._take()
         self._settle(batch, self.full_forward(*feed))
-        self._charge(self.clock() - t0)
+        self._charge(self.clock() - t0, scored=bool(batch))
 
     def next_pass(self) -> tuple[int, int]:
-        """(tokens fed, logits asked for) of the pass `score` would run now; (0, 0) with nothing waiting."""
+        """(tokens fed, logits asked for) of the pass `score` would run now; (0, 0) with nothing to do."""
+        if self._reads_ahead():
+            return self.read_ahead, 1
         if not self.pending:
             return 0, 0
         n = min(len(self.pending), self.chunk)
@@ -164,7 +183,12 @@ class QualityMeter:
 
     def _take(self) -> tuple[list[tuple[Step, torch.Tensor]], tuple[list[int], int, int]]:
         """The waiting tokens the next pass scores (at most a chunk), and what that pass feeds the full model:
-        (ids it has not read, up to (not including) the last scored one; their first position; how many logits)."""
+        (ids it has not read, up to (not including) the last scored one; their first position; how many logits).
+        Where the full model has more than `read_ahead` tokens to read first, the pass reads the next `read_ahead` of
+        them and scores nothing: no tokens, and one logit (a pass asks for at least one) that nobody reads."""
+        if self._reads_ahead():
+            start, self.fed = self.fed, self.fed + self.read_ahead
+            return [], (self.ids[start : self.fed], start, 1)
         batch, self.pending = self.pending[: self.chunk], self.pending[self.chunk:]
         if self.pending:
             self.since = self.clock()
@@ -177,6 +201,8 @@ class QualityMeter:
     @torch.inference_mode()
     def _settle(self, batch: list[tuple[Step, torch.Tensor]], logits: torch.Tensor) -> None:
         """Write the KL and the full model's top token onto the scored Steps, from the full model's `logits` (n, V)."""
+        if not batch:  # a pass that only read ahead
+            return
         steps = [s for s, _ in batch]
         full = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
         routed = torch.log_softmax(torch.stack([r for _, r in batch]).to(full.device).float(), dim=-1)  # (n, V)
@@ -188,11 +214,13 @@ class QualityMeter:
                 step.full_top_token, step.full_top_text = f, self.token_text(f)
             step.kl_full = k  # last: a reader on another thread that sees the KL sees the top token too
 
-    def _charge(self, seconds: float) -> None:
-        """A pass of this meter took `seconds` (its share, when it was packed with others')."""
-        self.last_chunk_seconds = seconds
+    def _charge(self, seconds: float, scored: bool = True) -> None:
+        """A pass of this meter took `seconds` (its share, when it was packed with others'). A pass that only read ahead
+        counts in the time, but is no chunk: it brings no new scores, and the refresh's budget is set by chunks."""
         self.seconds += seconds
-        self.chunks += 1
+        if scored:
+            self.last_chunk_seconds = seconds
+            self.chunks += 1
 
 
 # (full_forward, ids, start, n) of several meters -> each one's logits (n, V), as its full_forward would give them
@@ -204,7 +232,7 @@ def score_together(meters: list[QualityMeter], packed: PackedForward, clock: Cal
     rows of a room that fall due together (core/room.py). A forward's cost is mostly reading every weight, so one over
     all their chunks costs far less than one each. Each meter is charged the time in proportion to the tokens it fed.
     Meters without a full forward, or with nothing waiting, are left alone."""
-    meters = [m for m in meters if m.full_forward is not None and m.pending]
+    meters = [m for m in meters if m.full_forward is not None and m.next_pass()[0]]
     if not meters:
         return
     for m in meters:
@@ -217,8 +245,8 @@ def score_together(meters: list[QualityMeter], packed: PackedForward, clock: Cal
         for m, (batch, _), out in zip(meters, taken, logits):
             m._settle(batch, out)
         seconds, fed = clock() - t0, sum(len(feed[0]) for _, feed in taken)
-        for m, (_, feed) in zip(meters, taken):
-            m._charge(seconds * len(feed[0]) / fed)
+        for m, (batch, feed) in zip(meters, taken):
+            m._charge(seconds * len(feed[0]) / fed, scored=bool(batch))
     finally:
         for m in meters:
             m.scoring = False

@@ -232,9 +232,10 @@ class Room:
     def _score_together(self, entries: list[_Entry], first_only: bool = False) -> bool:
         """The rows' due quality passes packed into few full-depth forwards (quality.score_together), each of at most
         PACK_LOGITS scored tokens and about PACK_TOKENS fed (`first_only`: only the first of them; the others stay
-        due and are scored at the next steps). A row alone scores in its `begin`, as a run alone does. A failed pass
+        due and are scored at the next steps). A group of one runs that meter's own pass, as a run alone does (while the
+        room is shared, a row's `begin` leaves its passes to the room: one due alone must still be scored). A failed pass
         fails the rows it scored for. Whether it ran any."""
-        if len(entries) < 2 or not self.pack_quality:
+        if not entries or not self.pack_quality:
             return False
         groups, group, logits, fed = [], [], 0, 0
         for entry in entries:
@@ -247,6 +248,9 @@ class Room:
         groups.append(group)
         for group in groups[:1] if first_only else groups:
             try:
+                if len(group) == 1:
+                    group[0].gen.meter.score()
+                    continue
                 score_together([e.gen.meter for e in group], lambda calls: self.engine.full_passes(calls, self.share_starts))
                 self.packed["quality_passes"] += 1
                 self.packed["meters"] += len(group)
