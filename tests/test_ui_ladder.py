@@ -7,12 +7,15 @@ in turn, holding one holds them all (each within a token of the held one).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from test_ui import RANDOM, tiny_resources, run_all
 
 from routerlab import ui
 from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Step, Trace
+from routerlab.ui.compare import lockstep_speeds, shared_tokens, step_seconds
 
 LADDER = [0.3, 0.5, 0.7]
 
@@ -66,11 +69,11 @@ def test_speedups_are_ratios_of_the_same_runs_speeds(res):
     full, *rungs = session.compare
     rows = ui.ladder_rows(full, rungs)
     assert [r["threshold"] for r in rows] == [None, 0.3, 0.7] and rows[0]["speedup"] == 1.0
-    f_tps = ui.decode_speed(full)
+    f_tps, *speeds = lockstep_speeds([full, *rungs], shared_tokens([full, *rungs]))
     assert rows[0]["tokens_per_second"] == f_tps > 0
-    for row, rung in zip(rows[1:], rungs):
-        assert row["tokens_per_second"] == ui.decode_speed(rung) > 0
-        assert row["speedup"] == pytest.approx(ui.decode_speed(rung) / f_tps)
+    for row, tps in zip(rows[1:], speeds):
+        assert row["tokens_per_second"] == tps > 0
+        assert row["speedup"] == pytest.approx(tps / f_tps)
         assert f"{row['speedup']:.2f}×" in ui.ladder_html(full, rungs)
 
 
@@ -200,3 +203,22 @@ def test_a_stopped_ladder_says_stopped_in_a_room(roomed):
         ui.stop_run(session)
     assert run_all(gen)[-1][-1].startswith("■ Stopped")
     assert all(t.meta.get("stop_reason") == "stopped" for t in session.compare)
+
+
+def test_a_ladders_speedup_is_the_median_of_its_rounds_so_a_busy_moment_moves_it_not():
+    """Round by round the rung's step takes half the full model's; in one round the machine was busy during the full
+    model's step (5 s), in another during the rung's, and one rung step held a quality pass: the speedup stays 2x
+    (a sum over the steps would say 8 / 2.5 = 3.2x), and the full model's speed is that of its median step."""
+    full = Trace(1, _steps([1.0, 1.0, 5.0, 1.0, 1.0]), {})
+    rung = Trace(1, _steps([0.5, 3.0, 0.5, 0.5, 0.75]), {"threshold_start": 0.5, "quality_seconds_by_step": [0, 0, 0, 0, 0.25]})
+    f_tps, tps = lockstep_speeds([full, rung], 5)
+    assert f_tps == pytest.approx(1.0) and tps == pytest.approx(2.0)
+    assert ui.ladder_rows(full, [rung])[1]["speedup"] == pytest.approx(2.0)
+
+
+def test_step_seconds_leave_out_the_last_token_and_a_quality_pass_known_only_for_the_whole_run():
+    trace = Trace(1, _steps([0.5, 0.5, 0.0]), {"quality_seconds_by_step": [0.25, 0.0, 0.0]})
+    got = step_seconds(trace)
+    assert got[:2] == [0.25, 0.5] and math.isnan(got[2])  # the last token: no forward
+    old = Trace(1, _steps([0.5, 0.5]), {"quality_seconds_in_steps": 0.25})
+    assert all(math.isnan(s) for s in step_seconds(old)) and lockstep_speeds([old, old]) == [None, None]

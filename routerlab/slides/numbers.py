@@ -2,8 +2,8 @@
 
 Owns one function per figure (`heatmap`, `layers`, `ladder`, `kv` from Traces; `tradeoff` from the drawn
 figure's own traces), `machine` (where the runs were timed) and `rounded` (the file's floats, 5 decimals).
-Speeds are the Compare tab's (`compare.decode_speed`: decode tokens/s with the quality pass's time taken out, over the
-tokens every run of a figure decoded in the same lockstep rounds);
+Speeds are the Compare tab's (`compare.lockstep_speeds`: decode tokens/s with the quality pass's time taken out, over the
+tokens every run of a figure decoded in the same lockstep rounds, each speedup the median of the rounds' ratios);
 a "first difference" is the 1-based index of the first generated token that is not the full model's (None:
 the same text). Knows nothing about plotly styling or files.
 """
@@ -14,7 +14,7 @@ import os
 
 from routerlab.core.trace import Trace, savings
 from routerlab.ui import plots
-from routerlab.ui.compare import decode_speed, ladder_rows, shared_tokens
+from routerlab.ui.compare import decode_speed, ladder_rows, lockstep_speeds, shared_tokens
 
 
 def _first_difference(full: Trace | None, trace: Trace) -> dict:
@@ -75,10 +75,9 @@ def ladder(full: Trace, rungs: list[Trace], calibrated: float) -> dict:
 def kv(full: Trace, policies: dict[str, Trace]) -> dict:
     """Each KV policy's run at one threshold: speed against the full model's, what it saved (core.trace.savings), its text."""
     n = shared_tokens([full, *policies.values()])  # timed over the rounds every run decoded (lockstep)
-    f_tps = decode_speed(full, n)
+    f_tps, *speeds = lockstep_speeds([full, *policies.values()], n)
     out = {}
-    for policy, trace in policies.items():
-        tps = decode_speed(trace, n)
+    for (policy, trace), tps in zip(policies.items(), speeds):
         out[policy] = {
             "threshold": trace.meta.get("threshold_start"), "kv_policy_effective": trace.meta.get("kv_policy_effective"),
             "generated_tokens": len(trace.generated_steps), "skip_rate": trace.skip_rate(), "tokens_per_second": tps,

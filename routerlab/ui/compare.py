@@ -3,7 +3,8 @@
 Owns `compare_run` (the full model and one run per threshold of the chosen router set, advanced one
 token each in turn by one Decoder, so their speeds are measured under the same load; the per-token
 quality pass on, so each column has its mean KL from the full model), `ladder_thresholds` (what the
-threshold inputs mean), `decode_speed` (a column's decode tok/s, the quality pass's time taken out),
+threshold inputs mean), `decode_speed` (a column's decode tok/s, the quality pass's time taken out), `lockstep_speeds`
+(the columns' speeds as the ladder compares them: round by round, so a slow spell of the machine moves no ratio),
 `_Ladder` (the Control the session holds: Stop ends every column) and the HTML of the ladder
 (`ladder_html`, `column_html`). Full model + one threshold is the old full-vs-routed view.
 Knows nothing about the layout, the Explore tab or tensors.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import statistics
 
 import gradio as gr
 
@@ -162,6 +165,42 @@ def decode_speed(trace: Trace, tokens: int | None = None) -> float:
     return len(timed) / seconds if timed and seconds > 0 else 0.0
 
 
+def step_seconds(trace: Trace, tokens: int | None = None) -> list[float]:
+    """Each of a run's first `tokens` generated steps (None: all), its decode seconds without its quality pass's share;
+    NaN for a step with no forward (the last token is never fed back) or without a record of its quality pass."""
+    steps = trace.generated_steps if tokens is None else trace.generated_steps[:tokens]
+    by_step = trace.meta.get("quality_seconds_by_step")
+    if by_step is None and trace.meta.get("quality_seconds_in_steps"):
+        return [math.nan] * len(steps)  # an old trace: its quality time is known only for the whole run
+    out = []
+    for k, step in enumerate(steps):
+        quality = by_step[k] if by_step is not None and k < len(by_step) else 0.0
+        out.append(step.seconds - quality if step.seconds > 0 and step.seconds - quality > 0 else math.nan)
+    return out
+
+
+def lockstep_speeds(traces: list[Trace], tokens: int | None = None) -> list[float | None]:
+    """Decode tok/s of runs that decoded in lockstep (the first is the reference, e.g. the full model), as their ratios
+    are measured: round by round. In round k every run decoded its k-th token, one after another, so each run's
+    speedup over the reference is the median over the rounds of (the reference's k-th step / the run's k-th step), each
+    without its quality pass. A slow spell of the machine (a browser redrawing, another visitor, a training job on the
+    same cores) slows the runs of the rounds it falls in alike, or one run's step now and then: the median moves with
+    neither, where a sum over the steps did (a Compare ladder on a long document gave 0.42x-1.92x for the same column).
+    The reference's own tok/s is 1 / its median step; each run's is that times its speedup. None: nothing to time."""
+    if not traces:
+        return []
+    ref = step_seconds(traces[0], tokens)
+    mine = [s for s in ref if math.isfinite(s)]
+    if not mine:
+        return [None] * len(traces)
+    base = 1.0 / statistics.median(mine)
+    out: list[float | None] = [base]
+    for trace in traces[1:]:
+        ratios = [a / b for a, b in zip(ref, step_seconds(trace, tokens)) if math.isfinite(a) and math.isfinite(b)]
+        out.append(base * statistics.median(ratios) if ratios else None)
+    return out
+
+
 def shared_tokens(traces: list[Trace | None]) -> int | None:
     """How many generated tokens every column of a ladder decoded: the rounds they all ran (None: no column yet)."""
     counts = [len(t.generated_steps) for t in traces if t is not None]
@@ -187,11 +226,10 @@ def ladder_rows(full: Trace | None, rungs: list[Trace]) -> list[dict]:
     if full is None:
         return []
     n = shared_tokens([full, *rungs])  # every speed over the same rounds of the lockstep
-    f_tps = decode_speed(full, n)
+    f_tps, *speeds = lockstep_speeds([full, *rungs], n)
     rows = [dict(column="full model", threshold=None, skip_rate=0.0, mean_kl=0.0, agreement=1.0, tokens_per_second=f_tps,
                  speedup=1.0 if f_tps else None, first_divergence=None, timed_tokens=n)]
-    for trace in rungs:
-        tps = decode_speed(trace, n)
+    for trace, tps in zip(rungs, speeds):
         rows.append(dict(
             column=f"threshold {trace.meta.get('threshold_start', 0):.2f}", threshold=trace.meta.get("threshold_start"), skip_rate=trace.skip_rate(),
             mean_kl=trace.mean_kl(), agreement=trace.agreement(), tokens_per_second=tps,
@@ -217,8 +255,8 @@ def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -
              ["0 (itself)"] + [_kl(t) for t in rungs]),
         line("top token as the full model", "share of generated tokens whose most likely next token is the full model's",
              ["100%"] + ["…" if r["agreement"] is None else f"{r['agreement']:.0%}" for r in rows[1:]]),
-        line("decode tok/s", "measured in this run over the tokens every column decoded; the quality pass that measures KL is timed out", [f"{r['tokens_per_second']:.1f}" if r["tokens_per_second"] else "–" for r in rows]),
-        line("speedup vs full", "this column's decode tok/s over the full model's, measured side by side in lockstep",
+        line("decode tok/s", "measured in this run over the tokens every column decoded: the full model's median step, each column's from its median ratio to it round by round; the quality pass that measures KL is timed out", [f"{r['tokens_per_second']:.1f}" if r["tokens_per_second"] else "–" for r in rows]),
+        line("speedup vs full", "the median over the rounds of the full model's step over this column's, measured side by side in lockstep",
              ["1.00× (reference)"] + [f"<b>{r['speedup']:.2f}×</b>" if r["speedup"] else "–" for r in rows[1:]]),
         line("first difference", "the first generated token that is not the full model's (red outline in the text)",
              ["–"] + [_divergence(full, t) for t in rungs]),  # token_label escapes the tokens
@@ -226,7 +264,8 @@ def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -
     timed = rows[0]["timed_tokens"]
     note = ("Still generating: the numbers move until every run ends." if running else
             f"{len(rows)} runs measured in lockstep (one token each in turn on this machine); every speed is timed over the "
-            f"first {timed} generated tokens, which all of them decoded in the same rounds, so they compare like for like.")
+            f"first {timed} generated tokens, which all of them decoded in the same rounds, so they compare like for like; a "
+            f"speedup is the median of its rounds' ratios, so a moment the machine was busy with something else moves none.")
     return (f"<table class='rl-ladder'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             f"<div class='rl-foot'>{safe.text(note)} Router set {safe.text(rungs[0].meta.get('granularity') if rungs else '?')}, "
             f"kv policy {safe.text(full.meta.get('kv_policy', '?'))}.</div>")
@@ -247,8 +286,7 @@ def column_html(trace: Trace | None, full: Trace | None, threshold: float | None
         head = f"<b>Full model</b> · {decode_speed(trace):.1f} tok/s"
         return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace)}"
     div = plots.first_divergence(full, trace)
-    n = shared_tokens([full, trace])
-    f_tps, tps = decode_speed(full, n), decode_speed(trace, n)
+    f_tps, tps = lockstep_speeds([full, trace], shared_tokens([full, trace]))
     speed = f" · {tps / f_tps:.2f}×" if f_tps and tps else ""
     head = f"<b>Threshold {threshold:.2f}</b> · skipped {trace.skip_rate():.0%} · KL {_kl(trace)}{speed}"
     return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace, diverge_at=div)}"

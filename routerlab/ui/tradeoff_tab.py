@@ -22,7 +22,7 @@ import gradio as gr
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
 from routerlab.ui import plots, safe, tradeoff_plots
-from routerlab.ui.compare import decode_speed, shared_tokens
+from routerlab.ui.compare import lockstep_speeds, shared_tokens
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import _status, _warn
 
@@ -239,13 +239,14 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
     traces = _lockstep(engine, prompt, runs, lambda done: progress(done, desc=f"{len(runs)} runs side by side"))
     full, swept = traces[0], traces[1:]
     full_ids = [s.token_id for s in full.generated_steps]
-    n = shared_tokens(traces)  # every speed over the rounds all runs decoded
-    f_tps = decode_speed(full, n) or 1.0
+    n = shared_tokens(traces)  # every speed over the rounds all runs decoded, as their median ratio round by round
+    f_tps, *speeds = lockstep_speeds(traces, n)
+    f_tps = f_tps or 1.0
     rows = [dict(method="full", threshold=None, speedup=1.0, agreement=1.0, skip_rate=0.0, kv_policy=kv_policy)]
-    for t, trace in zip(thresholds, swept):
+    for t, trace, tps in zip(thresholds, swept, speeds):
         ids = [s.token_id for s in trace.generated_steps]
         same = next((j for j, (a, b) in enumerate(zip(full_ids, ids)) if a != b), min(len(full_ids), len(ids)))
-        rows.append(dict(method=label, threshold=t, speedup=decode_speed(trace, n) / f_tps, agreement=same / max(1, len(full_ids)), skip_rate=trace.skip_rate(), kv_policy=kv_policy))
+        rows.append(dict(method=label, threshold=t, speedup=(tps or 0.0) / f_tps, agreement=same / max(1, len(full_ids)), skip_rate=trace.skip_rate(), kv_policy=kv_policy))
     df = pd.DataFrame(rows)
     return plots.tradeoff_curve(df, quality="agreement"), bench_table(df), _status("ok", (
         f"Sweep done: {len(runs)} runs decoded side by side (one token each in turn), every speed timed over the first {n} tokens, "
