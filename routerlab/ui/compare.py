@@ -283,7 +283,8 @@ def column_html(trace: Trace | None, full: Trace | None, threshold: float | None
         title = "Full model" if threshold is None else f"Threshold {threshold:.2f}"
         return f"<div class='rl-col-h'>{title}</div>{plots.token_html(None)}"
     if full is None:
-        head = f"<b>Full model</b> · {decode_speed(trace):.1f} tok/s"
+        tps = lockstep_speeds([trace])[0]  # its median step, as the ladder's table times it
+        head = f"<b>Full model</b>" + (f" · {tps:.1f} tok/s" if tps else "")
         return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace)}"
     div = plots.first_divergence(full, trace)
     f_tps, tps = lockstep_speeds([full, trace], shared_tokens([full, trace]))
