@@ -444,3 +444,25 @@ def test_a_rows_quality_pass_due_alone_in_a_shared_room_is_scored_then_and_a_lon
     shared = controls[0].trace
     for x, y in zip(alone.generated_steps, shared.generated_steps):
         assert x.token_id == y.token_id and abs(x.kl_full - y.kl_full) <= 1e-4
+
+
+def test_solo_runs_take_turns_going_first():
+    """Solo runs (a Compare ladder's columns, the quick sweep's runs) each take one step a room step; who goes first
+    rotates, as in a lockstep, so no run always follows the batched forward."""
+    model = tiny_model("llama")
+    engine = Engine(model)
+    room = Room(engine, max_batch=8)
+    order = []
+
+    def run(name, n=3):
+        for _ in range(n):
+            order.append(name)
+            yield name
+
+    from routerlab.core.room import _Entry
+
+    for name in "abc":
+        room._solos.append(_Entry(args=(None, None, None, None, None), solo=run(name)))
+    for _ in range(3):
+        room.step()
+    assert order == list("abc") + list("bca") + list("cab")

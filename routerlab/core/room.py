@@ -84,6 +84,7 @@ class Room:
         self._rows: list[_Entry] = []
         self._reading: list[_Entry] = []  # rows whose long prompt is being read, a chunk a step; then in _rows
         self._solos: list[_Entry] = []
+        self._solo_turn = 0  # which solo run goes first at the next step
         self._closed = False
         self.thread_name: str | None = None  # the thread that runs the loop, once it runs
         self.where: str | None = None  # "main" or "worker", when chosen by `run_where_fastest`
@@ -210,7 +211,10 @@ class Room:
                 self.threads.after(len(rows), forward)
             self.rows_stepped += len(rows)
         solo = time.perf_counter()
-        for entry in list(self._solos):
+        # Who goes first rotates every step, as in a lockstep (core/lockstep.py): solo runs are side-by-side measurements
+        # (a Compare ladder, the quick sweep), and a fixed order gave the first one whatever the batched forward left it.
+        k, self._solo_turn = self._solo_turn % max(1, len(self._solos)), self._solo_turn + 1
+        for entry in self._solos[k:] + self._solos[:k]:
             try:
                 step = next(entry.solo, _END)
             except Exception as err:
