@@ -231,7 +231,7 @@ def score_together(meters: list[QualityMeter], packed: PackedForward, clock: Cal
     """One pass of each meter (as its `score` would run it), the full-depth forwards of them all in one `packed` call:
     rows of a room that fall due together (core/room.py). A forward's cost is mostly reading every weight, so one over
     all their chunks costs far less than one each. Each meter is charged the time in proportion to the tokens it fed.
-    Meters without a full forward, or with nothing waiting, are left alone."""
+    Meters without a full forward, or with nothing to read or score, are left alone."""
     meters = [m for m in meters if m.full_forward is not None and m.next_pass()[0]]
     if not meters:
         return
