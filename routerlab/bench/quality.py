@@ -30,6 +30,7 @@ import torch
 
 from routerlab.core.config import GenerateConfig
 from routerlab.core.engine import Control, Engine
+from routerlab.core.lockstep import in_turn
 from routerlab.core.models import load_model
 from routerlab.core.precision import describe
 from routerlab.core.quality import CHUNK, REFRESH_SECONDS
@@ -80,8 +81,7 @@ def quality_benchmark(model: str | None = None, *, granularity: str = "attention
     timed_run(engine, ids, routers, defaults, 8, chunks[0])  # warm-up: first-call allocations, lazy inits
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for r in range(rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:  # rotate, so no configuration always runs first or after another
+        for name in in_turn(names, r):  # rotate, so no configuration always runs first or after another
             runs[name].append(timed_run(engine, ids, routers, defaults, new_tokens, *configs[name]))
         log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {runs[n][-1]['tokens_per_second']:.2f} tok/s" for n in names))
     rows = {}

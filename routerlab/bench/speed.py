@@ -24,6 +24,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
 from routerlab.core.engine import Control, Engine, Plan, forward
+from routerlab.core.lockstep import in_turn
 from routerlab.core.models import load_model
 from routerlab.core.precision import cpu_vector_unit, dtype_name
 from routerlab.core.router import RouterSet
@@ -99,8 +100,7 @@ def _lockstep(engine: Engine, ids: list[int], configs: dict[str, tuple], new_tok
     live = set(names)
     tick = turn
     while live:
-        k = tick % len(names)
-        for name in names[k:] + names[:k]:
+        for name in in_turn(names, tick):
             if name in live:
                 step = next(running[name][0], None)
                 while step is not None and step.is_prompt:  # the prompt's steps come out of one prefill

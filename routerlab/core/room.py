@@ -39,6 +39,7 @@ import torch
 from routerlab.core import batch_paths, generation
 from routerlab.core.batch import step_rows
 from routerlab.core.generation import Generation
+from routerlab.core.lockstep import in_turn
 from routerlab.core.packed import forward_shared
 from routerlab.core.quality import score_together
 from routerlab.core.threads import ThreadTuner
@@ -213,8 +214,8 @@ class Room:
         solo = time.perf_counter()
         # Who goes first rotates every step, as in a lockstep (core/lockstep.py): solo runs are side-by-side measurements
         # (a Compare ladder, the quick sweep), and a fixed order gave the first one whatever the batched forward left it.
-        k, self._solo_turn = self._solo_turn % max(1, len(self._solos)), self._solo_turn + 1
-        for entry in self._solos[k:] + self._solos[:k]:
+        order, self._solo_turn = in_turn(self._solos, self._solo_turn), self._solo_turn + 1
+        for entry in order:
             try:
                 step = next(entry.solo, _END)
             except Exception as err:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
+from routerlab.core.lockstep import in_turn
 from routerlab.core.trace import Trace
 
 # Streaming frame rates. Every frame costs Python time in this process, and Python time here is
@@ -108,8 +109,7 @@ class Decoder:
         try:
             turn = 0
             while live:
-                k = turn % len(live)  # who goes first rotates, so no run always follows the same one
-                for it in live[k:] + live[:k]:
+                for it in in_turn(live, turn):  # who goes first rotates, so no run always follows the same one
                     if next(it, None) is None:
                         live.remove(it)
                 turn += 1
