@@ -178,6 +178,26 @@ def test_figure_html_is_standalone():
     assert "<html>" in page[:100] and "plotly" in page.lower() and "<script src=\"https://cdn" not in page
 
 
+def test_figure_page_written_as_built_with_plotly_once_and_the_figure_escaped(tmp_path):
+    from plotly.offline import get_plotlyjs
+
+    from routerlab.ui import figure_page
+
+    fig = go.Figure(go.Heatmap(z=[[1, 2]], x=["</script><img src=/hostile>", "b"], y=["L0"]))
+    page = figure_page.page(fig)
+    assert page.count(get_plotlyjs()) == 1 and page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert "Plotly.newPlot" in page and '"displaylogo": false' in page
+    assert "</script><img" not in page and "\\u003c\\u002fscript\\u003e\\u003cimg" in page  # plotly's own escaping
+    path = tmp_path / "page.html"
+    figure_page.write_page(fig, path)
+    written = path.read_text()
+    assert written.replace(_div_id(written), "X") == page.replace(_div_id(page), "X")  # the same page (plotly's div id is random)
+
+
+def _div_id(page: str) -> str:
+    return page.split('<div id="', 1)[1].split('"', 1)[0]
+
+
 def test_heatmap_redraw_time_300_tokens_x_30_layers():
     """Prints the redraw time (the figure and its JSON); timing is reported, not asserted."""
     trace = synthetic_trace(n_layers=30, n_prompt=40, n_gen=260)

@@ -531,5 +531,7 @@ def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "p
 
 
 def figure_html(fig: go.Figure) -> str:
-    """A standalone HTML page of a figure that works offline (plotly.js embedded)."""
-    return fig.to_html(include_plotlyjs=True, full_html=True, config={"displaylogo": False})
+    """A standalone HTML page of a figure that works offline (plotly.js embedded; ui/figure_page.py)."""
+    from routerlab.ui.figure_page import page
+
+    return page(fig)

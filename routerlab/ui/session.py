@@ -25,7 +25,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from routerlab.core.trace import Trace
-from routerlab.ui import plots, safe
+from routerlab.ui import figure_page, plots, safe
 
 log = logging.getLogger(__name__)
 
@@ -160,5 +160,5 @@ def _export(session: Session, trace: Trace) -> tuple[str, str]:
     trace_path = folder / "routerlab-trace.json"
     trace_path.write_text(trace.to_json(indent=1))
     html_path = folder / "routerlab-heatmap.html"
-    html_path.write_text(plots.figure_html(plots.heatmap(trace)))
+    figure_page.write_page(plots.heatmap(trace), html_path)
     return str(trace_path), str(html_path)
