@@ -15,7 +15,7 @@ def run(measuring=True, scoring=False, chunks=0):
 
 def test_text_and_plot_frames_follow_the_clock_when_nothing_is_measured():
     p = Pacer(text_every=0.5, plot_every=2.0)
-    assert p.due(0.0, 10) is True  # the first frame draws everything
+    assert p.due(0.0, 10, started=True) is True  # the first frame draws everything
     assert p.due(0.1, 12) is None  # text not due yet
     assert p.due(0.6, 12) is False  # text only
     assert p.due(1.2, 12) is None  # nothing new
@@ -73,3 +73,13 @@ def test_the_first_generated_token_shows_at_once_whatever_the_rooms_pace():
     assert p.due(0.3, 41, [r], started=True) is False  # the first token: text now
     assert p.due(0.6, 43, [r], started=True) is None  # later tokens keep the pace
     assert p.due(4.4, 60, [r], started=True) is False
+
+
+def test_the_next_look_comes_soon_until_the_first_generated_token_was_shown():
+    """The prompt's frame sets the next text half a second away; the first token must not wait for it (a visitor
+    alone saw the first token 0.8 s after pressing Generate, with 17 tokens already decoded)."""
+    p = Pacer(text_every=0.5, plot_every=2.0)
+    assert p.due(0.0, 40, started=False) is True  # the prompt read: its frame
+    assert p.wait(0.0) == POLL  # look again soon: the first token is due at once
+    assert p.due(0.05, 41, started=True) is False  # there it is: its text now
+    assert p.wait(0.05) == pytest.approx(0.5)  # then the usual pace

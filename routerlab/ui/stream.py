@@ -86,7 +86,10 @@ class Pacer:
 
     def wait(self, now: float) -> float:
         """Seconds to sleep before the next look: until the next frame may be due, or POLL once one is
-        (nothing new yet, or held by a quality pass)."""
+        (nothing new yet, or held by a quality pass), and POLL until the first generated token was shown: that frame
+        is due at once (`due`), so the prompt's frame must not put the next look a whole text interval away."""
+        if not self.first_shown:
+            return POLL
         return max(POLL, min(self.next_text, self.next_plot) - now)
 
 
