@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import lru_cache
 from typing import Iterator
 
 import gradio as gr
@@ -99,8 +100,8 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     # Every frame repeats the values it does not change (see plot_data): no gr.skip() while streaming.
     live_frame = ""  # the latest heatmap frame (figure JSON); repeated in frames that do not redraw it
     stats = _shown(session, "stats", lambda: plots.stats_html({}))
-    bar = _shown(session, "bar", lambda: plot_data(plots.layer_skip_bar(None)))
-    hist = _shown(session, "hist", lambda: plot_data(plots.score_histogram(None)))
+    bar = _shown(session, "bar", _empty_bar)
+    hist = _shown(session, "hist", _empty_hist)
     status = _status("run", f"Prefilling the prompt on {safe.text(engine.name)}{note}…")
     columns: dict = {}  # this run's heatmap columns, converted once each (plots._columns)
     spans: dict = {}  # this run's token spans, built once each (plots.token_html)
@@ -152,9 +153,22 @@ def _shared_note(meta: dict) -> str:
             f"visitors' generations (up to {room['largest_batch']} at once), so its tokens/s is its share of each step.")
 
 
+# Placeholders are made once: a figure costs milliseconds of the interpreter lock, and a room's visitors press Generate
+# together (32 at once: about 0.6 s of the web server's time before the last of them saw "Prefilling").
+@lru_cache(maxsize=8)
 def _heat_note(message: str):
     """An empty heatmap that says `message`: the plot's placeholder while a run streams, or after it failed."""
     return plot_data(plots.empty_heatmap(message))
+
+
+@lru_cache(maxsize=1)
+def _empty_bar():
+    return plot_data(plots.layer_skip_bar(None))
+
+
+@lru_cache(maxsize=1)
+def _empty_hist():
+    return plot_data(plots.score_histogram(None))
 
 
 def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
