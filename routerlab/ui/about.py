@@ -28,11 +28,11 @@ together, each with its own routers, threshold and KV policy (the status line sa
 layer's weights are then read once for the whole room, and each visitor pays only for their own share of the work:
 a token that skips attention saves its own queries, its attention over its cache and its share of the projections,
 but the weights are still read for the tokens that run it. Only a layer that every token of the step skips is not
-computed at all. On the 2-core machine of `make room`, the engine's step of 8 tokens took about 3 times one
-token's (60 against 19 ms; the weights' products alone 27 against 10 ms), so it decodes about 2.5 times as many
+computed at all. On the 2-core machine of `make room` (AMD EPYC, AVX2), the engine's step of 8 tokens took about 2.6 times one
+token's (54 against 21 ms; the weights' products alone 39 against 15 ms), so it decodes about 3 times as many
 tokens per second for 8 visitors as for one. Served to 8 pages on those same 2 cores, with their quality measured,
-the room shared about 33 tokens/s among them; what it buys most is waiting: 32 visitors at once were all served,
-the first token within 12 s for 95% of them, where one generation at a time turned 14 of 32 away.
+the room shared about 51 tokens/s among them; what it buys most is waiting: 32 visitors at once were all served,
+the first token within 5.4 s for 95% of them, where one generation at a time turned 14 of 32 away.
 
 ### Teaching with it
 `docs/workshop.md` is a 75-minute lesson in eight exercises, each with a link that opens this page in its settings
