@@ -114,7 +114,7 @@ def build(names: tuple[str, ...] = FIGURES, max_new_tokens: int = MAX_NEW_TOKENS
                    "routers": {"granularity": GRANULARITY, "source": _relative(defaults["source"]), "threshold": threshold, "kv_policy": policy},
                    "prompt": first, "ladder": list(LADDER)}
     where = f"{engine.name} · {GRANULARITY} routers"
-    speed_note = ("Speeds: the runs decoded side by side, one token each in turn, timed over the tokens every run decoded, "
+    speed_note = ("Speeds: the runs decoded side by side, one token each in turn, each timed against the full model over the tokens both decoded, "
                   f"the quality pass's time taken out (as the Compare tab)<br>Machine: {_machine_line()} · {built.about['model']['dtype']} model")
     full = traces.get(runs.Job(first, None, policy))
     if "heatmap" in names:

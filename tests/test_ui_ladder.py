@@ -105,6 +105,21 @@ def test_a_ladders_speeds_are_timed_over_the_tokens_every_column_decoded():
     assert "2.00×" in ui.column_html(rung, full, 0.5)
 
 
+def test_a_column_whose_text_ended_early_shortens_only_its_own_comparison():
+    """The 0.7 column ended after 2 tokens; the 0.3 column ran on with the full model for 5 rounds, at half its step in
+    the first two and a third of it in the last three. The 0.3 column is timed over the 5 rounds it shared with the
+    full model (median ratio 3x, where the first two alone said 2x), the 0.7 column over its 2; the table and each
+    column's header say the same, and the note names the column that was timed over fewer tokens."""
+    full = Trace(1, _steps([1.0, 1.0, 1.0, 1.0, 1.0]), {})
+    low = Trace(1, _steps([0.5, 0.5, 1 / 3, 1 / 3, 1 / 3]), {"threshold_start": 0.3})
+    high = Trace(1, _steps([0.25, 0.25]), {"threshold_start": 0.7})
+    rows = ui.ladder_rows(full, [low, high])
+    assert [r["timed_tokens"] for r in rows] == [5, 5, 2]
+    assert rows[1]["speedup"] == pytest.approx(3.0) and rows[2]["speedup"] == pytest.approx(4.0)
+    assert "3.00×" in ui.column_html(low, full, 0.3) and "4.00×" in ui.column_html(high, full, 0.7)
+    assert "first 5 generated tokens (threshold 0.70: 2, where its text ended)" in ui.ladder_html(full, [low, high])
+
+
 def test_every_rung_records_its_quality_pass_per_step(res):
     session = ui.Session()
     run_all(ladder(res, session, thresholds="0.3, 0.7"))

@@ -152,8 +152,8 @@ def decode_speed(trace: Trace, tokens: int | None = None) -> float:
     seconds that was): the routed model's speed, comparable with the full model's, which has no quality pass.
 
     A ladder's columns decode in lockstep, one token each in turn, so their k-th tokens are decoded in the same
-    round: compared over the tokens every column decoded (`shared_tokens`), they are timed over the same rounds
-    and the same context lengths, not a column's late tokens alone against another's early ones."""
+    round: compared over the tokens both decoded (`shared_tokens`), they are timed over the same rounds and the same
+    context lengths, not a column's late tokens alone against another's early ones."""
     steps = trace.generated_steps if tokens is None else trace.generated_steps[:tokens]
     by_step = trace.meta.get("quality_seconds_by_step")
     if by_step is not None:
@@ -222,21 +222,32 @@ def _divergence(full: Trace, trace: Trace) -> str:
 
 
 def ladder_rows(full: Trace | None, rungs: list[Trace]) -> list[dict]:
-    """One row per column: its numbers, measured in the same lockstep run (plain data, for tests and the table)."""
+    """One row per column: its numbers, measured in the same lockstep run (plain data, for tests and the table).
+
+    Each column's speed is timed against the full model over the rounds the two both decoded (`timed_tokens`): a column
+    whose text ended early shortens its own comparison, not the others' (whose column headers say the same)."""
     if full is None:
         return []
-    n = shared_tokens([full, *rungs])  # every speed over the same rounds of the lockstep
-    f_tps, *speeds = lockstep_speeds([full, *rungs], n)
+    f_tps, *speeds = lockstep_speeds([full, *rungs])  # each ratio over the rounds it shares with the full model
     rows = [dict(column="full model", threshold=None, skip_rate=0.0, mean_kl=0.0, agreement=1.0, tokens_per_second=f_tps,
-                 speedup=1.0 if f_tps else None, first_divergence=None, timed_tokens=n)]
+                 speedup=1.0 if f_tps else None, first_divergence=None, timed_tokens=len(full.generated_steps))]
     for trace, tps in zip(rungs, speeds):
         rows.append(dict(
             column=f"threshold {trace.meta.get('threshold_start', 0):.2f}", threshold=trace.meta.get("threshold_start"), skip_rate=trace.skip_rate(),
             mean_kl=trace.mean_kl(), agreement=trace.agreement(), tokens_per_second=tps,
             speedup=tps / f_tps if tps and f_tps else None, first_divergence=plots.first_divergence(full, trace),
-            timed_tokens=n,
+            timed_tokens=shared_tokens([full, trace]),
         ))
     return rows
+
+
+def timed_note(rows: list[dict]) -> str:
+    """Over how many tokens each column's speed was timed, in words: '64 generated tokens' or, when a column's text
+    ended first, '64 generated tokens (threshold 0.70: 15, where its text ended)'."""
+    counts = [r["timed_tokens"] for r in rows[1:]]
+    most = max(counts, default=rows[0]["timed_tokens"] if rows else 0)
+    short = [f"{r['column']}: {r['timed_tokens']}" for r in rows[1:] if r["timed_tokens"] < most]
+    return f"{most} generated tokens" + (f" ({'; '.join(short)}, where its text ended)" if short else "")
 
 
 def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -> str:
@@ -255,17 +266,17 @@ def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -
              ["0 (itself)"] + [_kl(t) for t in rungs]),
         line("top token as the full model", "share of generated tokens whose most likely next token is the full model's",
              ["100%"] + ["…" if r["agreement"] is None else f"{r['agreement']:.0%}" for r in rows[1:]]),
-        line("decode tok/s", "measured in this run over the tokens every column decoded: the full model's median step, each column's from its median ratio to it round by round; the quality pass that measures KL is timed out", [f"{r['tokens_per_second']:.1f}" if r["tokens_per_second"] else "–" for r in rows]),
+        line("decode tok/s", "measured in this run: the full model's median step, each column's from its median ratio to it round by round, over the tokens both decoded; the quality pass that measures KL is timed out", [f"{r['tokens_per_second']:.1f}" if r["tokens_per_second"] else "–" for r in rows]),
         line("speedup vs full", "the median over the rounds of the full model's step over this column's, measured side by side in lockstep",
              ["1.00× (reference)"] + [f"<b>{r['speedup']:.2f}×</b>" if r["speedup"] else "–" for r in rows[1:]]),
         line("first difference", "the first generated token that is not the full model's (red outline in the text)",
              ["–"] + [_divergence(full, t) for t in rungs]),  # token_label escapes the tokens
     ]
-    timed = rows[0]["timed_tokens"]
     note = ("Still generating: the numbers move until every run ends." if running else
-            f"{len(rows)} runs measured in lockstep (one token each in turn on this machine); every speed is timed over the "
-            f"first {timed} generated tokens, which all of them decoded in the same rounds, so they compare like for like; a "
-            f"speedup is the median of its rounds' ratios, so a moment the machine was busy with something else moves none.")
+            f"{len(rows)} runs measured in lockstep (one token each in turn on this machine); each column's speed is timed "
+            f"against the full model over the first {timed_note(rows)}, which the two decoded in the same rounds, so they "
+            f"compare like for like; a speedup is the median of its rounds' ratios, so a moment the machine was busy with "
+            f"something else moves none.")
     return (f"<table class='rl-ladder'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
             f"<div class='rl-foot'>{safe.text(note)} Router set {safe.text(rungs[0].meta.get('granularity') if rungs else '?')}, "
             f"kv policy {safe.text(full.meta.get('kv_policy', '?'))}.</div>")

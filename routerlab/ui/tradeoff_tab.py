@@ -239,8 +239,8 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
     traces = _lockstep(engine, prompt, runs, lambda done: progress(done, desc=f"{len(runs)} runs side by side"))
     full, swept = traces[0], traces[1:]
     full_ids = [s.token_id for s in full.generated_steps]
-    n = shared_tokens(traces)  # every speed over the rounds all runs decoded, as their median ratio round by round
-    f_tps, *speeds = lockstep_speeds(traces, n)
+    n = max(shared_tokens([full, t]) for t in swept)  # each run timed against the full model over the rounds both decoded
+    f_tps, *speeds = lockstep_speeds(traces)  # each a median ratio to the full model, round by round
     f_tps = f_tps or 1.0
     rows = [dict(method="full", threshold=None, speedup=1.0, agreement=1.0, skip_rate=0.0, kv_policy=kv_policy)]
     for t, trace, tps in zip(thresholds, swept, speeds):
@@ -249,8 +249,8 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
         rows.append(dict(method=label, threshold=t, speedup=(tps or 0.0) / f_tps, agreement=same / max(1, len(full_ids)), skip_rate=trace.skip_rate(), kv_policy=kv_policy))
     df = pd.DataFrame(rows)
     return plots.tradeoff_curve(df, quality="agreement"), bench_table(df), _status("ok", (
-        f"Sweep done: {len(runs)} runs decoded side by side (one token each in turn), every speed timed over the first {n} tokens, "
-        "which all of them decoded; agreement = share of the full model's greedy tokens reproduced before the first difference."))
+        f"Sweep done: {len(runs)} runs decoded side by side (one token each in turn), each speed timed against the full model's over "
+        f"the tokens both decoded (up to {n}); agreement = share of the full model's greedy tokens reproduced before the first difference."))
 
 
 def _lockstep(engine, prompt: str, runs: list[tuple], progress) -> list:
