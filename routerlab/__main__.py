@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first fit each stand-in to its sub-layer's update at full depth, this many Adam steps (default 0)")
     t.add_argument("--init", choices=("zeros", "probe"), default=None,
                    help="where the routers start: zeros (default, the paper) or probe (fitted to their sub-layers' update sizes)")
+    t.add_argument("--long", type=int, default=0, metavar="TOKENS",
+                   help="train (and calibrate) on long inputs: the data's examples joined into chats of about TOKENS "
+                        "tokens, the loss on their second half (default 0: each example alone)")
     t.add_argument("--threshold", default="auto", help="default threshold to ship: a number, or 'auto' (calibrated on held-out)")
     t.add_argument("--max-ppl-increase", type=float, default=0.02, help="calibration: largest held-out perplexity rise allowed")
     t.add_argument("--calib-examples", type=int, default=32, help="held-out examples used to calibrate the threshold")
@@ -252,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--multiple", type=float, default=4.0, help="0.7 skips this many times the default's share (default 4)")
     c.add_argument("--floor", type=float, default=0.01, help="a default that skips less than this share of the cells "
                    "(threshold 0: never) puts 0.5 where this share is skipped instead (default 0.01)")
+    c.add_argument("--long", type=int, default=0, metavar="TOKENS", help="fit and check on long inputs: the examples "
+                   "joined into chats of about TOKENS tokens, as `train --long` makes them (default 0: each alone)")
     c.add_argument("--dry-run", action="store_true", help="fit and print, write nothing")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     c.set_defaults(func=_calibrate)

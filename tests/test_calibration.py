@@ -211,6 +211,8 @@ def test_command_of_names_only_what_differs_from_the_defaults():
     assert command_of(args) == "python -m routerlab calibrate --routers assets/routers/attention-token"
     args.multiple = 5.0
     assert command_of(args).endswith("--multiple 5.0")
+    args.long = 1024  # a set trained on long inputs is fitted on them
+    assert command_of(args).endswith("--multiple 5.0 --long 1024")
 
 
 def test_the_slider_marks_read_a_calibrated_sets_measured_skip_rates():

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, load_records, read_jsonl, read_prompts, record_from_row, split_of
+from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, load_records, long_examples, read_jsonl, read_prompts, record_from_row, split_of
 from routerlab.core.errors import RouterLabError
 
 
@@ -56,6 +56,24 @@ def test_encode_puts_the_loss_on_the_response_and_end_of_turn():
     assert ex.n_response == 3 and ex.ids[-1] == tok.eos_token_id  # "c", "d", end of turn
     plain = encode(Record((), "x y z"), tok)
     assert plain.start == 1 and plain.ids[0] == tok.bos_token_id
+
+
+def test_long_examples_join_records_into_chats_cut_at_the_length_with_the_loss_on_the_second_half():
+    tok = _Tok()
+    records = [Record(({"role": "user", "content": f"about n{i}"},), " ".join(f"r{i}w{j}" for j in range(10))) for i in range(40)]
+    out = long_examples(records, tok, 64, seed=0)
+    words = {v: k for k, v in tok.vocab.items()}
+    chats = [[words[t] for t in e.ids] for e in out]
+    assert len(out) == 8 and all(len(e.ids) == 64 and e.start == 32 for e in out)  # 14 tokens a record: 5 records a chat
+    asked = [w for chat in chats for w in chat if w.startswith("n")]
+    assert len(asked) == len(set(asked)) == 40, "every record in one chat, none twice"
+    assert all(chat.count("<user>") == 5 and chat[0] == "<user>" for chat in chats), "turn after turn, each chat from its start"
+    assert [e.ids for e in long_examples(records, tok, 64, seed=0)] == [e.ids for e in out]
+    assert asked != [w for e in long_examples(records, tok, 64, seed=1) for w in (words[t] for t in e.ids) if w.startswith("n")]
+    with pytest.raises(RouterLabError, match="too short"):
+        long_examples(records, tok, 10)
+    with pytest.raises(RouterLabError, match="fewer than 4096 tokens"):
+        long_examples(records, tok, 4096)
 
 
 def test_bad_files_and_offline_hub_names_fail_cleanly(tmp_path, monkeypatch):

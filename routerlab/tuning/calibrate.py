@@ -142,7 +142,8 @@ def command_of(args) -> str:
     for flag, value, default in (("--data", args.data, None), ("--split", args.split, FIT_SPLIT), ("--limit", args.limit, LIMIT),
                                  ("--check-data", args.check_data, None), ("--check-split", args.check_split, CHECK_SPLIT),
                                  ("--check-limit", args.check_limit, LIMIT), ("--multiple", args.multiple, MULTIPLE),
-                                 ("--floor", args.floor, FLOOR), ("--dtype", getattr(args, "dtype", "auto"), "auto")):
+                                 ("--floor", args.floor, FLOOR), ("--dtype", getattr(args, "dtype", "auto"), "auto"),
+                                 ("--long", getattr(args, "long", 0), 0)):
         if value is not None and value != default:
             parts.append(f"{flag} {value}")
     return " ".join(parts)
@@ -153,7 +154,7 @@ def run_calibrate(args) -> dict:
     from routerlab.core.models import load_model
     from routerlab.core.routed import Anatomy
     from routerlab.tuning.checkpoint import load_routers, read_config, write_calibration
-    from routerlab.tuning.data import encode_all, load_records
+    from routerlab.tuning.data import encode_all, load_records, long_examples
     from routerlab.tuning.evaluate import response_scores
 
     log = getattr(args, "log", None) or (lambda m: print(m, flush=True))
@@ -171,8 +172,13 @@ def run_calibrate(args) -> dict:
     loaded = load_model(args.model, device=args.device, dtype=getattr(args, "dtype", "auto"))
     routers, config = load_routers(folder, loaded.model)
     anatomy = Anatomy(loaded.model)
-    fit_ex = encode_all(fit_records, loaded.tokenizer)[: args.limit]
-    check_ex = encode_all(check_records, loaded.tokenizer)[: args.check_limit]
+    long = getattr(args, "long", 0) or 0  # a set trained on long inputs (`train --long`) is fitted and checked on them
+
+    def encoded(records: list) -> list:
+        return long_examples(records, loaded.tokenizer, long) if long else encode_all(records, loaded.tokenizer)
+
+    fit_ex = encoded(fit_records)[: args.limit]
+    check_ex = encoded(check_records)[: args.check_limit]
     if not fit_ex or not check_ex:
         raise RouterLabError("No fit or no held-out examples to calibrate with.", "Check --data, --check-data and their splits.")
     raw_default = raw_default_of(config)
@@ -200,7 +206,8 @@ def run_calibrate(args) -> dict:
                  + f"; {HIGH} = {args.multiple:g}x its skip rate, on the fit prompts' full-depth scores"),
         "anchors": {str(DEFAULT): {"raw": round(fit.raw_anchor, 6), "skip_rate": round(fit.anchor_rate, 5)},
                     str(HIGH): {"raw": round(fit.raw_high, 6), "skip_rate": round(fit.high_rate, 5)}},
-        "fitted_on": {"data": _data_name(fit_data), "split": args.split, "examples": len(fit_ex), "cells": len(scores)},
+        "fitted_on": {"data": _data_name(fit_data), "split": args.split, "examples": len(fit_ex), "cells": len(scores),
+                      **({"long_inputs": long} if long else {})},
         "checked_on": {"data": _data_name(check_data), "split": args.check_split, "examples": len(check_ex)},
         "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         "points": points,

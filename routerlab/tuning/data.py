@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +181,31 @@ def encode_all(records: list[Record], tokenizer, max_tokens: int = 512) -> list[
     out = [e for e in (encode(r, tokenizer, max_tokens) for r in records) if e is not None]
     if not out:
         raise RouterLabError("No usable examples after tokenizing (all empty or too long).", "Check the data file.")
+    return out
+
+
+def long_examples(records: list[Record], tokenizer, tokens: int, seed: int = 0) -> list[Example]:
+    """Long inputs from short records: consecutive records (in an order shuffled by `seed`) joined into one chat, turn
+    after turn, until it holds about `tokens` tokens (chat template), cut there; the loss covers its second half, so
+    every position it trains on reads at least `tokens` / 2 earlier tokens. Each record serves one chat; a last chat
+    shorter than `tokens` is left out. For training routers that hold at long contexts (`train --long`)."""
+    if tokens < 64:
+        raise RouterLabError(f"--long {tokens} is too short for a long input.", "Use 0 (each example alone) or e.g. 1024.")
+    order = list(records)
+    random.Random(seed).shuffle(order)
+    out: list[Example] = []
+    turns: list[dict] = []
+    for record in order:
+        turns += [*record.messages, {"role": "assistant", "content": record.response}]
+        text = tokenizer.apply_chat_template(turns, tokenize=False) if getattr(tokenizer, "chat_template", None) else \
+            "\n".join(t["content"] for t in turns)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(ids) >= tokens:
+            out.append(Example(tuple(ids[:tokens]), tokens // 2))
+            turns = []
+    if not out:
+        raise RouterLabError(f"The data holds fewer than {tokens} tokens in all: no long input could be made.",
+                             "Use a smaller --long, or more data.")
     return out
 
 

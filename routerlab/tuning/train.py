@@ -459,7 +459,7 @@ def run_training(args) -> dict | None:
     from accelerate import Accelerator
 
     from routerlab.tuning.checkpoint import save_routers
-    from routerlab.tuning.data import DEFAULT, build_default, encode_all, load_records
+    from routerlab.tuning.data import DEFAULT, build_default, encode_all, load_records, long_examples
     from routerlab.core.models import load_model
     from routerlab.core.routed import Anatomy
 
@@ -476,7 +476,12 @@ def run_training(args) -> dict | None:
             build_default(loaded)
         accelerator.wait_for_everyone()
     records = load_records(args.data)
-    train = encode_all([r for r in records if r.split == "train"], loaded.tokenizer, cfg.max_tokens)
+    long = getattr(args, "long", 0) or 0
+
+    def encoded(split: list) -> list:
+        return long_examples(split, loaded.tokenizer, long, cfg.seed) if long else encode_all(split, loaded.tokenizer, cfg.max_tokens)
+
+    train = encoded([r for r in records if r.split == "train"])
     heldout_records = [r for r in records if r.split == "heldout"]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -495,7 +500,7 @@ def run_training(args) -> dict | None:
     anatomy = Anatomy(loaded.model)
     if threshold is None:
         if heldout_records:
-            calib = encode_all(heldout_records, loaded.tokenizer, cfg.max_tokens)[: args.calib_examples]
+            calib = encoded(heldout_records)[: args.calib_examples]
             threshold, points = calibrate_threshold(anatomy, routers, calib, args.max_ppl_increase,
                                                     log=lambda m: print(m, flush=True))
             report["calibration"] = {"examples": len(calib), "max_ppl_increase": args.max_ppl_increase,
@@ -505,8 +510,10 @@ def run_training(args) -> dict | None:
         else:
             threshold = cfg.threshold
     report["threshold"] = threshold
+    if long:
+        report["long_inputs"] = {"tokens": long, "loss_from": long // 2}
     summary = {k: report[k] for k in ("data", "examples", "steps", "seconds", "processes", "loss_first", "loss_last",
-                                      "skip_rate_last", "config")}
+                                      "skip_rate_last", "config", "long_inputs") if k in report}
     summary["calibration"] = {k: v for k, v in report.get("calibration", {}).items() if k != "points"}
     save_routers(routers, out, loaded.model, threshold=threshold, kv_policy=KV_POLICY, summary=summary)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
