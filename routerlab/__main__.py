@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--skip-rate", type=float, default=None, help="baseline skip rate over all layers (default: the routers')")
     e.add_argument("--sweep", default=None, help="comma-separated thresholds: print the curve for tuned, random, static")
     e.add_argument("--limit", type=int, default=None, help="use only the first N examples")
+    e.add_argument("--long", type=int, default=0, metavar="TOKENS", help="evaluate on long inputs: the examples joined "
+                   "into chats of about TOKENS tokens, scored on their second half, as `train --long` makes them")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--plot", default=None, help="with --sweep: write the curve as plotly HTML here")
     e.add_argument("--json", action="store_true")

@@ -76,6 +76,15 @@ def test_long_examples_join_records_into_chats_cut_at_the_length_with_the_loss_o
         long_examples(records, tok, 4096)
 
 
+def test_the_shipped_documents_are_held_out_plain_text():
+    from routerlab.core.documents import load_documents
+
+    docs = load_records("documents", "heldout")
+    assert [r.response for r in docs] == [d.text for d in load_documents()] and len(docs) >= 2
+    assert all(r.messages == () and r.split == "heldout" for r in docs)
+    assert load_records("documents", "train") == [], "nothing trains on them"
+
+
 def test_bad_files_and_offline_hub_names_fail_cleanly(tmp_path, monkeypatch):
     with pytest.raises(RouterLabError, match="does not exist"):
         read_jsonl(tmp_path / "missing.jsonl")

@@ -88,7 +88,7 @@ def test_an_empty_or_broken_folder_gives_lines_not_errors(tmp_path):
     from routerlab.bench.report import SOURCES
 
     text = results_markdown(tmp_path / "nothing-here")
-    assert text.count("Not measured:") == len(SOURCES) == 14
+    assert text.count("Not measured:") == len(SOURCES) == 18
     (tmp_path / "speed.json").write_text("{not json")
     (tmp_path / "load.json").write_text(json.dumps({"load": "?"}))  # valid JSON, unexpected shape
     (tmp_path / "heldout_extra.json").write_text(json.dumps({"model": "m"}))  # a key missing

@@ -108,6 +108,10 @@ SOURCES = {
     "tradeoff.json": ("Speed vs quality: the trade-off sweep", "make tradeoff"),
     "heldout_extra.json": ("Held-out evaluation: extra prompts, greedy answers", "make heldout-extra"),
     "heldout_sampled.json": ("Held-out evaluation: extra prompts, sampled answers", "make heldout-sampled"),
+    "long_documents_attention-token.json": ("Long held-out text: the documents' own text, the default set", "make long-eval"),
+    "long_documents_attention-token-long.json": ("Long held-out text: the documents' own text, the set trained on long inputs", "make long-eval"),
+    "long_chats_attention-token.json": ("Long held-out text: chats of held-out prompts, the default set", "make long-eval"),
+    "long_chats_attention-token-long.json": ("Long held-out text: chats of held-out prompts, the set trained on long inputs", "make long-eval"),
     "standins.json": ("Skip stand-ins: router-only against router + stand-in at equal skip rates", "make standins-table"),
     "load.json": ("Load, faults and bad input", "python -m routerlab bench load"),
     "soak.json": ("Every generation completes: the soak at the page's defaults", "make soak"),
@@ -293,12 +297,18 @@ def _setting(row: dict, kind: str) -> str:
     return f"threshold {_num(row['threshold'], 4)}"
 
 
+def _long(r: dict) -> str:
+    """How an evaluation on long inputs (`eval --long N`) cut its text, or nothing."""
+    n = r.get("long_inputs")
+    return f", joined and cut into inputs of {n:,} tokens, each scored on its second half" if n else ""
+
+
 def heldout_markdown(r: dict) -> list[str]:
     curve = r["curve"]
     first = next(row for kind in ("tuned", "random", "static") for row in curve.get(kind, []))
     lines = [f"{r['model']}, routers `{_short_path(r.get('routers'))}` ({r.get('granularity', first.get('granularity'))}, "
              f"KV policy {r.get('kv_policy', first.get('kv_policy'))}), data `{_short_path(r.get('data'))}` "
-             f"({r.get('split', 'all')} split): {first['examples']} examples, {first['tokens']:,} response tokens. "
+             f"({r.get('split', 'all')} split{_long(r)}): {first['examples']} examples, {first['tokens']:,} response tokens. "
              f"Full depth: perplexity {_num(first['perplexity_full'], 4)}.", "",
              "Tuned rows are the routers at each threshold; random rows skip each routed cell with probability p, "
              "matched to a tuned row's skip rate; static rows drop the k least important layers outright.", "",
@@ -473,7 +483,8 @@ def context_curve_markdown(r: dict) -> list[str]:
 
 RENDERERS = {"context.json": context_curve_markdown, "room.json": room_markdown, "soak.json": soak_markdown, "speed.json": speed_markdown, "train_tab.json": train_tab_markdown, "train_tab_seed1.json": train_tab_markdown, "load_training.json": load_training_markdown,
              "load_training_nice0.json": load_training_markdown, "standins.json": standins_markdown, "precision.json": precision_markdown, "tradeoff.json": tradeoff_markdown, "heldout_extra.json": heldout_markdown,
-             "heldout_sampled.json": heldout_markdown, "load.json": load_markdown}
+             "heldout_sampled.json": heldout_markdown, "load.json": load_markdown,
+             **{name: heldout_markdown for name in SOURCES if name.startswith("long_")}}
 
 
 def _cli_command(v: dict) -> str:
@@ -508,9 +519,9 @@ def conditions(name: str, r: dict) -> str | None:
         return f"{r['model']}, {r['granularity']} routers, {r['examples']} {r['split']} examples of `{_short_path(r['data'])}`."
     if name == "tradeoff.json":
         return f"{r['model']}; {tradeoff_conditions(r)}"
-    if name.startswith("heldout"):
+    if name.startswith(("heldout", "long_")):
         return (f"{r['model']}, routers `{_short_path(r.get('routers'))}`, data `{_short_path(r.get('data'))}` "
-                f"({r.get('split', 'all')} split).")
+                f"({r.get('split', 'all')} split{_long(r)}).")
     if name == "standins.json":
         ranks = ", ".join(f"rank {k} {1e6 * v:.0f} us" for k, v in r["standin_seconds"].items()) or "none"
         return (f"{r['model']} ({r['dtype']}), decode step {1e3 * r['costs']['step']:.1f} ms in the cost model "

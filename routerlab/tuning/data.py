@@ -36,6 +36,7 @@ PROMPTS = DATA_DIR / "prompts.jsonl"
 DEFAULT = DATA_DIR / "selfdistill.jsonl"
 HELDOUT_EVERY = 5  # 1 prompt in 5 (by hash) is held out
 SPLITS = ("train", "heldout", "all")
+DOCUMENTS = "documents"  # load_records: the shipped long documents as held-out text
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,14 @@ def read_hub(name: str, split: str = "train", limit: int | None = None) -> list[
 
 
 def load_records(source: str | Path | None = None, split: str = "all") -> list[Record]:
-    """Records from a JSONL path, a hub dataset name, or (None) the built-in self-distilled set."""
+    """Records from a JSONL path, a hub dataset name, (None) the built-in self-distilled set, or `documents`: the
+    shipped long documents' texts (assets/documents, human-written, tuned on by nothing), as held-out plain text."""
     if split not in SPLITS:
         raise RouterLabError(f"Unknown split {split!r}.", f"Choose one of: {', '.join(SPLITS)}.")
+    if str(source) == DOCUMENTS:
+        from routerlab.core.documents import load_documents
+
+        return [Record((), d.text, "heldout") for d in load_documents() if split in ("heldout", "all")]
     if source is None:
         if not DEFAULT.is_file():
             raise RouterLabError(f"The built-in data {DEFAULT} has not been built yet.",

@@ -319,7 +319,7 @@ def _row(name: str, r: dict) -> str:
 def run_eval(args) -> dict:
     """`python -m routerlab eval`: one JSON-able dict (with a `_text` rendering for the terminal)."""
     from routerlab.tuning.checkpoint import resolve_routers
-    from routerlab.tuning.data import encode_all, load_records
+    from routerlab.tuning.data import encode_all, load_records, long_examples
     from routerlab.core.models import load_model
     from routerlab.core.routed import Anatomy
 
@@ -333,11 +333,13 @@ def run_eval(args) -> dict:
     records = load_records(args.data, split)  # fail on bad data before loading the model
     loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
     routers, defaults = resolve_routers(args.routers, args.granularity, loaded.model)
-    examples = encode_all(records, loaded.tokenizer)[: args.limit]
+    long = getattr(args, "long", 0) or 0
+    examples = (long_examples(records, loaded.tokenizer, long) if long else encode_all(records, loaded.tokenizer))[: args.limit]
     anatomy = Anatomy(loaded.model)
     threshold = defaults["threshold"] if args.threshold is None else args.threshold
     policy = args.kv_policy or defaults["kv_policy"]
-    meta = {"model": loaded.name, "routers": defaults.get("source"), "data": str(args.data or "built-in"), "split": split}
+    meta = {"model": loaded.name, "routers": defaults.get("source"), "data": str(args.data or "built-in"), "split": split,
+            **({"long_inputs": long} if long else {})}
     if args.sweep:
         if routers is None:
             raise RouterLabError("--sweep needs routers.", "Pass --granularity attention-token (or --routers PATH).")
