@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, load_records, long_examples, read_jsonl, read_prompts, record_from_row, split_of
+from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, encode_all, examples_of, load_records, long_examples, read_jsonl, read_prompts, record_from_row, split_of
 from routerlab.core.errors import RouterLabError
 
 
@@ -70,6 +70,7 @@ def test_long_examples_join_records_into_chats_cut_at_the_length_with_the_loss_o
     assert all(chat.count("<user>") == 5 and chat[0] == "<user>" for chat in chats), "turn after turn, each chat from its start"
     assert [e.ids for e in long_examples(records, tok, 64, seed=0)] == [e.ids for e in out]
     assert asked != [w for e in long_examples(records, tok, 64, seed=1) for w in (words[t] for t in e.ids) if w.startswith("n")]
+    assert examples_of(records, tok, 64) == out and examples_of(records, tok) == encode_all(records, tok)  # what --long picks
     with pytest.raises(RouterLabError, match="too short"):
         long_examples(records, tok, 10)
     with pytest.raises(RouterLabError, match="fewer than 4096 tokens"):

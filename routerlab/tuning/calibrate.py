@@ -154,7 +154,7 @@ def run_calibrate(args) -> dict:
     from routerlab.core.models import load_model
     from routerlab.core.routed import Anatomy
     from routerlab.tuning.checkpoint import load_routers, read_config, write_calibration
-    from routerlab.tuning.data import encode_all, load_records, long_examples
+    from routerlab.tuning.data import examples_of, load_records
     from routerlab.tuning.evaluate import response_scores
 
     log = getattr(args, "log", None) or (lambda m: print(m, flush=True))
@@ -174,11 +174,8 @@ def run_calibrate(args) -> dict:
     anatomy = Anatomy(loaded.model)
     long = getattr(args, "long", 0) or 0  # a set trained on long inputs (`train --long`) is fitted and checked on them
 
-    def encoded(records: list) -> list:
-        return long_examples(records, loaded.tokenizer, long) if long else encode_all(records, loaded.tokenizer)
-
-    fit_ex = encoded(fit_records)[: args.limit]
-    check_ex = encoded(check_records)[: args.check_limit]
+    fit_ex = examples_of(fit_records, loaded.tokenizer, long)[: args.limit]
+    check_ex = examples_of(check_records, loaded.tokenizer, long)[: args.check_limit]
     if not fit_ex or not check_ex:
         raise RouterLabError("No fit or no held-out examples to calibrate with.", "Check --data, --check-data and their splits.")
     raw_default = raw_default_of(config)

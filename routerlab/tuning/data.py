@@ -215,6 +215,12 @@ def long_examples(records: list[Record], tokenizer, tokens: int, seed: int = 0) 
     return out
 
 
+def examples_of(records: list[Record], tokenizer, long: int = 0, max_tokens: int = 512, seed: int = 0) -> list[Example]:
+    """The examples train, calibrate and eval read: each record alone (`encode_all`), or, with `long` > 0 (their
+    `--long`), the records joined into inputs of about `long` tokens (`long_examples`)."""
+    return long_examples(records, tokenizer, long, seed) if long else encode_all(records, tokenizer, max_tokens)
+
+
 # -- the offline default: the full model answers the team's prompts -------------------------------
 def read_prompts(path: Path = PROMPTS) -> list[dict]:
     """The {category, prompt} rows of a prompts file; a clear RouterLabError when it is missing or malformed."""

@@ -319,7 +319,7 @@ def _row(name: str, r: dict) -> str:
 def run_eval(args) -> dict:
     """`python -m routerlab eval`: one JSON-able dict (with a `_text` rendering for the terminal)."""
     from routerlab.tuning.checkpoint import resolve_routers
-    from routerlab.tuning.data import encode_all, load_records, long_examples
+    from routerlab.tuning.data import examples_of, load_records
     from routerlab.core.models import load_model
     from routerlab.core.routed import Anatomy
 
@@ -334,7 +334,7 @@ def run_eval(args) -> dict:
     loaded = load_model(args.model, device=args.device, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
     routers, defaults = resolve_routers(args.routers, args.granularity, loaded.model)
     long = getattr(args, "long", 0) or 0
-    examples = (long_examples(records, loaded.tokenizer, long) if long else encode_all(records, loaded.tokenizer))[: args.limit]
+    examples = examples_of(records, loaded.tokenizer, long)[: args.limit]
     anatomy = Anatomy(loaded.model)
     threshold = defaults["threshold"] if args.threshold is None else args.threshold
     policy = args.kv_policy or defaults["kv_policy"]

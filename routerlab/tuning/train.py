@@ -459,7 +459,7 @@ def run_training(args) -> dict | None:
     from accelerate import Accelerator
 
     from routerlab.tuning.checkpoint import save_routers
-    from routerlab.tuning.data import DEFAULT, build_default, encode_all, load_records, long_examples
+    from routerlab.tuning.data import DEFAULT, build_default, examples_of, load_records
     from routerlab.core.models import load_model
     from routerlab.core.routed import Anatomy
 
@@ -479,7 +479,7 @@ def run_training(args) -> dict | None:
     long = getattr(args, "long", 0) or 0
 
     def encoded(split: list) -> list:
-        return long_examples(split, loaded.tokenizer, long, cfg.seed) if long else encode_all(split, loaded.tokenizer, cfg.max_tokens)
+        return examples_of(split, loaded.tokenizer, long, cfg.max_tokens, cfg.seed)
 
     train = encoded([r for r in records if r.split == "train"])
     heldout_records = [r for r in records if r.split == "heldout"]
