@@ -173,7 +173,6 @@ def run_calibrate(args) -> dict:
     routers, config = load_routers(folder, loaded.model)
     anatomy = Anatomy(loaded.model)
     long = getattr(args, "long", 0) or 0  # a set trained on long inputs (`train --long`) is fitted and checked on them
-
     fit_ex = examples_of(fit_records, loaded.tokenizer, long)[: args.limit]
     check_ex = examples_of(check_records, loaded.tokenizer, long)[: args.check_limit]
     if not fit_ex or not check_ex:

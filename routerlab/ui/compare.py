@@ -241,7 +241,7 @@ def ladder_rows(full: Trace | None, rungs: list[Trace]) -> list[dict]:
     return rows
 
 
-def timed_note(rows: list[dict]) -> str:
+def _timed_note(rows: list[dict]) -> str:
     """Over how many tokens each column's speed was timed, in words: '64 generated tokens' or, when a column's text
     ended first, '64 generated tokens (threshold 0.70: 15, where its text ended)'."""
     counts = [r["timed_tokens"] for r in rows[1:]]
@@ -274,7 +274,7 @@ def ladder_html(full: Trace | None, rungs: list[Trace], running: bool = False) -
     ]
     note = ("Still generating: the numbers move until every run ends." if running else
             f"{len(rows)} runs measured in lockstep (one token each in turn on this machine); each column's speed is timed "
-            f"against the full model over the first {timed_note(rows)}, which the two decoded in the same rounds, so they "
+            f"against the full model over the first {_timed_note(rows)}, which the two decoded in the same rounds, so they "
             f"compare like for like; a speedup is the median of its rounds' ratios, so a moment the machine was busy with "
             f"something else moves none.")
     return (f"<table class='rl-ladder'><thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
