@@ -9,7 +9,7 @@ ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTE
 ROUTERLAB_ROOM (on|off: one batched decode loop for every visitor), ROUTERLAB_MAX_BATCH (32), ROUTERLAB_ROOM_CACHE_MB (2048),
 ROUTERLAB_ENGINE (process|thread: the room's loop in an engine process of its own, which loads the model too, or in
 this process beside the web server; a process that cannot start falls back to thread, said in the log),
-ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16),
+ROUTERLAB_DEVICE (cpu, cuda or cuda:N; default cuda where torch sees one), ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16),
 ROUTERLAB_ROUTERS (extra router sets: folders or Hub repo ids), ROUTERLAB_TRAINING (on|off) and its caps.
 """
 
@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from routerlab.core.device import ENV as DEVICE_ENV, choose_device
 from routerlab.core.errors import RouterLabError
 from routerlab.core.models import check_quantize
 from routerlab.core.precision import check_dtype, env_dtype
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
     parser.add_argument("--model", default=os.environ.get("ROUTERLAB_MODEL") or None, help="hub id or folder (default: the embedded model)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: $ROUTERLAB_DEVICE, else cuda when available)")
     parser.add_argument("--dtype", default=None, help="auto, float32 or bfloat16 (default: $ROUTERLAB_DTYPE, else auto)")
     parser.add_argument("--quantize", default=None, help="weights a decode step reads: auto (the embedded model's own 4-bit "
                         "codes on a CPU), 16bit, int4 or int8 (requantised, weight-only; default: $ROUTERLAB_QUANTIZE, else auto)")
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RouterLab: loading {args.model or 'the embedded model (SmolLM2-135M-Instruct)'} … (first start converts it, ~1 min; later starts take seconds)", flush=True)
     start = time.perf_counter()
     try:
+        if args.device:  # the engine process reads it too (it loads its own copy of the model)
+            os.environ[DEVICE_ENV] = choose_device(args.device)
         dtype = check_dtype(args.dtype) if args.dtype else env_dtype()
         quantize = check_quantize(args.quantize or os.environ.get("ROUTERLAB_QUANTIZE"))
         engine, loaded = load_engine(args.model, dtype, quantize)

@@ -24,10 +24,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="hub id or local folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--routers", default=None, help="router checkpoint folder (default: shipped routers for --granularity)")
     p.add_argument("--granularity", default="attention-token", help=f"one of {', '.join(GRANULARITIES)}")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    _add_device(p)
     _add_dtype(p)
     _add_quantize(p)
     p.add_argument("--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)")
+
+
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: $ROUTERLAB_DEVICE, else cuda when available)")
 
 
 def _add_quantize(p: argparse.ArgumentParser) -> None:
@@ -65,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measured benchmarks").add_subparsers(dest="bench", required=True)
     s = bench.add_parser("speed", help="decode tokens/s: transformers generate vs the engine, KV policies side by side")
     s.add_argument("--model", default=None)
+    _add_device(s)
     _add_dtype(s)
     _add_quantize(s)
     s.add_argument("--prompt-tokens", type=int, default=512)
@@ -222,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--check-data", default=None, help="afterwards, compare with the shipped set and random skipping on this JSONL too")
     j.add_argument("--check-split", default="heldout", help="split of --check-data (default heldout)")
     _add_dtype(j, "auto", "the app's precision")
+    _add_device(j)
     j.set_defaults(func=_train_job)
 
     e = sub.add_parser("eval", help="perplexity, agreement and skip rate: routed vs full depth (and baselines)")
@@ -293,7 +299,7 @@ def _train_job(args) -> int:
     settings = JobSettings(granularity=args.granularity, minutes=args.minutes, skip=args.skip, **advanced)
     data = parse_user_data(path=args.data) if args.data else None
     check = load_records(args.check_data, args.check_split) if args.check_data else None  # a bad file fails before training
-    loaded = load_model(dtype=args.dtype)
+    loaded = load_model(dtype=args.dtype, device=args.device)
     shipped = shipped_routers().get(settings.granularity)
     job = TrainJob(loaded.model, loaded.tokenizer, settings, Path(args.out), data=data, shipped=shipped)
     job.run()
@@ -393,7 +399,7 @@ def _bench_speed(args) -> int:
 
     if args.prompt_tokens < 1 or args.new_tokens < 2 or args.rounds < 1:
         raise RouterLabError("--prompt-tokens and --rounds must be >= 1, --new-tokens >= 2.")
-    result = speed_benchmark(args.model, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+    result = speed_benchmark(args.model, device=args.device, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              rounds=args.rounds, threads=args.threads, dtype=args.dtype, quantize=args.quantize,
                              long_context=args.long_context, ttft_tokens=args.ttft_tokens, peers=not args.no_peers,
                              log=lambda *a: print(*a, file=sys.stderr))

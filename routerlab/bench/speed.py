@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import torch
 from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.device import now
 from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
 from routerlab.core.engine import Control, Engine, Plan, forward
 from routerlab.core.lockstep import in_turn
@@ -56,7 +56,7 @@ class _Clock(StoppingCriteria):
         self.times: list[float] = []
 
     def __call__(self, input_ids, scores, **kwargs):
-        self.times.append(time.perf_counter())
+        self.times.append(now(input_ids.device))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
@@ -145,16 +145,17 @@ def measure_speed(engine: Engine, prompts: list[list[int]], configs: dict[str, t
     return out
 
 
-def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
-    """Bytes/s this machine reads, measured the way a torch user would: the best of a few sums over a
-    tensor of `gib` GiB (all threads). A decode step cannot be faster than its weights' bytes over this."""
-    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+def read_bandwidth(gib: float = 1.0, repeats: int = 5, device="cpu") -> float:
+    """Bytes/s `device` reads (host RAM on a CPU, the GPU's own memory on a GPU), measured the way a torch user would:
+    the best of a few sums over a tensor of `gib` GiB (all threads), the GPU's queue drained before each clock read.
+    A decode step cannot be faster than its weights' bytes over this."""
+    x = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32, device=device)
     x.sum()  # first touch
     best = math.inf
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = now(device)
         x.sum()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, now(device) - t0)
     del x
     return gib * (1 << 30) / best
 
@@ -186,10 +187,10 @@ def ttft(engine: Engine, model, ids: list[int], rounds: int, peer=None) -> dict[
         for _step in engine.generate_ids(ids, None, config, control):
             pass
         engine_s.append(control.trace.meta["prefill_seconds"])
-        t0 = time.perf_counter()
+        t0 = now(x.device)
         with torch.inference_mode():
             model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False, pad_token_id=0)
-        generate_s.append(time.perf_counter() - t0)
+        generate_s.append(now(x.device) - t0)
         if peer is not None:
             first = peer.ttft(ids)
             if first is not None:
@@ -222,7 +223,7 @@ def kernel_floor(engine: Engine, context: int, repeat: int = 16) -> dict[str, fl
             for p, q, c in zip(an.layers, queries, caches):
                 F.scaled_dot_product_attention(q, c.k[:, :, : c.n], c.v[:, :, : c.n], scale=p.attn.scaling)
 
-        times = {name: seconds_per_call(fn, repeat) for name, fn in
+        times = {name: seconds_per_call(fn, repeat, engine.device) for name, fn in
                  (("products", products), ("attention", attention), ("head", lambda: an.head.one(x)))}
     times["total"] = sum(times.values())
     return times
@@ -279,7 +280,7 @@ def _llama_cpp(loaded, context: int, log):
 def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, new_tokens: int = 128, rounds: int = 3,
                     threads: int | None = None, loaded=None, dtype: str = "auto", quantize: str = "auto",
                     long_context: int = 2048, ttft_tokens: int = 2048, ttft_rounds: int = 3, peers: bool = True,
-                    log=print) -> dict:
+                    device: str | None = None, log=print) -> dict:
     """The whole story in one run, on one machine: the engine's default path against its own 16-bit path
     (lockstep), transformers' generate in the same dtype and llama.cpp on the same GGUF (between the
     engine's rounds), at `prompt_tokens` and at `long_context` tokens of context; the bytes each reads per
@@ -287,7 +288,7 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
     ideal speedups."""
     if threads:
         torch.set_num_threads(threads)
-    loaded = loaded or load_model(model_spec, dtype=dtype, quantize=quantize)
+    loaded = loaded or load_model(model_spec, device=device, dtype=dtype, quantize=quantize)
     model, tok = loaded.model, loaded.tokenizer
     engine = Engine.from_loaded(loaded)
     sixteen = Engine(model, tok, loaded.name) if engine.anatomy.lowbit is not None else None  # the same model, dense weights
@@ -318,7 +319,7 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
                 long_peer.append(rate)
         log(f"speed round {r + 1}/{rounds} done")
     costs = cost_breakdown(engine, ids, prompt_tokens + new_tokens // 2)
-    bandwidth = read_bandwidth()
+    bandwidth = read_bandwidth(device=engine.device)
     first = ttft(engine, model, bench_prompt(tok, ttft_tokens), ttft_rounds, peer) if ttft_tokens else None
     if peer is not None:
         peer.close()

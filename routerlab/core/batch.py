@@ -54,7 +54,9 @@ def step_rows(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[flo
     for b, row in enumerate(rows):  # rows the batched layers do not cover: the engine's forward, one at a time
         if b not in together:
             token, position = row.feed
-            out, table = forward(an, torch.tensor([[token]]), torch.tensor([position]), row.caches, row.plan)
+            device = an.embed.weight.device
+            out, table = forward(an, torch.tensor([[token]], device=device), torch.tensor([position], device=device),
+                                 row.caches, row.plan, top=position, scores_on="cpu")
             logits[b], scores[b] = out[0, -1], table[0].tolist()
     if together:
         out, table = _step(an, [rows[b] for b in together])
@@ -71,7 +73,7 @@ def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]
     ids = torch.tensor([[r.feed[0] for r in rows]], device=device)  # (1, B): the rows stand where a prefill's tokens would
     positions = torch.tensor([r.feed[1] for r in rows], device=device)  # (B,), in any order
     h = an.embed(ids)  # (1, B, D)
-    tables = {kind: _Rotary(cos, sin) for kind, (cos, sin) in an.rope(h, positions).items()}
+    tables = {kind: _Rotary(cos, sin) for kind, (cos, sin) in an.rope(h, positions, max(r.feed[1] for r in rows)).items()}
     scores: list[dict[int, float]] = [{} for _ in rows]
     routes = _Routes(rows)
     for i, parts in enumerate(an.layers):
@@ -81,7 +83,7 @@ def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]
     if an.final_softcap:
         logits = torch.tanh(logits / an.final_softcap) * an.final_softcap
     n = an.n_layers
-    table = torch.tensor([[float(s[i]) if i in s else math.nan for i in range(n)] for s in scores], dtype=torch.float32).tolist()
+    table = torch.tensor([[float(s[i]) if i in s else math.nan for i in range(n)] for s in scores], dtype=torch.float32, device="cpu").tolist()
     if where != sorted(where):  # back to the callers' order
         logits, table = logits[torch.tensor(where, device=device)], [table[s] for s in where]
     return logits, table  # scores in float32, as a forward's score table holds them
@@ -137,10 +139,10 @@ def _layer(i: int, parts: LayerParts, h: torch.Tensor, table, positions: torch.T
     skip = [b for b, r in enumerate(runs) if not r]
     keys_only = [b for b in skip if routes.keeps_kv[b]]
     if attend:
-        rows = _Rows(attend, x.shape[1])
+        rows = _Rows(attend, x.shape[1], x.device)
         h = _add(h, rows, _attention(parts.attn, x, rows, table, positions, slots, i))
     if keys_only:
-        _keys_values(parts.attn, x, _Rows(keys_only, x.shape[1]), table, positions, slots, i)
+        _keys_values(parts.attn, x, _Rows(keys_only, x.shape[1], x.device), table, positions, slots, i)
     x = parts.mlp_norm(h)
     runs = _decisions(i, x, routes, scores, ("mlp",))
     for b in skip:
@@ -148,7 +150,7 @@ def _layer(i: int, parts: LayerParts, h: torch.Tensor, table, positions: torch.T
             runs[b] = False
     mlp = [b for b, r in enumerate(runs) if r]
     if mlp:
-        rows = _Rows(mlp, x.shape[1])
+        rows = _Rows(mlp, x.shape[1], x.device)
         gate, up = parts.gate_up.batch(_gather(x, rows), parts.upcast).chunk(2, dim=-1)  # (n, I) each
         h = _add(h, rows, parts.down.batch(parts.mlp.act_fn(gate) * up, parts.upcast))
     return h
@@ -158,9 +160,9 @@ class _Rows:
     """Some rows of the batch: their indices, and (unless they are all of them, in order) the same as one tensor, made
     once for every gather, write and add of a sub-layer."""
 
-    def __init__(self, which: list[int], b: int):
+    def __init__(self, which: list[int], b: int, device=None):
         self.which, self.n = which, len(which)
-        self.index = None if self.n == b else torch.tensor(which)
+        self.index = None if self.n == b else torch.tensor(which, device=device)
 
     def pick(self, t: torch.Tensor, dim: int = 0) -> torch.Tensor:
         return t if self.index is None else t.index_select(dim, self.index)

@@ -119,7 +119,11 @@ def apply(an, choice: dict[str, int | None]) -> None:
 
 
 def tune(an, sizes=SIZES, rounds: int = ROUNDS) -> dict:
-    """Measure, choose and apply (see the module docstring); what was measured and chosen, for the log and reports."""
+    """Measure, choose and apply (see the module docstring); what was measured and chosen, for the log and reports.
+    Only on a CPU: on a GPU the maps keep their 16-bit weights (no low-bit copy there, load_model) and nothing is tuned."""
+    device = an.head.dense.device
+    if device.type != "cpu":
+        return {"wide_from": {kind: None for kind in kinds(an)}, "step_products": {}, "fp32_copy_mb": 0, "device": str(device)}
     times = measure(an, sizes, rounds)
     choice = {kind: crossing(t) for kind, t in times.items()}
     apply(an, choice)
@@ -133,6 +137,8 @@ def tune(an, sizes=SIZES, rounds: int = ROUNDS) -> dict:
 
 def describe(summary: dict) -> str:
     """One line for the log: from how many rows each kind of map reads its fp32 copy, and what a step's products cost."""
+    if summary.get("device", "cpu") != "cpu":
+        return f"a decode batch's products read the 16-bit weights on {summary['device']} (products are tuned on a CPU only)"
     chosen = {k: v for k, v in summary["wide_from"].items() if v is not None}
     if not chosen:
         return "a decode batch's products keep the low-bit copies at every size measured (their fp32 copies were not faster here)"

@@ -25,13 +25,15 @@ from routerlab.core.trace import Trace
 PIECES = ("attention_full", "attention_kv_only", "mlp", "head", "step", "routing", "overhead")
 
 
-def seconds_per_call(fn, repeat: int) -> float:
-    """Mean seconds of `fn()` over `repeat` calls after one warm-up call."""
+def seconds_per_call(fn, repeat: int, device="cpu") -> float:
+    """Mean seconds of `fn()` over `repeat` calls after one warm-up call; on a GPU, until its queued work has run."""
+    from routerlab.core.device import now
+
     fn()  # warm up
-    t0 = time.perf_counter()
+    t0 = now(device)
     for _ in range(repeat):
         fn()
-    return (time.perf_counter() - t0) / repeat
+    return (now(device) - t0) / repeat
 
 
 def cost_breakdown(engine, ids: list[int], context: int, repeat: int = 30) -> dict[str, float]:
@@ -50,6 +52,7 @@ def cost_breakdown(engine, ids: list[int], context: int, repeat: int = 30) -> di
     import torch
 
     from routerlab.core.config import RoutingConfig
+    from routerlab.core.device import now
     from routerlab.core.engine import Plan, forward
     from routerlab.core.router import RouterSet
 
@@ -79,16 +82,16 @@ def cost_breakdown(engine, ids: list[int], context: int, repeat: int = 30) -> di
         for r in range(repeat + 1):
             order = list(plans)[r % len(plans):] + list(plans)[: r % len(plans)]
             for name in order:
-                t0 = time.perf_counter()
+                t0 = now(device)
                 forward(an, token, pos, caches[name], plans[name]())
                 if r:  # the first round warms up
-                    times[name].append(time.perf_counter() - t0)
+                    times[name].append(now(device) - t0)
                 for c in caches[name]:
                     c.n = min(c.n, context)  # forget the appended token: every step sees the same context
 
         t = {k: statistics.median(v) for k, v in times.items()}
         h = torch.randn(1, 1, an.hidden_size, dtype=engine.dtype, device=device) * 0.5
-        head = seconds_per_call(lambda: an.logits(h), repeat)
+        head = seconds_per_call(lambda: an.logits(h), repeat, device)
     costs = {
         "attention_full": max(0.0, (t["routed"] - t["no_attention"]) / n),
         "attention_kv_only": max(0.0, (t["kv_only"] - t["no_attention"]) / n),

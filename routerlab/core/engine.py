@@ -175,21 +175,24 @@ def run_layer(i: int, parts: LayerParts, h: torch.Tensor, positions: torch.Tenso
 
 
 def forward(an: Anatomy, ids: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache] | None, plan: Plan,
-            logits_at: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            logits_at: slice | None = None, top: int | None = None, scores_on=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run `ids` (1, T) at `positions` (T,). Returns logits and scores (T, L), NaN where unrouted.
 
     Logits are those of the positions `logits_at` picks ((1, n, V)), or of the last one ((1, 1, V)):
     the head is a fifth of this model's work per position, so only the positions asked for pay it.
+    `top`: the largest position, when the caller knows it (on a GPU, reading it from `positions` is a host wait).
+    `scores_on`: where the score table goes (default the model's device); a decode step's caller that reads the
+    scores on the host passes "cpu": a one-token step's scores are host floats already, so no device round trip.
     """
     h = an.embed(ids)  # (1, T, D)
-    tables = an.rope(h, positions)
+    tables = an.rope(h, positions, top)
     scores: Scores = {}
     layer = run_layer_one if ids.shape[1] == 1 and caches is not None and one_token_ok(an, plan) else run_layer
     for i, parts in enumerate(an.layers):
         cache = caches[i] if caches is not None else None
         h = layer(i, parts, h, positions, tables[parts.attn.rope_key], cache, plan, scores)
     logits = an.logits(h[:, logits_at] if logits_at is not None else h[:, -1:])
-    return logits, score_table(scores, ids.shape[1], an.n_layers, h.device)
+    return logits, score_table(scores, ids.shape[1], an.n_layers, h.device if scores_on is None else scores_on)
 
 
 class FullDepth:
@@ -272,7 +275,8 @@ class Engine:
     def _forward(self, ids: list[int], start: int, caches: list[LayerCache], plan: Plan) -> tuple[torch.Tensor, list]:
         t = torch.tensor([ids], device=self.device)
         positions = torch.arange(start, start + len(ids), device=self.device)
-        logits, scores = forward(self.anatomy, t, positions, caches, plan)
+        logits, scores = forward(self.anatomy, t, positions, caches, plan, top=start + len(ids) - 1,
+                                 scores_on="cpu" if len(ids) == 1 else None)  # a prefill's: one copy below
         return logits, scores.cpu().tolist()  # the one host copy of this step's scores
 
     def trace_meta(self, routers: RouterSet | None, config: GenerateConfig) -> dict:

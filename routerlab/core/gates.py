@@ -113,7 +113,7 @@ def decide(router, x: torch.Tensor, layer: int, plan: Plan, scores: Scores) -> G
 
 
 def score_table(scores: Scores, t: int, n_layers: int, device) -> torch.Tensor:
-    """The (T, L) table of a forward's router scores, NaN where a layer is not routed."""
+    """The (T, L) table of a forward's router scores, NaN where a layer is not routed, on `device`."""
     if t == 1 and all(isinstance(v, float) for v in scores.values()):  # a decode step: one small tensor
         return torch.tensor([[scores.get(i, math.nan) for i in range(n_layers)]], device=device)
     table = torch.full((t, n_layers), math.nan, device=device)

@@ -58,7 +58,7 @@ class Generation:
         self.engine, self.ids, self.config, self.control, self.trace = engine, ids, config, control, trace
         self.plan = Plan(routers, control.threshold, config.kv_policy)
         self.sequence = self.plan.level == "sequence"  # decided once at prefill, with the threshold in force then
-        self.sampler = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+        self.sampler = torch.Generator(engine.device).manual_seed(config.seed) if config.seed is not None else None
         self.caches = engine.new_caches(len(ids) + config.max_new_tokens)
         self.meter = control.meter = engine.quality_meter(ids, routers, config)
         self.generated: list[int] = []

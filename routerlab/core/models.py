@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from routerlab.core.device import choose_device
 from routerlab.core.errors import RouterLabError
 from routerlab.core.precision import resolve_dtype
 from routerlab.core.weights import FORMATS, Codes, LowBitPlan
@@ -186,7 +187,8 @@ def _fetch_embedded_gguf(folder: Path) -> None:
 
 
 def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """--device's default: $ROUTERLAB_DEVICE, else CUDA where torch sees it, else the CPU (core/device.py)."""
+    return choose_device(None)
 
 
 def load_model(
@@ -213,9 +215,12 @@ def load_model(
     Raises RouterLabError, a one-sentence message with the way out, when the model is missing,
     offline or not a model folder.
     """
-    device = device or default_device()
-    dtype = resolve_dtype(dtype, device)
+    device = choose_device(device)
     quantize = check_quantize(quantize)
+    if quantize in ("int4", "int8") and not str(device).startswith("cpu"):
+        raise RouterLabError(f"--quantize {quantize} runs on a CPU only: its weight-only products are torch's CPU kernels.",
+                             f"Pass --quantize auto or 16bit on {device} (16-bit weights), or --device cpu.")
+    dtype = resolve_dtype(dtype, device)
     start = time.perf_counter()
     lowbit = None
     if spec is None or spec.strip() in ("", "embedded", EMBEDDED_NAME, EMBEDDED_HUB_ID):

@@ -47,7 +47,7 @@ def attention_one(a: AttentionParts, x: torch.Tensor, position: torch.Tensor, ta
     g = a.n_heads // a.n_kv_heads
     q = qk[:, : a.n_heads].view(1, a.n_kv_heads, g, a.head_dim)  # the query heads of each KV group, folded
     out = F.scaled_dot_product_attention(q, k, v, scale=a.scaling)  # (1, Hkv, G, hd)
-    return a.o.one(out.view(1, a.q_size))
+    return a.o.one(out.reshape(1, a.q_size))  # reshape: a GPU's attention output may not be contiguous
 
 
 def keys_values_one(a: AttentionParts, x: torch.Tensor, position: torch.Tensor, table, cache: LayerCache) -> None:

@@ -61,11 +61,11 @@ def forward_packed(an: Anatomy, segments: list[Segment]) -> list[torch.Tensor]:
         bounds.append((lo, lo + len(s.ids)))
         lo += len(s.ids)
     h = an.embed(torch.tensor([[t for s in segments for t in s.ids]], device=device))  # (1, N, D)
-    seqs = [_Seq(s, lo, hi, an.rope(h, torch.arange(s.start, s.start + hi - lo, device=device)))
+    seqs = [_Seq(s, lo, hi, an.rope(h, torch.arange(s.start, s.start + hi - lo, device=device), s.start + hi - lo - 1))
             for s, (lo, hi) in zip(segments, bounds)]
     for i, parts in enumerate(an.layers):
         h = _layer(i, parts, h, seqs)
-    wanted = torch.cat([torch.arange(q.hi - q.seg.n, q.hi) for q in seqs]).to(device)
+    wanted = torch.cat([torch.arange(q.hi - q.seg.n, q.hi, device=device) for q in seqs])
     logits = an.logits(h[:, wanted])[0]  # (sum n, V): the head only where asked
     for q in seqs:
         q.seg.scores = score_table(q.scores, q.hi - q.lo, an.n_layers, device)
@@ -140,11 +140,12 @@ class _Seq:
         return ALL if router is None else decide(router, x[:, self.lo : self.hi], i, self.plan, self.scores)
 
     def rows(self, gate: Gate) -> torch.Tensor:
-        """The packed rows (global indices) of this sequence's tokens that run under `gate`."""
+        """The packed rows (global indices) of this sequence's tokens that run under `gate`: host-side bookkeeping (on
+        the CPU whatever the model's device: which rows, in order or not, is read on the host), moved once per use."""
         if gate.kind == "all":
-            return torch.arange(self.lo, self.hi)
+            return torch.arange(self.lo, self.hi, device="cpu")
         if gate.kind == "none":
-            return torch.arange(0)
+            return torch.arange(0, device="cpu")
         return gate.index.cpu() + self.lo
 
 
@@ -174,7 +175,7 @@ class _Product:
 
 
 def _in_order(rows: torch.Tensor) -> bool:
-    return bool((rows == torch.arange(len(rows))).all())
+    return bool((rows == torch.arange(len(rows), device=rows.device)).all())
 
 
 def _pick(table: tuple[torch.Tensor, torch.Tensor], gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,6 +38,7 @@ import torch
 
 from routerlab.core import batch_paths, generation
 from routerlab.core.batch import step_rows
+from routerlab.core.device import is_cuda, now
 from routerlab.core.generation import Generation
 from routerlab.core.lockstep import in_turn
 from routerlab.core.packed import forward_shared
@@ -421,7 +422,7 @@ def run_where_fastest(room: Room, engine, log=print, choice: tuple[str, dict] | 
     `products`: first measure which product each kind of weight is fastest with at each batch size (core/batch_paths.py)."""
     if products:
         log(batch_paths.describe(batch_paths.tune(engine.anatomy)))
-    if room.threads is None and torch.get_num_threads() > 1:
+    if room.threads is None and torch.get_num_threads() > 1 and not is_cuda(engine.device):  # a GPU's step: no CPU threads to tune
         room.threads = ThreadTuner()  # 1 or all threads, whichever the loop's own steps find faster under the load of the moment
         log(f"the loop times its own steps with {' and '.join(map(str, room.threads.choices))} threads and keeps the faster for each batch size")
     where, m = choice or where_to_run(engine)
@@ -452,7 +453,7 @@ def measured_thread_choice(engine, rounds: int = 5) -> dict:
     `rounds`, the two alternating after a warm-up of each): torch's parallel kernels run several times slower
     outside the main thread on some machines (docs/operators.md)."""
     an = engine.anatomy
-    x = torch.zeros(1, an.hidden_size, dtype=engine.dtype)
+    x = torch.zeros(1, an.hidden_size, dtype=engine.dtype, device=engine.device)
 
     def products() -> float:
         with torch.inference_mode():
@@ -461,7 +462,7 @@ def measured_thread_choice(engine, rounds: int = 5) -> dict:
                 p.attn.qkv.batch(x, p.upcast)
                 if p.gate_up is not None:
                     p.gate_up.batch(x, p.upcast)
-            return time.perf_counter() - t0
+            return now(x.device) - t0
 
     def in_worker() -> float:
         out: list[float] = []

@@ -212,7 +212,7 @@ class Anatomy:
             upcast=self.upcast,
         )
 
-    def rope(self, h: torch.Tensor, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def rope(self, h: torch.Tensor, positions: torch.Tensor, top: int | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Rotary tables for `positions` (T,) in `kernels.rope_tables` form, one per rotary kind used.
 
         Cut from tables of positions 0..n-1 computed once by the model's own rotary module (n doubles
@@ -225,7 +225,9 @@ class Anatomy:
             if not self.per_type_rope:
                 return {"default": rope_tables(*self.rotary(h, pos))}
             return {kind: rope_tables(*self.rotary(h, pos, kind)) for kind in set(self.layer_types)}
-        need = int(positions.max()) + 1  # a forward's positions increase; a decode batch's rows come in any order
+        # a forward's positions increase; a decode batch's rows come in any order. `top` (their max, when the caller
+        # knows it) spares a GPU the host read of positions.max()
+        need = (int(positions.max()) if top is None else top) + 1
         full = self._rope_full.get(h.dtype)
         if full is None or full[0] < need:
             n = max(need, 2 * full[0] if full else 256)

@@ -72,9 +72,9 @@ class Router(nn.Module):
     skipped: attaching fresh routers leaves the model exactly as it was.
     """
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, device=None):
         super().__init__()
-        self.proj = nn.Linear(hidden_size, 1, bias=False)
+        self.proj = nn.Linear(hidden_size, 1, bias=False, device=device)
         nn.init.zeros_(self.proj.weight)
         self.calibration = IDENTITY  # set by its RouterSet; a plain attribute, never a parameter
 
@@ -135,7 +135,7 @@ class RouterSet(nn.Module):
     cell runs instead of nothing (0: plain skipping, as Router-Tuning does).
     """
 
-    def __init__(self, config: RoutingConfig, n_layers: int, hidden_size: int, standin_rank: int = 0):
+    def __init__(self, config: RoutingConfig, n_layers: int, hidden_size: int, standin_rank: int = 0, device=None):
         super().__init__()
         bad = [i for i in config.layers if not 0 <= i < n_layers]
         if bad:
@@ -147,8 +147,10 @@ class RouterSet(nn.Module):
         self.n_layers = n_layers
         self.hidden_size = hidden_size
         self.standin_rank = standin_rank
-        self.routers = nn.ModuleDict({str(i): Router(hidden_size) for i in config.layers})
+        self.routers = nn.ModuleDict({str(i): Router(hidden_size, device) for i in config.layers})
         self.standins = nn.ModuleDict({str(i): StandIn(hidden_size, standin_rank) for i in config.layers} if standin_rank else {})
+        if standin_rank and device is not None:
+            self.standins.to(device)
         self.calibration = IDENTITY
 
     @property
@@ -168,7 +170,8 @@ class RouterSet(nn.Module):
     def zeros(cls, model: nn.Module, config: RoutingConfig) -> "RouterSet":
         """Fresh (untrained, never-skipping) routers sized for `model`."""
         text = model.config.get_text_config()
-        return cls(config, text.num_hidden_layers, text.hidden_size)
+        param = next(model.parameters(), None)  # fp32 routers (they always are), on the model's device
+        return cls(config, text.num_hidden_layers, text.hidden_size, device=param.device if param is not None else None)
 
     def get(self, layer: int) -> Router | None:
         return self.routers[str(layer)] if str(layer) in self.routers else None

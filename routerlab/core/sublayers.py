@@ -89,7 +89,8 @@ def attend_heads(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: tor
     # Fold the query heads of each KV group into the query axis: no repeat_kv copy of the cache.
     qg = q.reshape(1, a.n_kv_heads, g * tq, hd)  # (1, Hkv, G*Tq, hd)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
-    out = out.to(dtype).view(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
+    # reshape, not view: CUDA's attention kernels may return another memory layout (a view on a CPU, a copy there)
+    out = out.to(dtype).reshape(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
     return out.reshape(1, tq, hq * hd)
 
 

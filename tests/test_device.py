@@ -1,0 +1,144 @@
+"""Device-correctness on a machine without a GPU: the prepared GPU check runs here on the CPU (so it never rots), and
+every decode path runs with torch's default device set to `meta`, so that a tensor made without naming its device (on
+a GPU: a CPU tensor mixed into the model's work) fails the test instead of a visitor's run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from routerlab.bench import gpu_check
+from routerlab.bench.speed import kernel_floor, measure_speed
+from routerlab.core import batch_paths
+from routerlab.core.config import RoutingConfig
+from routerlab.core.costs import cost_breakdown
+from routerlab.core.device import SyncCounter, choose_device, now
+from routerlab.core.engine import Control
+from routerlab.core.errors import RouterLabError
+from routerlab.core.models import load_model, tiny_model
+from routerlab.core.room import Room, measured_thread_choice
+from routerlab.core.router import RouterSet
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return gpu_check.build_engine("tiny", "cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def routers(engine):
+    return gpu_check.random_routers(engine)
+
+
+def test_the_gpu_check_runs_on_the_cpu_and_its_figures_are_sane():
+    result = gpu_check.run_check("cpu", "tiny", prompt_tokens=24, new_tokens=10, rounds=1, train_steps=2, log=lambda _: None)
+    assert gpu_check.sane(result) == []
+    gen = result["generate"]
+    assert any(gen[f"routed_{p}"]["skip_rate_prompt"] > 0 for p in gpu_check.POLICIES)  # routing really skipped
+    assert gen["routed_kv"]["token_ids"] == gen["routed_mask"]["token_ids"]  # kv computes what mask does
+    room = result["room"]
+    assert room["all_rows_match_alone"] and len(room["rows"]) == 7
+    assert any(r["skip_rate"] > 0 for r in room["rows"])
+    assert [r["skip_rate"] for r in room["rows"]] == [r["skip_rate_alone"] for r in room["rows"]]
+    assert result["train"]["base_unchanged"] and result["train"]["routers_moved"]
+    assert result["speed"]["skip_rate"]["deep_off_kv"] == 0.5 and result["speed"]["skip_rate"]["never_skip"] == 0.0
+    assert result["decode_syncs"]["routed_kv"]["per_token"] == 0.0  # a CPU has nothing to wait for
+    assert result["peak_memory_bytes"] is None
+
+
+def test_the_check_reports_a_part_that_fails_and_still_runs_the_rest(monkeypatch):
+    def broken(*_a, **_k):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(gpu_check, "check_room", broken)
+    result = gpu_check.run_check("cpu", "tiny", prompt_tokens=16, new_tokens=6, rounds=1, train_steps=1, log=lambda _: None)
+    assert result["room"]["error"] == "RuntimeError: planted"
+    assert "train" in result and "error" not in result["train"]
+    assert gpu_check.sane(result) == ["room failed: RuntimeError: planted"]
+
+
+def _with_meta_default(fn):
+    """Run fn with torch's default device set to `meta`: any tensor the code makes without naming a device is a meta
+    tensor, and mixing it with the model's (CPU) tensors or reading it on the host raises."""
+    torch.set_default_device("meta")
+    try:
+        return fn()
+    finally:
+        torch.set_default_device(None)
+
+
+def _config(n, **kw):
+    return gpu_check._config(n, **kw)
+
+
+@pytest.mark.parametrize("policy", ["kv", "drop", "mask"])
+def test_generation_names_the_device_of_every_tensor_it_makes(engine, routers, policy):
+    ids = gpu_check.prompt_ids(engine, 20)
+    config = _config(8, kv_policy=policy, quality=True, quality_chunk=4, temperature=0.7, seed=3)
+    steps = _with_meta_default(lambda: list(engine.generate_ids(ids, routers, config, Control(0.5))))
+    assert len([s for s in steps if not s.is_prompt]) == 8
+
+
+def test_a_room_of_diverging_rows_names_the_device_of_every_tensor_it_makes(engine, routers):
+    ids = gpu_check.prompt_ids(engine, 12)
+
+    def run():
+        room = engine.room = Room(engine, max_batch=4)
+        room.prefill_budget_s = math.inf
+        try:
+            readers = [engine.generate_ids(ids[:k], routers, _config(6, threshold=t, kv_policy=p), Control(t))
+                       for k, t, p in ((5, 0.5, "kv"), (9, 0.3, "drop"), (7, 0.6, "kv"), (4, 0.5, "mask"))]
+            while any(room.busy.values()):
+                room.step()
+            return [list(r) for r in readers]
+        finally:
+            engine.room = None
+
+    assert all(len([s for s in steps if not s.is_prompt]) == 6 for steps in _with_meta_default(run))
+
+
+def test_the_measurements_name_the_device_of_every_tensor_they_make(engine, routers):
+    ids = gpu_check.prompt_ids(engine, 16)
+    _with_meta_default(lambda: measure_speed(engine, [ids], {"r": (routers, 0.5, "kv")}, 4, 1, log=lambda *_: None))
+    assert _with_meta_default(lambda: cost_breakdown(engine, ids, 20, repeat=2))["step"] > 0
+    assert _with_meta_default(lambda: kernel_floor(engine, 20, repeat=2))["total"] > 0
+    assert "wide_from" in _with_meta_default(lambda: batch_paths.tune(engine.anatomy, sizes=(2,), rounds=1))
+    assert _with_meta_default(lambda: measured_thread_choice(engine, rounds=1))["this_thread_s"] > 0
+
+
+def test_fresh_routers_live_on_the_models_device():
+    model = tiny_model("llama").to("meta")
+    rs = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", (1, 2)))
+    assert {p.device.type for p in rs.parameters()} == {"meta"}
+    assert {p.dtype for p in rs.parameters()} == {torch.float32}
+
+
+def test_choosing_a_device(monkeypatch):
+    monkeypatch.delenv("ROUTERLAB_DEVICE", raising=False)
+    assert choose_device("cpu") == "cpu"
+    assert choose_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("ROUTERLAB_DEVICE", "cpu")
+    assert choose_device(None) == "cpu"
+    with pytest.raises(RouterLabError, match="Unknown device 'tpu'"):
+        choose_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RouterLabError, match="torch sees no CUDA GPU") as err:
+            choose_device("cuda")
+        assert "--device cpu" in err.value.fix
+
+
+def test_low_bit_weights_on_a_gpu_are_refused_with_the_way_out(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for fmt in ("int4", "int8"):
+        with pytest.raises(RouterLabError, match=f"--quantize {fmt} runs on a CPU only"):
+            load_model("/nonexistent-model", device="cuda", quantize=fmt)
+
+
+def test_the_sync_counter_and_clock_on_a_cpu():
+    with SyncCounter("cpu") as syncs:
+        float(torch.ones(3).sum())
+    assert syncs.count == 0 and not syncs.cuda
+    assert now("cpu") > 0
