@@ -166,3 +166,24 @@ def test_a_public_root_url_set_by_the_operator_is_what_config_says_whatever_the_
         assert post(url, origin="https://routerlab.example").status_code == 200  # the public page's own origin
     finally:
         demo.close()
+
+
+def test_the_load_harness_flood_stays_within_the_budget_and_sees_the_refusals(server):
+    """bench load's fault phase runs the same flood with 31 MB uploads against the real app's budget."""
+    from routerlab.bench.load import upload_flood_test, verdict
+
+    url, folder = server
+    out = upload_flood_test(url, folder, BUDGET.describe() | {"session_mb": 300 / 1024, "total_mb": 700 / 1024}, size=200 * KB, log=None)
+    assert out["ok"], out
+    assert out["one_visitor"]["accepted"] == 10 and out["ten_visitors"]["accepted"] == 2  # 300 KB held, then 2 x 200 KB
+    assert out["cross_origin"]["code"] == 403 and out["same_origin"]["code"] == 200
+    assert verdict({"faults": _faults_passing(out)}) == []
+    out["cross_origin"]["code"] = 200
+    assert "upload flood" in verdict({"faults": _faults_passing(out | {"ok": False})})[0]
+
+
+def _faults_passing(uploads: dict) -> dict:
+    row = {"generator_closed": True, "next_request_ok": True, "no_generator_left": True, "stop_request_to_decode_end_ms": 1,
+           "decode_step_ms_p50": 1}
+    return {"stop": row, "cancel": row, "disconnect": row, "uploads": uploads, "token_cap": {"clean": True, "tokens": 1, "cap": 1},
+            "exception": dict.fromkeys(("failing_run_clean", "other_run_ok", "same_client_next_run_ok", "broken_router_set_clean"), True)}
