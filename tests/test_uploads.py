@@ -187,3 +187,14 @@ def _faults_passing(uploads: dict) -> dict:
            "decode_step_ms_p50": 1}
     return {"stop": row, "cancel": row, "disconnect": row, "uploads": uploads, "token_cap": {"clean": True, "tokens": 1, "cap": 1},
             "exception": dict.fromkeys(("failing_run_clean", "other_run_ok", "same_client_next_run_ok", "broken_router_set_clean"), True)}
+
+
+def test_a_file_gradio_refuses_as_too_large_leaves_the_visitors_budget_as_it_was(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    demo, url = launch(max_file_size=250 * KB)  # the app's ROUTERLAB_MAX_UPLOAD_MB, in small
+    try:
+        assert post(url, size=280 * KB).status_code == 413  # Gradio's own refusal, under the visitor's 300 KB share
+        for k in range(3):  # a reservation left behind would refuse these
+            assert post(url, size=120 * KB, tag=str(k)).status_code == 200
+    finally:
+        demo.close()

@@ -207,12 +207,6 @@ class Ledger:
         with self.lock:
             self.reserved.pop(rid, None)
 
-    def usage(self) -> dict:
-        with self.lock:
-            self._prune()
-            used, count = self._use()
-            return {"bytes": used, "files": count, "visitors": len({f.visitor for f in self.files})}
-
 
 def visitor_of(scope) -> str:
     """The visitor an upload counts against: the last X-Forwarded-For hop, else the socket's peer."""
@@ -263,18 +257,22 @@ class UploadGuard:
 
     async def _forward(self, scope, receive, send, rid: int, visitor: str):
         start, body = None, []
+
+        async def keep(message):  # the answer is a short JSON list of paths: held until the files are counted
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+            elif message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
         try:
-            async def keep(message):  # the answer is a short JSON list of paths: held until the files are counted
-                nonlocal start
-                if message["type"] == "http.response.start":
-                    start = message
-                elif message["type"] == "http.response.body":
-                    body.append(message.get("body", b""))
             await self.app(scope, receive, keep)
-        finally:
+        except BaseException:
             self.ledger.release(rid)
-        if start is not None and start["status"] == 200:
-            paths = _stored(b"".join(body))
+            raise
+        if start is None or start["status"] != 200:
+            self.ledger.release(rid)  # refused by Gradio (a file over ROUTERLAB_MAX_UPLOAD_MB: 413), nothing stored
+        else:
+            paths = _stored(b"".join(body))  # settled: the files counted instead of the reservation
             if not self.ledger.settle(rid, visitor, paths, self.keep_s):
                 return await _answer(send, 413, f"Upload refused: it holds {len(paths)} files, more than the "
                                                 f"{self.budget.session_files} one visitor may keep on this server.")
@@ -294,7 +292,8 @@ class UploadGuard:
         LOG.warning("RouterLab: refused an upload from the page at %r (this app's host: %r); to embed the app there, "
                     "list that origin in ROUTERLAB_ALLOWED_ORIGINS", origin[:100], headers.get("host", "")[:100])
         return (f"Upload refused: it was sent from another site's page ({html.escape(origin[:100])}), not from this app's. "
-                "An operator who embeds the app there lists that origin in ROUTERLAB_ALLOWED_ORIGINS.")
+                "An operator who embeds the app there lists that origin in ROUTERLAB_ALLOWED_ORIGINS; behind a proxy that "
+                "rewrites Host, set GRADIO_ROOT_PATH to the app's public URL.")
 
 
 def _size(n: int) -> str:
