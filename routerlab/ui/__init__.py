@@ -14,6 +14,7 @@ plots (pure plotly, no torch).
     layout.py        build_demo (components and event wiring), theme, launch options
     plots.py         every figure and HTML fragment
     safe.py          the one escaping helper: outside text shown literally in Markdown, HTML, toasts and plotly
+    uploads.py       the upload guard: a disk budget per visitor and per server, other sites' pages refused
 
 Knows nothing about tensors: handlers call `Engine.generate` and plotting functions, nothing else.
 Nothing is loaded at import time; `app.py` loads the model and calls `build_demo(Resources(...))`.
@@ -47,6 +48,7 @@ from routerlab.ui.resources import (
 )
 from routerlab.ui.session import Session, plot_data
 from routerlab.ui.stream import HEATMAP_INTERVAL, TEXT_INTERVAL, Decoder, snapshot
+from routerlab.ui.uploads import UploadBudget
 from routerlab.ui.tradeoff_tab import BENCH_COLUMNS, BENCH_DIR, bench_summary, bench_table, load_bench, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "Resources",
     "RouterSetInfo",
     "Session",
+    "UploadBudget",
     "available_router_sets",
     "operator_router_sets",
     "bench_summary",

@@ -28,6 +28,7 @@ from routerlab.ui.session import Session, _delete_session, _status, _warn, close
 from routerlab.ui import tradeoff_plots, train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
+from routerlab.ui.uploads import UploadBudget, middleware as upload_guard
 
 CSS_FILE = ASSETS / "css" / "app.css"
 THRESHOLD_INFO = "a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view"
@@ -223,17 +224,20 @@ def theme():
     )
 
 
-def launch_options(limits: Limits | None = None) -> dict:
-    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch) and the upload cap.
+def launch_options(limits: Limits | None = None, uploads: UploadBudget | None = None) -> dict:
+    """Keyword arguments for `demo.launch` that carry the look (Gradio 6 takes theme/css at launch) and the upload caps.
 
     run_history=False: Gradio's run history deep-copies every output of every streamed frame in the
     browser (a JSON round trip of the heatmap) and rewrites localStorage twice a second; that was a
     large share of the browser's time while streaming, CPU a laptop's decoder also needs.
     max_file_size: Gradio refuses a larger upload before storing it (ROUTERLAB_MAX_UPLOAD_MB; `limits`: the
-    environment's when not given)."""
+    environment's when not given).
+    app_kwargs: the upload guard (uploads.py: the disk budget per visitor and per server, other sites' pages
+    refused; `uploads`: the environment's budget when not given)."""
     limits = limits or Limits.from_env()
     return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS,
-                run_history=False, max_file_size=limits.max_upload_mb * 2**20)
+                run_history=False, max_file_size=limits.max_upload_mb * 2**20,
+                app_kwargs={"middleware": [upload_guard(uploads or UploadBudget.from_env())]})
 
 
 def threshold_help(res: Resources, label: str) -> str:

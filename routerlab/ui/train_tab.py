@@ -166,8 +166,10 @@ def train_stop(session: Session):
 
 def upload_set(res: Resources, session: Session, files):
     """A visitor's router set (zip or loose files) into this session's menu. Returns status, the menu and the
-    emptied upload box (so the next upload is read alone, not with this one's files)."""
+    emptied upload box (so the next upload is read alone, not with this one's files). The uploaded files are deleted
+    once read (only those in Gradio's upload folder)."""
     from routerlab.tuning.bundle import read_upload
+    from routerlab.ui.uploads import discard
 
     session = session if isinstance(session, Session) else Session()
     paths = [f if isinstance(f, str) else getattr(f, "name", f) for f in (files if isinstance(files, list) else [files] if files else [])]
@@ -175,6 +177,8 @@ def upload_set(res: Resources, session: Session, files):
         folder, routers, config = read_upload(paths, res.engine.model, session.workdir())
     except RouterLabError as err:
         return _warn(err), gr.skip(), None
+    finally:
+        discard(paths)  # read (into the session's folder) or refused: Gradio's copy is spent, and the box is emptied
     label, dropped = _add_set(res, session, f"uploaded: {config['granularity']}", folder, routers, config)
     return (_status("ok", f"Loaded **{safe.text(label)}** ({len(config['layers'])} routed layers, threshold {safe.text(config['threshold'])}); "
                     f"pick it in the router-set menu.{dropped}"), gr.Dropdown(choices=_labels(res, session)), None)

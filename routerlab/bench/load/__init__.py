@@ -22,7 +22,8 @@ The package, by what its parts do (none imports this `__init__`, which only re-e
   - `server`:  the watched server (WatchedEngine, the hidden endpoints, serve, spawn, READY)
   - `driver`:  talking to the app (gradio_client Clients, probes, waits, traces, raw HTTP)
   - `traffic`: the load run (`load_test`)
-  - `faults`:  stop / cancel / disconnect, an injected exception, a broken router set, the token cap
+  - `faults`:  stop / cancel / disconnect, an injected exception, a broken router set, the token cap, the upload flood
+  - `flood`:   the upload flood (31 MB uploads from one visitor and from ten, another site's page)
   - `inputs`:  bad input through the API, the queue cap
   - `fuzz`:    the router loader fuzzed, the safe-loading checks (no server)
   - `report`:  the verdict and the summary of a report
@@ -35,6 +36,7 @@ from routerlab.bench.load.cli import DEFAULT_OUT, build_parser, main, run_all
 from routerlab.bench.load.driver import (LONG_PROMPT, POLICIES, PROMPTS, THRESHOLDS, client, decision_errors, forget,
                                          probe, submit, tokens_shown, trace_of, wait_done, wait_tokens, wait_until)
 from routerlab.bench.load.faults import exception_test, fault_tests, interrupt_test, token_cap_test
+from routerlab.bench.load.flood import upload_flood_test
 from routerlab.bench.load.fuzz import fuzz_router_loading, safe_loading_checks
 from routerlab.bench.load.inputs import UNCLEAR, bad_input_cases, bad_input_test, queue_cap_test
 from routerlab.bench.load.report import summary, verdict, within_a_step
@@ -47,6 +49,6 @@ __all__ = [
     "Server", "WatchedEngine", "bad_input_cases", "bad_input_test", "build_parser", "build_server", "client",
     "decision_errors", "exception_test", "fault_tests", "forget", "free_port", "fuzz_router_loading", "interrupt_test",
     "load_test", "main", "malloc_trim", "pct", "probe", "queue_cap_test", "rss_bytes", "run_all", "safe_loading_checks",
-    "serve", "spawn", "submit", "summary", "token_cap_test", "tokens_shown", "trace_of", "verdict", "wait_done",
+    "serve", "spawn", "submit", "summary", "token_cap_test", "tokens_shown", "trace_of", "upload_flood_test", "verdict", "wait_done",
     "wait_tokens", "wait_until", "within_a_step",
 ]

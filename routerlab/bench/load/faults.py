@@ -2,17 +2,19 @@
 
 Owns `interrupt_test` (Stop, Job.cancel, a dropped connection, with every worker slot full and one
 request queued behind), `exception_test` (an injected exception, a truncated router set),
-`token_cap_test` and `fault_tests`, which runs them all. Knows nothing about how the server is
+`token_cap_test` and `fault_tests`, which runs them all and the upload flood (flood.py). Knows nothing about how the server is
 started, the load run, bad input, or the verdict.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from routerlab.bench.load.driver import (LONG_PROMPT, PROMPTS, _drop_stream, _fn_index, client, probe, submit, trace_of,
                                          wait_done, wait_tokens, wait_until)
+from routerlab.bench.load.flood import upload_flood_test
 from routerlab.bench.load.server import BROKEN_LABEL, FAULT_MARKER
 
 
@@ -129,8 +131,18 @@ def token_cap_test(url: str, timeout: float = 600.0) -> dict:
                 clean=result[3].startswith("✓") and n <= cap and trace.meta.get("stop_reason") in ("max_new_tokens", "eos"))
 
 
-def fault_tests(url: str, max_new: int = 48, timeout: float = 300.0, log=print) -> dict:
-    """Stop, cancel, a dropped connection, an injected exception, a broken router set, the token cap."""
+def _serving(url: str, timeout: float) -> bool:
+    """A fresh visitor's short generation ends well."""
+    c = client(url)
+    try:
+        return submit(c, PROMPTS[0], max_new=2).result(timeout=timeout)[3].startswith("✓")
+    finally:
+        c.close()
+
+
+def fault_tests(url: str, max_new: int = 48, timeout: float = 300.0, log=print, uploads: bool = True) -> dict:
+    """Stop, cancel, a dropped connection, an injected exception, a broken router set, the token cap, and (`uploads`)
+    the upload flood (flood.py)."""
     out: dict[str, Any] = {"concurrency": probe(url)["limits"]["concurrency"]}
     c = client(url)
     t0 = time.perf_counter()
@@ -146,5 +158,9 @@ def fault_tests(url: str, max_new: int = 48, timeout: float = 300.0, log=print) 
     out["token_cap"] = token_cap_test(url, timeout * 2)
     if log:
         log(f"[faults] exception: {out['exception']}\n[faults] token cap: {out['token_cap']}")
+    if uploads:
+        info = probe(url)
+        out["uploads"] = upload_flood_test(url, Path(info["upload_folder"]), info["limits"]["uploads"],
+                                           serving=lambda: _serving(url, timeout), log=log)
     out["server_after"] = {k: v for k, v in probe(url).items() if k in ("live", "decoders", "opened", "closed", "injected")}
     return out

@@ -56,6 +56,11 @@ def verdict(report: dict) -> list[str]:
             bad.append(f"faults/exception: {faults['exception']}")
         if not faults["token_cap"]["clean"] or faults["token_cap"]["tokens"] > faults["token_cap"]["cap"]:
             bad.append(f"faults/token cap: {faults['token_cap']}")
+        up = faults.get("uploads")
+        if up and not up["ok"]:
+            bad.append(f"faults/upload flood: the folder grew {up['one_visitor']['folder_growth_mb']} MB from one visitor "
+                       f"(budget {up['budget']['session_mb']}), {up['folder_growth_mb']} MB in all (budget {up['budget']['total_mb']}); "
+                       f"cross-origin {up['cross_origin']}, same-origin {up['same_origin']}, serving after: {up['serving_after']}")
     bi = report.get("bad_input")
     if bi:
         if bi["unclear"]:
@@ -104,6 +109,13 @@ def summary(report: dict) -> str:
                          f"{r.get('quality_flush_after_stop_ms')} ms; decode step p50 {r['decode_step_ms_p50']} ms); "
                          f"next request's first token after {r['next_request_first_token_s']} s")
         lines.append(f"exception: {f['exception']}; token cap: {f['token_cap']['tokens']}/{f['token_cap']['cap']} ({f['token_cap']['stop_reason']})")
+        up = f.get("uploads")
+        if up:
+            lines.append(f"upload flood ({up['upload_mb']} MB each): one visitor {up['one_visitor']['accepted']}/{up['one_visitor']['uploads']} accepted, "
+                         f"folder +{up['one_visitor']['folder_growth_mb']} MB (budget {up['budget']['session_mb']}); ten visitors "
+                         f"{up['ten_visitors']['accepted']}/{up['ten_visitors']['uploads']}, +{up['folder_growth_mb']} MB in all "
+                         f"(budget {up['budget']['total_mb']}); cross-origin {up['cross_origin']['code']}, same-origin "
+                         f"{up['same_origin']['code']}; serving after: {up['serving_after']}")
     b = report.get("bad_input")
     if b:
         lines.append(f"bad input: {b['clear']}/{b['cases']} clear; serving after: {b['serving_after']}")

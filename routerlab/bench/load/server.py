@@ -166,6 +166,7 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
     import gradio as gr
 
     from routerlab import ui
+    from routerlab.ui.uploads import upload_folder
 
     limits = limits or ui.Limits.from_env()
     watched = WatchedEngine(engine)
@@ -183,7 +184,8 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
                 "limits": {"max_new_tokens": limits.max_new_tokens, "max_prompt_chars": limits.max_prompt_chars,
                            "queue_size": limits.queue_size, "concurrency": limits.concurrency,
                            "allowed_models": list(limits.allowed_models), "training": limits.training,
-                           "training_nice": limits.training_nice},
+                           "training_nice": limits.training_nice, "uploads": ui.UploadBudget.from_env().describe()},
+                "upload_folder": str(upload_folder()),
                 "router_labels": res.router_labels(), "default_model": res.default_model,
                 "training_phase": res.trainer.phase() if res.trainer else None, "room": _room_stats(engine)}
 
