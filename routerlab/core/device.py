@@ -59,6 +59,15 @@ def now(device) -> float:
     return time.perf_counter()
 
 
+def prepare(device) -> None:
+    """Process-wide settings a decode loop on `device` needs. On CUDA: attention never takes cuDNN's kernel, which
+    builds an execution plan for each new shape, and a decode step's key lengths change every token (under `drop`
+    every layer's differ). On an H200 (torch 2.11) it spent 15 ms of host time per call, 94% of a `drop` run's
+    (assets/bench/gpu-profile-drop-h200.txt); flash and memory-efficient attention take any length as it comes."""
+    if is_cuda(device):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def peak_memory_bytes(device) -> int | None:
     """The most memory torch's allocator held on a GPU since the last reset (None on a CPU: not tracked)."""
     return int(torch.cuda.max_memory_allocated(device)) if is_cuda(device) else None

@@ -28,6 +28,7 @@ from torch import nn
 
 from routerlab.core.cache import LayerCache
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
+from routerlab.core.device import prepare
 from routerlab.core.errors import RouterLabError
 from routerlab.core.gates import ALL, NONE, Gate, Plan, Scores, decide, score_table  # noqa: F401 (Plan, NONE: re-exported)
 from routerlab.core.generation import Generation, sample  # noqa: F401 (sample: re-exported)
@@ -226,6 +227,7 @@ class Engine:
         self.n_layers = self.anatomy.n_layers
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        prepare(self.device)  # e.g. CUDA's attention kernels chosen for a decode loop (core/device.py)
         self.precision = describe(self.dtype, str(self.device))  # e.g. "bfloat16 weights, long inputs computed in float32 ..."
         # which weights a decode step reads: e.g. "the file's own Q4_1 and Q8_0 codes at decode (...)"
         self.weights = self.anatomy.lowbit.label if self.anatomy.lowbit is not None else f"{dtype_name(self.dtype)} weights"

@@ -116,7 +116,10 @@ def score_table(scores: Scores, t: int, n_layers: int, device) -> torch.Tensor:
     """The (T, L) table of a forward's router scores, NaN where a layer is not routed, on `device`."""
     if t == 1 and all(isinstance(v, float) for v in scores.values()):  # a decode step: one small tensor
         return torch.tensor([[scores.get(i, math.nan) for i in range(n_layers)]], device=device)
-    table = torch.full((t, n_layers), math.nan, device=device)
+    # Tensor scores (a prefill, `mask`) are filled in where they were computed and moved once: filling a host table
+    # from a GPU's scores would wait for the GPU at every layer.
+    where = next((s.device for s in scores.values() if isinstance(s, torch.Tensor)), device)
+    table = torch.full((t, n_layers), math.nan, device=where)
     for layer, s in scores.items():
         table[:, layer] = s
-    return table
+    return table.to(device)
