@@ -58,8 +58,8 @@ class _Checked:
     def preprocess(self, payload):
         try:
             return super().preprocess(payload)
-        except gr.Error as err:
-            raise refused(err.message) from None
+        except gr.Error as err:  # named by the component's label: "KV policy: Value: 'fast' is not in the list of choices"
+            raise refused(f"{self.label}: {err.message}" if self.label else err.message) from None
 
 
 def refused(message: str) -> gr.Error:
