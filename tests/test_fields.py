@@ -258,3 +258,15 @@ def test_without_paths_keeps_the_quoted_input_and_cuts_the_servers_paths():
     text = "The zip holds '/tmp/router.json'; see /srv/app/routerlab/x.py"
     assert without_paths(text, ("'/tmp/router.json'",)) == "The zip holds '/tmp/router.json'; see x.py"
     assert without_paths(text) == "The zip holds 'router.json'; see x.py"
+
+
+def test_a_training_rows_keys_are_quoted_whole():
+    """The keys of a pasted JSON line the app cannot read are the visitor's own: shown whole (escaped), no path cut."""
+    from test_ui_train import _start, tiny_resources
+
+    from routerlab import ui
+
+    key = "<img src=/gradio_api/hostile-train>"
+    text = "\n".join(json.dumps({key: f"row {k} of some text that is long enough"}) for k in range(8))
+    status = _start(tiny_resources(), ui.Session(), text=text)[4]
+    assert status.startswith("⚠") and "<img" not in status and f"keys: ['{key}']" in html.unescape(status), status
