@@ -14,6 +14,7 @@ plots (pure plotly, no torch).
     layout.py        build_demo (components and event wiring), theme, launch options
     plots.py         every figure and HTML fragment
     safe.py          the one escaping helper: outside text shown literally in Markdown, HTML, toasts and plotly
+    fields.py        every field a visitor or a client sends, checked by type and range (components and handlers share it)
 
 Knows nothing about tensors: handlers call `Engine.generate` and plotting functions, nothing else.
 Nothing is loaded at import time; `app.py` loads the model and calls `build_demo(Resources(...))`.
