@@ -193,6 +193,28 @@ def test_compare_takes_the_ladder_as_one_string_and_names_a_bad_one(app):
     assert status.startswith("⚠") and "'half' is not a number" in html.unescape(status)  # as the page shows it
 
 
+def test_the_api_refuses_issue_50s_inputs_naming_each_field(app):
+    """Each of these ended in {"error": null} for the client and a TypeError traceback in the log, or was taken as
+    something else (true as 1, "<img>" as on, 2.5 tokens): now an error that names the field as the page labels it."""
+    from gradio_client.exceptions import AppError
+
+    url, res = app
+    c = client(url)
+    refused = [("/train", "learning_rate", "x", "Learning rate: 'x' is text"), ("/train", "kd_weight", "nan", "Distillation weight: 'nan'"),
+               ("/train", "lm_weight", "1", "LM-loss weight: '1'"), ("/train", "max_steps", "400", "Most steps: '400'"),
+               ("/train", "kd_weight", [1], "Distillation weight: [1] is a list"),
+               ("/train", "kd_weight", {"a": 1}, "Distillation weight: {'a': 1} is an object"),
+               ("/train", "kd_weight", True, "Distillation weight: true is a yes/no value"),
+               ("/generate", "measure_quality", "<img>", "Measure quality (full-model pass): '<img>' is not true or false"),
+               ("/generate", "max_new_tokens", 2.5, "Max new tokens: 2.5 is not a whole number")]
+    for api, name, value, said in refused:
+        with pytest.raises(AppError) as caught:
+            c.predict(**{name: value}, api_name=api)
+        assert html.unescape(str(caught.value)).startswith(said), (api, name, str(caught.value))
+    status = c.predict("Hi", True, None, None, ui.UNTRAINED, "kv", 2, 0.0, res.default_model, api_name="/compare")[-1]
+    assert html.unescape(status).startswith("⚠ Threshold 1: true is a yes/no value, not a number"), status
+
+
 def test_a_tiny_temperature_generates_greedily(app):
     """Temperature 1e-45 ended in `probability tensor contains either inf, nan`."""
     url, res = app

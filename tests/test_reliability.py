@@ -11,6 +11,7 @@ no outcome depends on how fast the server's threads run.
 
 from __future__ import annotations
 
+import html
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -169,9 +170,16 @@ def test_bad_input_through_the_api_gets_clear_messages(server):
     assert report["serving_after"] and report["server_after"]["live"] == 0
     by_case = {r["case"]: r["message"] for r in report["rows"]}
     assert "up to 4000" in by_case["prompt of 100,000 characters"]
-    assert "greater than maximum value 12" in by_case["max new tokens 1e9"]
-    assert "not in the list of choices" in by_case["model not allowed"]
-    assert "not a number" in by_case["raw: threshold NaN"]
+    assert "Max new tokens: 1000000000 is out of range. Use a whole number from 1 to 12." in by_case["max new tokens 1e9"]
+    assert "Model: Value: gpt2 is not in the list of choices" in by_case["model not allowed"]
+    assert "Threshold: NaN is not a number" in by_case["raw: threshold NaN"]
+    # issue 50's inputs: each answer names the field (the bad-input phase checks it for every case that has one)
+    named = {r["case"]: r for r in report["rows"] if r["names"]}
+    for case in ("train: learning rate 'x'", "train: distillation weight 'nan'", "train: LM-loss weight '1'", "train: most steps '400'",
+                 "train: distillation weight [1]", "train: distillation weight {'a': 1}", "train: distillation weight true",
+                 "compare: threshold_1 true", "measure quality '<img>'", "max new tokens 2.5", "set_threshold -0.0"):
+        assert named[case]["clear"] and named[case]["outcome"] != "training started", named[case]
+    assert "Learning rate: 'x' is text, not a number" in html.unescape(by_case["train: learning rate 'x'"])
 
 
 def test_requests_beyond_the_queue_are_refused_with_a_message(server, engine, monkeypatch):

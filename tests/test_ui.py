@@ -159,7 +159,7 @@ def test_bad_input_is_a_status_line_not_an_exception(res):
         assert len(outs) == 1 and outs[0][3].startswith("⚠")
         assert all(is_skip(v) for v in outs[0][:3])  # text and figures untouched (the prompt box is never an output)
     outs = run_all(explore(res, session, max_new=10_000))
-    assert "max_new_tokens" in html.unescape(outs[0][3])  # the status line is Markdown: the message escaped
+    assert "Max new tokens: 10000 is out of range" in html.unescape(outs[0][3])  # the status line is Markdown: the message escaped
 
 
 def test_unknown_or_disallowed_model_is_refused(res):

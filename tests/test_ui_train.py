@@ -86,12 +86,12 @@ def test_bad_settings_text_and_uploads_are_status_messages_and_touch_no_input(tm
     assert out[4].startswith("⚠") and "examples" in out[4]
     assert all(v == gr.skip() for k, v in enumerate(out) if k != 4)  # nothing else on the page changes
     assert session.job is None
-    assert "at most 10 minutes" in _start(res, session, minutes=30)[4]
-    assert "Learning rate: 'fast' is not a number" in html.unescape(_start(res, session, lr="fast")[4])  # as the page shows it
-    assert "Distillation weight must be a finite number, not nan" in _start(res, session, kd_weight=float("nan"))[4]
+    assert "Time budget (minutes): 30 is out of range. Use a number from 0.5 to 10." in _start(res, session, minutes=30)[4]
+    assert "Learning rate: 'fast' is text, not a number" in html.unescape(_start(res, session, lr="fast")[4])  # as the page shows it
+    assert "Distillation weight: NaN is not a number" in _start(res, session, kd_weight=float("nan"))[4]
     for key in ("lr", "lm_weight", "minutes", "skip_pct"):
-        assert "must be a finite number" in _start(res, session, **{key: float("inf")})[4]
-    assert "Most steps must be a finite number, not inf" in _start(res, session, max_steps=float("inf"))[4]  # not int()'s OverflowError
+        assert "Infinity is infinite, not a number" in _start(res, session, **{key: float("inf")})[4]
+    assert "Most steps: Infinity is infinite" in _start(res, session, max_steps=float("inf"))[4]  # not int()'s OverflowError
     assert "empty" in _start(res, session, text="")[4]
     surrogate = _start(res, session, text=TEXT[:30] + "\ud800" + TEXT[30:])[4]  # a text problem, not "a setting is not a number"
     assert "pasted text holds half a character" in surrogate and "number" not in surrogate, surrogate

@@ -30,7 +30,7 @@ def check_threshold(threshold: float) -> float:
         raise RouterLabError(f"Threshold {threshold!r} is not a number.", "Use a value between 0 and 1, e.g. 0.5.") from None
     if math.isnan(value) or not 0.0 <= value <= 1.0:
         raise RouterLabError(f"Threshold {threshold!r} is outside [0, 1].", "Use a value between 0 and 1, e.g. 0.5.")
-    return value
+    return value + 0.0  # -0.0 becomes 0.0 (shown as "0.00", not "-0.00")
 
 
 def check_kv_policy(policy: str) -> str:

@@ -21,7 +21,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.errors import RouterLabError, quote
 from routerlab.tuning.checkpoint import CONFIG, WEIGHTS
 
 MEMBERS = (CONFIG, WEIGHTS, "report.json", "README.md", "curves.png", "train_log.jsonl")
@@ -125,13 +125,14 @@ def _member_name(info: zipfile.ZipInfo) -> str | None:
     """The file name a zip member lands as (a known checkpoint file at the top or under one folder), or None to skip it.
     Refuses what could write outside the folder or is not a plain file."""
     name = info.filename
+    said = quote(name)  # the member's own name, as the visitor's zip holds it (the page escapes it)
     if name.startswith(("/", "\\")) or ":" in name.split("/")[0] or "\\" in name:
-        raise RouterLabError(f"The zip holds an absolute or Windows path ({name[:60]!r}).", "Zip the router set's files themselves.")
+        raise RouterLabError(f"The zip holds an absolute or Windows path ({said}).", "Zip the router set's files themselves.", quoted=(said,))
     parts = PurePosixPath(name).parts
     if ".." in parts:
-        raise RouterLabError(f"The zip holds a path that leaves its folder ({name[:60]!r}).", "Zip the router set's files themselves.")
+        raise RouterLabError(f"The zip holds a path that leaves its folder ({said}).", "Zip the router set's files themselves.", quoted=(said,))
     if stat.S_ISLNK(info.external_attr >> 16):
-        raise RouterLabError(f"The zip holds a link ({name[:60]!r}); only plain files are read.", "Zip the files, not links to them.")
+        raise RouterLabError(f"The zip holds a link ({said}); only plain files are read.", "Zip the files, not links to them.", quoted=(said,))
     if info.is_dir() or len(parts) > 2:
         return None
     return parts[-1] if parts[-1] in MEMBERS else None

@@ -89,11 +89,14 @@ def read_config(folder: str | Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
         assert isinstance(config, dict) and config.get("format") == FORMAT, "wrong format tag"
         assert config["granularity"] in GRANULARITIES, f"unknown granularity {config['granularity']!r}"
-        assert isinstance(config["layers"], list) and all(isinstance(i, int) for i in config["layers"]), "bad layers"
-        check_threshold(config["threshold"])
+        assert isinstance(config["layers"], list) and all(_is_int(i) for i in config["layers"]), "bad layers"
+        # a JSON number, not a string (" 0.5\n" parses as a float) nor a boolean (true is not 1)
+        assert _is_number(config["threshold"]), f"threshold {config['threshold']!r} is not a number"
+        config["threshold"] = check_threshold(config["threshold"])  # -0.0 read as 0.0
+        assert isinstance(config["kv_policy"], str), "bad kv_policy"
         check_kv_policy(config["kv_policy"])
         base = config["base_model"]
-        assert isinstance(base["n_layers"], int) and isinstance(base["hidden_size"], int), "bad base_model"
+        assert _is_int(base["n_layers"]) and _is_int(base["hidden_size"]), "bad base_model"
         standins = config.get("standins")
         if standins is not None:
             rank = standins.get("rank") if isinstance(standins, dict) else None
@@ -111,6 +114,14 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     except RouterLabError as err:
         raise RouterLabError(f"{path}: {err.problem}", err.fix) from None
     return config
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def calibration_of(config: dict[str, Any]) -> Calibration:

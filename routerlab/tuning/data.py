@@ -84,8 +84,9 @@ def record_from_row(row: dict, where: str = "") -> Record:
         return Record(({"role": "user", "content": text},), str(row["output"]), split or split_of(text))
     if isinstance(row.get("text"), str):
         return Record((), row["text"], split or split_of(row["text"]))
-    raise RouterLabError(f"{where}: a row has none of the known layouts (keys: {sorted(row)[:6]}).",
-                         "Use chat `messages`, `instruction`/`input`/`output`, or plain `text`.")
+    keys = str(sorted(row)[:6])  # the visitor's own keys, quoted whole (no path is cut out of them)
+    raise RouterLabError(f"{where}: a row has none of the known layouts (keys: {keys}).",
+                         "Use chat `messages`, `instruction`/`input`/`output`, or plain `text`.", quoted=(keys,))
 
 
 def json_lines(lines, where):

@@ -15,6 +15,7 @@ plots (pure plotly, no torch).
     plots.py         every figure and HTML fragment
     safe.py          the one escaping helper: outside text shown literally in Markdown, HTML, toasts and plotly
     uploads.py       the upload guard: a disk budget per visitor and per server, other sites' pages refused
+    fields.py        every field a visitor or a client sends, checked by type and range (components and handlers share it)
 
 Knows nothing about tensors: handlers call `Engine.generate` and plotting functions, nothing else.
 Nothing is loaded at import time; `app.py` loads the model and calls `build_demo(Resources(...))`.

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import statistics
 
 import gradio as gr
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.errors import RouterLabError, quote
 from routerlab.core.trace import Trace
-from routerlab.ui import plots, safe
+from routerlab.ui import fields, plots, safe
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import Session, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.stream import Decoder, prefill_progress
@@ -38,19 +39,37 @@ def ladder_thresholds(values) -> list[float]:
 
     `values` is one threshold, a list of them (the tab's inputs, blanks included) or a string
     such as "0.3, 0.5, 0.7" (API callers; also as one of the list's items: `/compare`'s
-    threshold_1). Raises a RouterLabError for a bad value, for none and for more than RUNGS.
+    threshold_1): each number is checked by its box's field (fields.RUNGS: "Threshold 1", ...), so true, NaN or
+    "half" is refused naming the box. Raises a RouterLabError for a bad value, for none and for more than RUNGS.
     """
-    from routerlab.core.config import check_threshold
-
     if not isinstance(values, (list, tuple)):
         values = [values]
-    flat = [w for v in values for w in (v.replace(",", " ").split() if isinstance(v, str) else [v])]
-    chosen = sorted({check_threshold(v) for v in flat if v is not None})
+    chosen = set()
+    for k, value in enumerate(values):
+        field = fields.RUNGS[min(k, len(fields.RUNGS) - 1)]
+        for v in _numbers(value, field) if isinstance(value, str) else [value]:
+            if (t := field.check(v)) is not None:
+                chosen.add(t)
+    chosen = sorted(chosen)
     if not chosen:
         raise RouterLabError("No threshold to compare with the full model.", "Enter one to three thresholds between 0 and 1, e.g. 0.3, 0.5 and 0.7.")
     if len(chosen) > RUNGS:
         raise RouterLabError(f"{len(chosen)} thresholds: the ladder has room for {RUNGS}.", f"Keep at most {RUNGS}, e.g. 0.3, 0.5 and 0.7.")
     return chosen
+
+
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")  # a written number; not "nan", "inf" or "1_0"
+
+
+def _numbers(text: str, field) -> list[float]:
+    """The numbers of a threshold string ("0.3, 0.5 0.7"), each a plain decimal; a word is refused, naming the box."""
+    words = text.replace(",", " ").split()
+    for word in words:
+        if not _DECIMAL.fullmatch(word):
+            said = quote(word)
+            raise fields.FieldError(field.label, f"{said} is not a number.",
+                                    'Use a number from 0 to 1, or the ladder in one string, e.g. "0.3, 0.5, 0.7".', said)
+    return [float(w) for w in words]
 
 
 def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max_new_tokens, temperature, model_name, session: Session):
@@ -70,9 +89,10 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
         engine = res.engine_for(model_name)
         label = router_label if router_label not in (None, "", FULL) else UNTRAINED
         routers = res.routers_for(engine, label, session.router_sets)
-        seed = 0 if float(temperature or 0) > 0 else None  # the same samples in every column when sampling
+        config = res.generate_config(max_new_tokens, temperature, ladder[0], kv_policy)  # each setting checked (fields.py)
+        seed = 0 if config.temperature > 0 else None  # the same samples in every column when sampling
         # shared=False: with the room, the columns decode alone, in lockstep, so their speeds compare like with like
-        config = dataclasses.replace(res.generate_config(max_new_tokens, temperature, ladder[0], kv_policy, seed=seed), quality=True, shared=False)
+        config = dataclasses.replace(config, seed=seed, quality=True, shared=False)
         configs = [config] + [dataclasses.replace(config, threshold=t) for t in ladder]
         controls = [Control(c.threshold) for c in configs]
         runs = [engine.generate(prompt, None if k == 0 else routers, c, ctl) for k, (c, ctl) in enumerate(zip(configs, controls))]

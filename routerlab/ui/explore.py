@@ -18,7 +18,7 @@ import gradio as gr
 
 from routerlab.core.errors import RouterLabError
 from routerlab.core.trace import Trace
-from routerlab.ui import plots
+from routerlab.ui import fields, plots
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
 from routerlab.ui.resources import Resources
@@ -79,7 +79,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
         res.check_prompt(prompt)
         engine = res.engine_for(model_name)
         routers = res.routers_for(engine, router_label, session.router_sets)
-        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy, quality=True if quality is None else bool(quality))
+        config = res.generate_config(max_new_tokens, temperature, threshold, kv_policy, quality=quality)  # each checked (fields.py)
         control = Control(config.threshold)
         steps = engine.generate(prompt, routers, config, control)
     except RouterLabError as err:
@@ -221,9 +221,7 @@ def threshold_moved(res: Resources, threshold, session: Session):
     """
     skip = gr.skip()
     try:
-        from routerlab.core.config import check_threshold
-
-        value = check_threshold(threshold)
+        value = fields.THRESHOLD.check(threshold)
     except RouterLabError as err:
         return skip, skip, skip, _warn(err), skip, skip
     session = session if isinstance(session, Session) else None

@@ -10,15 +10,13 @@ Nothing is loaded at import time; `app.py` loads the model and calls `build_demo
 
 from __future__ import annotations
 
-import math
-
 import gradio as gr
 
 from routerlab.core.config import GRANULARITIES, KV_POLICIES
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
 from routerlab.tuning.job import JobSettings
-from routerlab.ui import plots, safe
+from routerlab.ui import fields, plots, safe
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
@@ -61,8 +59,8 @@ class _Checked:
     def preprocess(self, payload):
         try:
             return super().preprocess(payload)
-        except gr.Error as err:
-            raise refused(err.message) from None
+        except gr.Error as err:  # named by the component's label: "KV policy: Value: 'fast' is not in the list of choices"
+            raise refused(f"{self.label}: {err.message}" if self.label else err.message) from None
 
 
 def refused(message: str) -> gr.Error:
@@ -70,17 +68,47 @@ def refused(message: str) -> gr.Error:
     return gr.Error(safe.text(message), print_exception=False)
 
 
-class NumberSlider(_Checked, gr.Slider):
+class _Field(_Checked):
+    """An input component whose payload its field checks (fields.py) before Gradio sees it: a string, a list, a
+    boolean, NaN or a value out of range is refused with the field's message (naming the field, what is allowed),
+    the same message its handler gives for the same value. `field`: set by `checked` (an attribute, not a
+    constructor parameter, which Gradio would send to the browser with the component's config)."""
+
+    field = None
+
+    def preprocess(self, payload):
+        field = self.field if self.field is not None else self.default_field()
+        if field is not None:
+            try:
+                payload = field.check(payload)
+            except RouterLabError as err:
+                raise refused(str(err)) from None
+        return super().preprocess(payload)
+
+    def default_field(self):
+        return None
+
+
+def checked(component, field):
+    """`component` (a _Field) checked by `field`."""
+    component.field = field
+    return component
+
+
+class NumberSlider(_Field, gr.Slider):
     """A Slider that answers a non-number from the API with a clear message (gr.Slider raises a bare
     TypeError on a string, None or a list, which a client sees only as "the app raised an exception")."""
 
-    def preprocess(self, payload):
-        if isinstance(payload, bool) or not isinstance(payload, (int, float)) or not math.isfinite(payload):
-            raise refused(f"{self.label}: {str(payload)[:40]!r} is not a number; use a value from {self.minimum} to {self.maximum}.")
-        return super().preprocess(payload)
+    def default_field(self):
+        return fields.Number(self.label or "Value", self.minimum, self.maximum)
 
     def get_block_name(self) -> str:
         return "slider"  # the browser draws it with gr.Slider's own component
+
+
+def field_slider(field: fields.Number, **kwargs) -> NumberSlider:
+    """A NumberSlider over `field`'s range, labelled as the field (so its messages name what the visitor sees)."""
+    return checked(NumberSlider(field.minimum, field.maximum, label=field.label, **kwargs), field)
 
 
 class CheckedDropdown(_Checked, gr.Dropdown):
@@ -93,15 +121,35 @@ class CheckedRadio(_Checked, gr.Radio):
         return "radio"
 
 
-class CheckedNumber(_Checked, gr.Number):
+class CheckedNumber(_Field, gr.Number):
     def get_block_name(self) -> str:
         return "number"
 
 
+def field_number(field: fields.Number, value, **kwargs) -> CheckedNumber:
+    """A number box over `field`'s range, labelled as the field."""
+    return checked(CheckedNumber(value, label=field.label, minimum=field.minimum, maximum=field.maximum,
+                                 precision=0 if field.whole else None, **kwargs), field)
+
+
+class CheckedCheckbox(_Field, gr.Checkbox):
+    """A checkbox that takes only true or false from the API ("<img>" or 1 is refused, not counted as true)."""
+
+    def get_block_name(self) -> str:
+        return "checkbox"
+
+
+class CheckedTextbox(_Field, gr.Textbox):
+    """A textbox that takes only a string from the API (gr.Textbox turns a number or a list into its str())."""
+
+    def get_block_name(self) -> str:
+        return "textbox"
+
+
 class LadderNumber(_Checked, gr.Number):
     """A Compare threshold box that also takes a string from the API, such as "0.3, 0.5, 0.7" (the ladder in one
-    argument), or any other value: `ladder_thresholds` reads it or answers what is wrong (gr.Number compares a
-    string with its bounds and raises a bare TypeError)."""
+    argument), or any other value: `ladder_thresholds` reads it or answers what is wrong, naming the box
+    (gr.Number compares a string with its bounds and raises a bare TypeError)."""
 
     def preprocess(self, payload):
         if isinstance(payload, (int, float)) and not isinstance(payload, bool) and 0.0 <= payload <= 1.0:
@@ -270,6 +318,7 @@ def build_demo(res: Resources) -> gr.Blocks:
     default_routers = default_set.label if default_set else UNTRAINED
     start_threshold = float(default_set.meta.get("threshold", 0.5)) if default_set else 0.5
     start_policy = default_set.meta.get("kv_policy", "kv") if default_set else "kv"
+    prompt_field = fields.PROMPT.within(limits.max_prompt_chars)
     with gr.Blocks(title="RouterLab: see and steer dynamic depth", analytics_enabled=False, delete_cache=(600, EXPORT_TTL)) as demo:
         session = gr.State(Session(), delete_callback=_delete_session)
         gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
@@ -277,12 +326,12 @@ def build_demo(res: Resources) -> gr.Blocks:
         link_note = gr.Markdown(visible=False, elem_id="rl-link-note")  # what a link opened (or could not), see links.py
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
-                threshold = NumberSlider(0.0, 1.0, value=start_threshold, step=0.01, label="Threshold", info=_threshold_info(default_set.expected_skips if default_set else ""), elem_id="rl-threshold")
+                threshold = field_slider(fields.THRESHOLD, value=start_threshold, step=0.01, info=_threshold_info(default_set.expected_skips if default_set else ""), elem_id="rl-threshold")
                 router_label = CheckedDropdown(labels, value=default_routers, label="Granularity (router set)", info="shipped router sets, untrained zero routers, or the full model", elem_id="rl-granularity")
                 kv_policy = CheckedRadio(list(KV_POLICIES), value=start_policy, label="KV policy", info="mask: no saving · kv: same output, less work · drop: most saving, different output (see About)", elem_id="rl-kv")
-                max_new = NumberSlider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="rl-max-new")
-                temperature = NumberSlider(0.0, 1.5, value=0.0, step=0.05, label="Temperature", info="0 = greedy", elem_id="rl-temperature")
-                measure = gr.Checkbox(value=True, label="Measure quality (full-model pass)", info="each token's KL to the full model and its top token, scored in chunks (slows decoding a little)", elem_id="rl-quality")
+                max_new = field_slider(fields.MAX_NEW_TOKENS.within(maximum=limits.max_new_tokens), value=min(96, limits.max_new_tokens), step=1, elem_id="rl-max-new")
+                temperature = field_slider(fields.TEMPERATURE, value=0.0, step=0.05, info="0 = greedy", elem_id="rl-temperature")
+                measure = checked(CheckedCheckbox(value=True, label=fields.MEASURE_QUALITY.label, info="each token's KL to the full model and its top token, scored in chunks (slows decoding a little)", elem_id="rl-quality"), fields.MEASURE_QUALITY)
                 model = CheckedDropdown(res.model_choices, value=res.default_model, label="Model", visible=len(res.model_choices) > 1, info="models the operator allows (ROUTERLAB_ALLOWED_MODELS)", elem_id="rl-model")
                 link_btn = gr.Button("Copy link to this view", size="sm", elem_id="rl-copy-link")
                 link_box = gr.Textbox(label="Link to this view: these settings, this tab, this prompt", visible=False, interactive=False,
@@ -290,7 +339,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             with gr.Column(scale=4):
                 with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
                     with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore") as tab_explore:
-                        prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt")
+                        prompt = checked(CheckedTextbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt"), prompt_field)
                         gr.Examples([[p] for p in res.prompts], inputs=[prompt], label="Example prompts")
                         doc_pick = CheckedDropdown(_doc_titles(res), value=None, label=DOC_LABEL, info=DOC_INFO, visible=bool(res.documents), elem_id="rl-doc")
                         with gr.Row():
@@ -308,7 +357,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                     with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare") as tab_compare:
                         gr.Markdown("A **threshold ladder**: the same prompt through the **full model** and the router set on the left at up to three thresholds, "
                                     "one token each in turn, so their speeds are measured side by side. Higher threshold = more skipped. Leave a box empty for fewer columns.")
-                        c_prompt = gr.Textbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt")
+                        c_prompt = checked(CheckedTextbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt"), prompt_field)
                         c_doc_pick = CheckedDropdown(_doc_titles(res), value=None, label=DOC_LABEL, info=DOC_INFO, visible=bool(res.documents), elem_id="rl-c-doc")
                         with gr.Row(equal_height=True):
                             c_thresholds = [LadderNumber(t, minimum=0.0, maximum=1.0, step=0.01, label=f"Threshold {k + 1}", min_width=120, elem_id=f"rl-c-t{k + 1}") for k, t in enumerate(LADDER)]
@@ -337,21 +386,21 @@ def build_demo(res: Resources) -> gr.Blocks:
                         with gr.Row(equal_height=True):
                             tr_gran = CheckedDropdown(list(GRANULARITIES), value="attention-token", label="What to route", elem_id="rl-tr-gran",
                                                   info="target x level, as the shipped sets")
-                            tr_skip = NumberSlider(5, 50, value=15, step=1, label="Skip target (% of routed cells)", elem_id="rl-tr-skip")
-                            tr_minutes = NumberSlider(0.5, limits.training_minutes, value=min(3.0, limits.training_minutes), step=0.5,
-                                                      label="Time budget (minutes)", info="the whole job: data, training, evaluation", elem_id="rl-tr-minutes")
+                            tr_skip = field_slider(fields.SKIP_TARGET, value=15, step=1, elem_id="rl-tr-skip")
+                            tr_minutes = field_slider(fields.MINUTES.within(maximum=limits.training_minutes), value=min(3.0, limits.training_minutes), step=0.5,
+                                                      info="the whole job: data, training, evaluation", elem_id="rl-tr-minutes")
                         tr_source = CheckedRadio([BUILT_IN, OWN], value=BUILT_IN, label="Data", elem_id="rl-tr-source",
                                              info="built-in: the shipped prompts answered by the full model; yours: pasted or uploaded below")
                         with gr.Row():
-                            tr_text = gr.Textbox(label="Your text: paragraphs separated by blank lines, or JSON lines (messages / instruction / prompt / text)",
-                                                 lines=4, max_lines=12, elem_id="rl-tr-text")
+                            tr_text = checked(CheckedTextbox(label=f"{fields.TRAIN_TEXT.label}: paragraphs separated by blank lines, or JSON lines (messages / instruction / prompt / text)",
+                                                                 lines=4, max_lines=12, elem_id="rl-tr-text"), fields.TRAIN_TEXT.within(limits.training_max_chars))
                             tr_file = gr.File(label="… or a .txt / .jsonl file", file_types=[".txt", ".jsonl"], type="filepath", elem_id="rl-tr-file")
                         with gr.Accordion("Advanced", open=False):
                             with gr.Row():
-                                tr_lr = CheckedNumber(JobSettings.lr, label="Learning rate", minimum=1e-5, maximum=1.0, elem_id="rl-tr-lr")
-                                tr_kd = CheckedNumber(JobSettings.kd_weight, label="Distillation weight", minimum=0, elem_id="rl-tr-kd")
-                                tr_lm = CheckedNumber(JobSettings.lm_weight, label="LM-loss weight", minimum=0, elem_id="rl-tr-lm")
-                                tr_steps = CheckedNumber(JobSettings.max_steps, label="Most steps", minimum=1, precision=0, elem_id="rl-tr-steps")
+                                tr_lr = field_number(fields.LEARNING_RATE, JobSettings.lr, elem_id="rl-tr-lr")
+                                tr_kd = field_number(fields.KD_WEIGHT, JobSettings.kd_weight, elem_id="rl-tr-kd")
+                                tr_lm = field_number(fields.LM_WEIGHT, JobSettings.lm_weight, elem_id="rl-tr-lm")
+                                tr_steps = field_number(fields.MAX_STEPS, JobSettings.max_steps, elem_id="rl-tr-steps")
                                 tr_init = CheckedRadio(list(STARTS), value=next(iter(STARTS)), label="Routers start from", elem_id="rl-tr-init")
                         with gr.Row():
                             tr_start = gr.Button("Start training", variant="primary", interactive=limits.training, elem_id="rl-tr-start")

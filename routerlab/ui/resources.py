@@ -20,8 +20,9 @@ from typing import Any, Callable
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.documents import load_documents
-from routerlab.core.errors import RouterLabError
+from routerlab.core.errors import RouterLabError, quote
 from routerlab.core.paths import ASSETS
+from routerlab.ui import fields
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +179,12 @@ def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
         return FALLBACK_PROMPTS
 
 
+def _named(value, label: str) -> None:
+    """A menu's value is a name (or None: the default); a number, a list or an object is refused, naming the menu."""
+    if value is not None and not isinstance(value, str):
+        raise fields.FieldError(label, f"{quote(value)} is not one of the choices.", "Pick one from the list.", quote(value))
+
+
 class Resources:
     """What every session shares: the engines (one per allowed model, loaded once), router sets, limits."""
 
@@ -210,6 +217,7 @@ class Resources:
         return [self.default_model] + [m for m in self.limits.allowed_models if m != self.default_model]
 
     def engine_for(self, name: str | None):
+        _named(name, "Model")
         name = name or self.default_model
         if name in self._engines:
             return self._engines[name]
@@ -227,6 +235,7 @@ class Resources:
     def routers_for(self, engine, label: str, own: dict | None = None):
         """The RouterSet for dropdown `label` on `engine` (None for the full model); built or loaded once.
         `own`: a session's trained or uploaded sets (label -> (RouterSetInfo, RouterSet)), made for the default model."""
+        _named(label, "Granularity (router set)")
         if label in (None, "", FULL):
             return None
         if own and label in own:
@@ -253,29 +262,23 @@ class Resources:
 
         return load_routers(info.path, engine.model)[0]
 
-    def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None, quality: bool = False) -> GenerateConfig:
-        try:
-            max_new = int(max_new_tokens)
-        except (TypeError, ValueError):
-            raise RouterLabError(f"max new tokens {max_new_tokens!r} is not a whole number.") from None
+    def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None, quality=False) -> GenerateConfig:
+        """A generation request from a visitor's settings, each checked by its field (fields.py: the page's
+        components check the same); `quality` None: the switch's default (on)."""
         return GenerateConfig(
-            max_new_tokens=max_new,
-            temperature=float(temperature or 0.0),
-            threshold=float(threshold),
-            kv_policy=kv_policy,
+            max_new_tokens=fields.MAX_NEW_TOKENS.within(maximum=self.limits.max_new_tokens).check(max_new_tokens),
+            temperature=fields.TEMPERATURE.check(temperature),
+            threshold=fields.THRESHOLD.check(threshold),
+            kv_policy=fields.KV_POLICY.check(kv_policy),
             seed=seed,
-            quality=bool(quality),
+            quality=fields.MEASURE_QUALITY.check(quality),
             max_new_tokens_cap=self.limits.max_new_tokens,
         )
 
-    def check_prompt(self, prompt: str) -> str:
-        if not isinstance(prompt, str) or not prompt.strip():
+    def check_prompt(self, prompt) -> str:
+        prompt = fields.PROMPT.within(self.limits.max_prompt_chars).check(prompt)
+        if not prompt.strip():
             raise RouterLabError("The prompt is empty.", "Type a question or pick an example.")
-        if len(prompt) > self.limits.max_prompt_chars:
-            raise RouterLabError(
-                f"The prompt has {len(prompt)} characters; this server accepts up to {self.limits.max_prompt_chars}.",
-                "Shorten it (the operator sets ROUTERLAB_MAX_PROMPT_CHARS).",
-            )
         try:
             prompt.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogates arrive through raw JSON; the tokenizer raises a bare TypeError

@@ -140,16 +140,24 @@ def _status(kind: str, text: str) -> str:
 _SERVER_PATH = re.compile(r"(?<![\w.:/~])(?:/[^\s/'\"`:;,()<>\[\]]+)+/([^\s/'\"`:;,()<>\[\]]+)")
 
 
-def without_paths(text: str) -> str:
+def without_paths(text: str, keep: tuple[str, ...] = ()) -> str:
     """`text` with every absolute path cut to its last name: '/tmp/routerlab-x1/broken/routers.safetensors is corrupted'
-    -> 'routers.safetensors is corrupted'."""
-    return _SERVER_PATH.sub(r"\1", text)
+    -> 'routers.safetensors is corrupted'; except inside the parts `keep` names (the visitor's own input, quoted:
+    a zip member '/tmp/router.json' is shown as the visitor sent it)."""
+    keep = sorted({k for k in keep if k}, key=len, reverse=True)
+    if not keep:
+        return _SERVER_PATH.sub(r"\1", text)
+    parts, last = [], 0
+    for quote in re.finditer("|".join(map(re.escape, keep)), text):
+        parts += [_SERVER_PATH.sub(r"\1", text[last:quote.start()]), quote.group(0)]
+        last = quote.end()
+    return "".join(parts) + _SERVER_PATH.sub(r"\1", text[last:])
 
 
 def _warn(err: Exception) -> str:
     # The message names what the visitor sent (a file name, a zip member, a JSON value): the toast renders HTML and
     # the status line Markdown, so it is escaped for both (safe.py); the server's own paths are cut to their names.
-    message = safe.text(without_paths(str(err)))
+    message = safe.text(without_paths(str(err), getattr(err, "quoted", ())))
     gr.Warning(message)
     return _status("warn", message)
 

@@ -11,7 +11,6 @@ No tensors here: the job and the bundle own them.
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 
@@ -19,12 +18,13 @@ import gradio as gr
 
 from routerlab.core.errors import RouterLabError
 from routerlab.tuning.job import FINAL
-from routerlab.ui import safe, train_plots
+from routerlab.ui import fields, safe, train_plots
 from routerlab.ui.resources import FULL, Resources, RouterSetInfo
 from routerlab.ui.session import Session, _status, _warn
 
 BUILT_IN, OWN = "built-in prompts", "my own text"
 STARTS = {"a fit of update sizes": "probe", "zero (the paper)": "zeros"}  # where the routers start (TrainConfig.init)
+SOURCE, START = fields.Choice("Data", (BUILT_IN, OWN)), fields.Choice("Routers start from", tuple(STARTS))  # the radios' fields
 TRAIN_INTRO = """**Router-Tuning, here and now.** The model stays frozen: only one tiny router per routed layer learns
 (a single linear score of the layer's input, 576 numbers), deciding token by token whether that layer's
 attention (or MLP, or whole block) runs. Each step, the routed model is taught to match the full model
@@ -57,17 +57,6 @@ def _add_set(res: Resources, session: Session, label: str, folder, routers, conf
     return label, said
 
 
-def _number(name: str, value, integer: bool = False) -> float | int:
-    """A setting as a finite number, or a RouterLabError naming the setting (text problems are told apart)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise RouterLabError(f"{name}: {str(value)[:40]!r} is not a number.", "Type a number, or leave the default.") from None
-    if not math.isfinite(number):
-        raise RouterLabError(f"{name} must be a finite number, not {value}.", "Type an ordinary number, or leave the default.")
-    return int(round(number)) if integer else number
-
-
 def _shipped_folder(res: Resources, granularity: str):
     return next((r.path for r in res.router_sets if r.path is not None and r.granularity == granularity), None)
 
@@ -84,14 +73,12 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
             raise RouterLabError("Training is turned off on this server.", "The operator can turn it on with ROUTERLAB_TRAINING=on.")
         if session.job is not None and session.job.phase not in ("done", "stopped", "failed", "cancelled"):
             raise RouterLabError("Your last training is still going.", "Stop it first, or wait for it to end.")
-        cap = res.limits.training_minutes
-        minutes = _number("Time budget", minutes)
-        if minutes > cap:
-            raise RouterLabError(f"This server trains for at most {cap:g} minutes.", f"Choose {cap:g} or less.")
-        settings = JobSettings(granularity=str(granularity), skip=_number("Skip target", skip_pct) / 100, minutes=minutes,
-                               lr=_number("Learning rate", lr), kd_weight=_number("Distillation weight", kd_weight),
-                               lm_weight=_number("LM-loss weight", lm_weight), max_steps=_number("Most steps", max_steps, integer=True),
-                               init=STARTS.get(start_from, "probe"))
+        settings = JobSettings(granularity=fields.GRANULARITY.check(granularity), skip=fields.SKIP_TARGET.check(skip_pct) / 100,
+                               minutes=fields.MINUTES.within(maximum=res.limits.training_minutes).check(minutes),
+                               lr=fields.LEARNING_RATE.check(lr), kd_weight=fields.KD_WEIGHT.check(kd_weight),
+                               lm_weight=fields.LM_WEIGHT.check(lm_weight), max_steps=fields.MAX_STEPS.check(max_steps),
+                               init=STARTS[START.check(start_from)])
+        pasted = fields.TRAIN_TEXT.within(res.limits.training_max_chars).check(pasted) if SOURCE.check(source) == OWN else None
         data = _user_data(pasted, upload, res.limits.training_max_chars) if source == OWN else None
         engine = res.engine
         session.sets_made += 1
