@@ -60,7 +60,7 @@ def test_a_looping_text_is_flagged_where_its_loop_starts():
 def test_short_repeats_and_prose_are_not_flagged():
     assert repetition(words(" a." * 3)) is None  # 6 tokens: under REPEAT_MIN_TOKENS
     assert repetition([7] * (REPEAT_MIN_TOKENS - 1)) is None and repetition([7] * REPEAT_MIN_TOKENS) is not None
-    assert repetition(list(range(40)) * 2) is None  # a 40-token unit: longer than MAX_PERIOD
+    assert repetition(list(range(40)) * 2) is None and repetition(list(range(70)) * 3) is None  # twice; a unit over MAX_PERIOD
     assert repetition(words("I said no, no, no, no and left. Then I came back and said yes.")) is None
     from routerlab.core.documents import load_documents
 

@@ -25,7 +25,7 @@ from typing import Hashable, Sequence
 from routerlab.core.generation import GREEDY_BELOW  # below it a run decodes greedily
 from routerlab.core.trace import Trace
 
-MAX_PERIOD = 32  # the longest repeated unit looked for, in tokens
+MAX_PERIOD = 64  # the longest repeated unit looked for, in tokens (a sentence that loops)
 REPEAT_MIN_TOKENS = 12  # the shortest repeated span flagged, in tokens
 REPEAT_MIN_TIMES = 3  # ... and the fewest units in it
 

@@ -368,11 +368,10 @@ class TrainJob:
         self._set(checkpoints=self._state["checkpoints"] + [point])
 
     def _finish(self, anatomy, result, heldout, full) -> None:
+        from routerlab.core.router import IDENTITY
         from routerlab.tuning.calibrate import DEFAULT, fit_calibration
         from routerlab.tuning.checkpoint import save_routers
         from routerlab.tuning.evaluate import response_scores
-
-        from routerlab.core.router import IDENTITY
 
         st, routers = self.settings, result.routers
         stopped = result.report.get("stopped", False)
