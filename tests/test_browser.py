@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -143,6 +144,11 @@ def _explore_tour(page, app_url, engine):
     assert page.evaluate(PENDING_JS) == 0, "at the end every token's quality cost is measured"
     stats = page.locator("#rl-stats").inner_text()
     assert "mean KL" in stats and "agreement" in stats and "est. speedup" in stats
+    # where the text leaves the full model's greedy answer (or that it never does), and the repetition flag
+    assert "leaves the full model's answer" in stats and "repeats itself" in stats
+    assert re.search(r"token \d+: “|not in \d+ tokens", stats), stats
+    assert re.search(r"(^|\n)no(\n|$)|yes, from token \d+", stats), stats
+    assert "own prefix" in page.locator("#rl-stats .rl-card", has_text="top-1 agreement").get_attribute("title")
     page.screenshot(path=str(SHOTS / "explore-done.png"), full_page=True)
 
     # 2. after the run: the slider shows a labelled what-if view from the recorded scores
@@ -333,9 +339,13 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
         page.evaluate("document.querySelector('#rl-tr-progress').scrollIntoView()")
         page.screenshot(path=str(SHOTS / "train.png"), full_page=False)
         if page.get_attribute("#rl-tr-progress .rl-train-progress", "data-phase") == "training":
+            asked = time.perf_counter()
             page.locator("#rl-tr-stop").click()
-        page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('mine at 0.5')")
-        assert "mine at 0.5" in page.inner_text("#rl-tr-result")
+            page.wait_for_function("!document.querySelector('#rl-tr-start').disabled")  # Stop, then its chained tick
+            print(f"\nStart enabled again {time.perf_counter() - asked:.1f} s after Stop")
+            page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('uncalibrated')")
+        else:  # it ended by itself: calibrated and compared
+            page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('mine at 0.5')")
         # the set generates in Explore, with skipped cells at a high threshold
         _pick_set(page, "mine: attention-token")
         page.get_by_role("tab", name="Explore").click()

@@ -197,6 +197,25 @@ def test_on_step_sees_every_step_and_should_stop_keeps_what_was_trained():
     assert all(abs(sum(r["layer_skip"]) / len(routed) - r["skip"]) < 1e-3 for r in seen)
 
 
+def test_stop_between_a_steps_examples_drops_that_step_and_keeps_the_whole_steps():
+    """should_stop is also asked between a step's examples: Stop lands within one example's forward and backward, the
+    step in flight is dropped (no optimizer step, not logged), the routers are what the whole steps made them."""
+    model = tiny_model("llama")
+    cfg = TrainConfig(steps=10, batch_size=4, lr=1e-2, lm_weight=1.0)
+    asked, seen = [], []
+
+    def should_stop():  # before step 1, then between its examples 1-2, 2-3, 3-4; before step 2, then 1-2: Stop
+        asked.append(len(seen))
+        return len(asked) == 6
+
+    result = train_routers(model, _examples(), cfg, progress=False, should_stop=should_stop,
+                           on_step=lambda row, routers: seen.append({k: v.detach().clone() for k, v in routers.state_dict().items()}))
+    assert asked == [0, 0, 0, 0, 1, 1]  # asked between the examples, not only before each step
+    assert result.report["stopped"] is True and result.report["steps"] == 1 and len(result.log) == 1
+    kept = result.routers.state_dict()
+    assert all(torch.equal(kept[k], v) for k, v in seen[0].items())  # the half-done second step changed nothing
+
+
 def test_a_time_budget_plans_the_steps_from_the_first_steps_and_caps_them():
     from routerlab.tuning.train import PLAN_STEPS, planned_steps
 

@@ -8,6 +8,8 @@ says so, and is never below 1.
 
 from __future__ import annotations
 
+from html import unescape
+
 import numpy as np
 import pytest
 from test_ui import RANDOM, tiny_resources, figure, heatmap_kind, live_figure, pull_until, run_all
@@ -134,3 +136,74 @@ def test_what_if_estimate_follows_the_what_if_decisions(res):
         assert f"{more:.2f}×" in ui.threshold_moved(res, 0.95, session)[2]
     finally:
         res.costs.clear()
+
+
+def _timed_trace(quality: bool) -> Trace:
+    """Four generated tokens that decode in 0.25 s each; with quality on, the meter's pass adds 0.5 s to tokens 2 and 4
+    (the engine records each step's share, `quality_seconds_by_step`): injected timings, no clock."""
+    extra = [0.0, 0.5, 0.0, 0.5] if quality else [0.0] * 4
+    steps = [Step(0, 1, "Q", True, [None], [None], 0.5, 0.1)]
+    for k, e in enumerate(extra):
+        steps.append(Step(k + 1, 2 + k, f"w{k}", False, [None], [None], 0.5, 0.25 + e, kl_full=0.01 if quality else None))
+    meta = {"quality": quality, "granularity": "attention-token", "temperature": 0.0, "stop_reason": "max_new_tokens"}
+    if quality:
+        meta.update(quality_seconds_by_step=extra, quality_seconds_in_steps=sum(extra))
+    return Trace(1, steps, meta)
+
+
+def test_explores_decode_rate_leaves_out_the_quality_pass(res):
+    """The same decoding with the quality meter on and off shows the same tok/s (4 tokens in 1 s), in the card and in the
+    status line, as Compare's decode_speed counts it; a real run's figure is its trace's decode time only."""
+    from routerlab.ui.explore import _done_status
+
+    on, off = _timed_trace(True), _timed_trace(False)
+    assert on.decode_tokens_per_second() < 4.0  # counting the passes, the routed run looked slower
+    for trace in (on, off):
+        stats = plots.live_stats(trace)
+        assert stats["tokens_per_second"] == pytest.approx(4.0) == ui.decode_speed(trace)
+        assert "<div class='rl-card-v'>4.0</div><div class='rl-card-l'>tokens/s (measured)</div>" in plots.stats_html(stats)
+        assert "decode 4.0 tok/s (measured" in _done_status(trace, res, 1.0)
+    assert "timed out" in plots.stats_html(plots.live_stats(on)) and "the quality pass timed out" in _done_status(on, res, 1.0)
+    session = ui.Session()
+    out = run_all(explore(res, session))[-1]
+    assert session.trace.meta["quality_seconds_by_step"], "the tiny run measured its quality inside its steps"
+    assert f"decode {session.trace.decode_speed():.1f} tok/s" in out[3]
+
+
+def test_cards_say_where_the_text_leaves_the_full_models_answer_and_flag_a_loop():
+    steps = [Step(0, 1, "Q", True, [None], [None], 0.5, 0.1)]
+    text = ["The", " text", " above"] + [" a", "."] * 8
+    for k, piece in enumerate(text):
+        steps.append(Step(k + 1, 100 + (k if k < 3 else 3 + (k - 3) % 2), piece, False, [0.6], [True], 0.5, 0.1, kl_full=0.1))
+    steps[2].full_top_token, steps[2].full_top_text = 55, " sea"  # token 2: the full model would have written " sea"
+    trace = Trace(1, steps, {"quality": True, "granularity": "attention-token", "temperature": 0.0})
+    html = unescape(plots.stats_html(plots.live_stats(trace)))
+    assert "leaves the full model's answer" in html
+    assert "token 2: “·text” for “·sea”" in html
+    assert "repeats itself" in html and "yes, from token 4: “·a.” ×8 to the end" in html
+    assert "given the routed text's own prefix" in html
+    assert "each token the same as the one a unit before it" in html  # the rule is stated
+    status = qp.text_phrase(plots.live_stats(trace))
+    assert status == "; it leaves the full model's answer at token 2 and it repeats itself from token 4"
+    # prose that follows the full model: said so, and no flag
+    for s in steps[1:]:
+        s.full_top_token = s.full_top_text = None
+    trace.steps[:] = steps[:4]
+    stats = plots.live_stats(trace)
+    assert qp.departure_value(stats) == "not in 3 tokens" and qp.repeat_value(stats) == "no"
+    assert qp.text_phrase(stats) == "; it is the full model's answer for all 3 tokens"
+    sampled = Trace(1, steps[:4], dict(trace.meta, temperature=0.7))
+    assert qp.departure_value(plots.live_stats(sampled)) == "– (sampled text: no greedy answer)"
+    off = Trace(1, [Step(s.position, s.token_id, s.text, s.is_prompt, s.scores, s.executed, 0.5, 0.1) for s in steps[:4]],
+                {"quality": False, "granularity": "attention-token"})
+    cards = dict((label, value) for label, value, _ in qp.quality_cards(plots.live_stats(off)))
+    assert cards["leaves the full model's answer"] == "not measured" and cards["repeats itself"] == "no"
+
+
+def test_a_real_runs_cards_carry_the_departure_and_the_repetition_flag(res):
+    session = ui.Session()
+    out = run_all(explore(res, session))[-1]
+    stats = plots.live_stats(session.trace)
+    shown = unescape(out[2])
+    assert "leaves the full model's answer" in shown and "repeats itself" in shown
+    assert f">{qp.departure_value(stats)}<" in shown and f">{qp.repeat_value(stats)}<" in shown

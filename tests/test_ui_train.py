@@ -8,6 +8,7 @@ never for a particular speed."""
 from __future__ import annotations
 
 import html
+import threading
 import time
 import zipfile
 
@@ -228,3 +229,88 @@ def test_the_progress_line_says_when_answering_ends_and_never_claims_time_left_p
     late = dict(answering, phase="evaluating", elapsed=41.0, message="Calibrating …")
     line = progress_html(late, 30.0)
     assert "0:11 past the budget, finishing" in line and "left" not in line
+
+
+class _Hold:
+    """A job that holds the training line until released: the visitor's job waits behind it, so a test can watch it
+    from its first state change on."""
+
+    settings = type("S", (), {"label": "hold"})()
+
+    def __init__(self):
+        self.release, self._phase = threading.Event(), "queued"
+
+    @property
+    def phase(self):
+        return self._phase
+
+    def stop(self):
+        self.release.set()
+
+    def run(self):
+        self._phase = "training"
+        self.release.wait(60)
+        self._phase = "done"
+
+
+def _stop_in(job, when) -> threading.Event:
+    """Land Stop where `when(changes, job)` first holds: the job's thread waits there (on the job's own stop flag, not on
+    a clock) until the test has pressed Stop. Returns the event set when that point is reached."""
+    reached = threading.Event()
+
+    def watcher(changes):
+        if not reached.is_set() and when(changes, job):
+            reached.set()
+            end = time.monotonic() + 60
+            while not job.stopping and time.monotonic() < end:
+                time.sleep(0.005)
+
+    job.watch(watcher)
+    return reached
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_stop_during_the_steps_and_during_the_calibration_frees_the_page_at_once_and_keeps_the_routers(tmp_path, run):
+    """Stop pressed after the first step, and as the calibration starts: the job ends before train_stop returns (it waits
+    up to STOP_WAIT = 1.5 s, then the page's chained tick frees Start), the routers are kept as they were,
+    uncalibrated (router.json without a calibration, 0.5 the training gate) and said so; Start works again."""
+    from routerlab.tuning.checkpoint import read_config
+    from routerlab.ui.train_tab import STOP_WAIT
+
+    res = tiny_resources()
+    session = ui.Session()
+    landings = {"training": lambda changes, job: len(changes.get("rows", ())) == 1,  # after step 1, the others to come
+                "evaluating": lambda changes, job: changes.get("phase") == "evaluating"}
+    for phase, when in landings.items():
+        hold = _Hold()
+        res.trainer.submit(hold)  # the line is held: the job cannot start before it is watched
+        out = _start(res, session, steps=8, minutes=5)
+        assert "1 training(s) ahead of yours" in out[4], out[4]
+        job = session.job
+        reached = _stop_in(job, when)
+        hold.release.set()
+        assert reached.wait(120), f"the job never reached {phase} ({job.snapshot()['message']})"
+        assert job.phase == phase
+        asked = time.perf_counter()
+        status = train_stop(session)
+        took = time.perf_counter() - asked
+        assert job.wait(0), f"still {job.phase} after Stop waited {took:.1f} s"
+        assert took < STOP_WAIT + 0.5 and "Stopping" in status
+        progress, curves, layers, result, status, timer, menu, download, start = train_tick(res, session)  # chained to Stop
+        assert start.interactive is True and timer.active is False and session.job is None
+        snap = job.snapshot()
+        assert snap["phase"] == "stopped", snap["message"]
+        steps = len(snap["rows"])
+        assert snap["message"].startswith(f"Stopped at step {steps}: the routers are kept as they were, uncalibrated")
+        assert steps >= 1 and (steps == 1 if phase == "training" else True)
+        assert "uncalibrated" in result and "| mine at 0.5 |" not in result
+        label = next(reversed(session.router_sets))
+        assert f"**{label}** is in the router-set menu" in html.unescape(status) and (label, label) in menu.choices
+        config = read_config(job.folder)
+        assert "calibration" not in config and config["threshold"] == 0.5 and config["training"]["stopped"] is True
+        assert "Not calibrated, not compared" in (job.folder / "README.md").read_text()
+        assert res.routers_for(res.engine, label, session.router_sets) is not None  # the kept set generates
+    again = _start(res, session, steps=2)  # Start works again
+    assert "still going" not in again[4] and "Training mine" in again[4], again[4]
+    status = _wait(res, session)[4]
+    assert "Done." in status, status

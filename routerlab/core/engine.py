@@ -298,6 +298,7 @@ class Engine:
             "precision": self.precision,
             "weights": self.weights,
             "threshold_start": config.threshold,
+            "temperature": config.temperature,  # 0: greedy (core/divergence.py: where the text leaves the full model's answer)
             "quality": config.quality,
             "costs": self.costs(routers),
         }

@@ -109,8 +109,24 @@ class Trace:
         return sum(s.full_top_token is None for s in scored) / len(scored) if scored else None
 
     def decode_tokens_per_second(self) -> float:
+        """Generated tokens per second of the timed steps, everything in them counted (a quality pass too)."""
         timed = [s.seconds for s in self.generated_steps if s.seconds > 0]
         return len(timed) / sum(timed) if timed else 0.0
+
+    def decode_speed(self, tokens: int | None = None) -> float:
+        """Decode tokens/s over the first `tokens` generated tokens (None: all), without the time the per-token quality
+        pass took (the engine scores a chunk inside a step and records how much of each step's seconds that was,
+        `quality_seconds_by_step`): the routed model's speed, comparable with the full model's, which has no quality
+        pass, and the same with the quality meter on or off."""
+        steps = self.generated_steps if tokens is None else self.generated_steps[:tokens]
+        by_step = self.meta.get("quality_seconds_by_step")
+        if by_step is not None:
+            quality = sum(by_step[: len(steps)])
+        else:  # a trace from before per-step records: only its whole run can be corrected
+            quality = float(self.meta.get("quality_seconds_in_steps", 0.0)) if tokens is None else 0.0
+        timed = [s.seconds for s in steps if s.seconds > 0]
+        seconds = sum(timed) - quality
+        return len(timed) / seconds if timed and seconds > 0 else 0.0
 
     # -- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

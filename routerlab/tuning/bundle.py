@@ -68,10 +68,15 @@ def model_card(report: dict, model_name: str) -> str:
         f"- skip target {s.get('skip', 0):.0%} of routed cells, learning rate {s.get('lr')}, distillation weight "
         f"{s.get('kd_weight')}, LM weight {s.get('lm_weight')}, batch {s.get('batch_size')}, up to {s.get('max_tokens')} tokens",
         f"- routed layers: {report.get('layers')}", "",
-        f"## On the held-out slice ({report.get('heldout', {}).get('examples', 0)} examples, never trained on)", "",
-        *table, "",
-        "Threshold 0.5 is the training gate (calibrated scale); higher skips more. `kv` KV policy.", "",
     ]
+    if report.get("calibrated") is False:  # stopped before (or while) it was calibrated and compared: kept as it was
+        body += ["## Not calibrated, not compared", "",
+                 "Training was stopped before the set was calibrated and measured on its held-out slice. Threshold 0.5 is "
+                 "the training gate on the raw scores; higher skips more. `kv` KV policy.", ""]
+    else:
+        body += [f"## On the held-out slice ({report.get('heldout', {}).get('examples', 0)} examples, never trained on)", "",
+                 *table, "",
+                 "Threshold 0.5 is the training gate (calibrated scale); higher skips more. `kv` KV policy.", ""]
     return "\n".join(front + body)
 
 

@@ -8,8 +8,10 @@ granularity and with random skipping at the same share. The time budget covers t
 answers are answered first in at most ANSWER_SHARE of it (each cut to what training reads, the held-out slice's
 share first; what is answered by then is trained on, too few ends the job with a message), training gets what is
 left after a reserve for the evaluations, measured from the first full-depth pass. `stop()` ends answering at the
-next token and training at the next step (what was learned is kept); `abandon()` (the visitor's tab closed) also
-skips the evaluation and the saving, and deletes the job's folder.
+next token, training at its next example (the step in flight is dropped; what the whole steps learned is kept) and
+the calibration and comparison at their next held-out example: a set stopped in any phase after its first step is
+saved as it is, uncalibrated (0.5 = the training gate) and not compared, and the message says so. `abandon()` (the
+visitor's tab closed) also skips the saving, and deletes the job's folder. `wait()` waits for the end.
 
 The finished set is written like any checkpoint (checkpoint.save_routers) into the job's folder; its
 calibration puts 0.5 at the training gate (what it was trained to skip) and 0.7 at 4x that skip share,
@@ -41,16 +43,17 @@ class _Stopped(Exception):
 
 
 class _Watched(list):
-    """The training examples, for train_routers: its probe fit (router_init) walks them at full depth before the
-    first step without checking Stop, so walking them checks it per example while no step has been taken yet."""
+    """Examples whose walk checks Stop per example. For train_routers: its probe fit (router_init) walks them at full
+    depth before the first step without checking Stop, so walking them checks it while no step has been taken yet
+    (`started`). For the held-out checkpoints, the calibration and the comparison: always (`started` None)."""
 
-    def __init__(self, examples, check, started):
+    def __init__(self, examples, check, started=None):
         super().__init__(examples)
         self._check, self._started = check, started
 
     def __iter__(self):
         for example in super().__iter__():
-            if not self._started():
+            if self._started is None or not self._started():
                 self._check()
             yield example
 
@@ -117,7 +120,9 @@ class TrainJob:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._abandoned = threading.Event()
+        self._over = threading.Event()  # the job has ended (any final phase)
         self._then = None  # what abandon() asked to run once the job has ended
+        self._watchers: list = []  # watch(): called with each state change, in the job's thread
         self._notes: list[str] = []  # what the data phase left out or cut, said again in the final message
         self._state = {"phase": "queued", "message": "Waiting for its turn.", "rows": [], "checkpoints": [], "layers": [],
                        "steps_planned": None, "weights": {}, "started": None, "elapsed": 0.0, "answered": 0, "to_answer": 0,
@@ -132,9 +137,16 @@ class TrainJob:
             s["elapsed"] = time.perf_counter() - s["started"]
         return s
 
+    def watch(self, fn) -> None:
+        """Call `fn(changes)` (a dict of the state keys that changed, e.g. phase, rows) after each change of the state,
+        in the job's own thread: e.g. a test landing Stop in a given phase."""
+        self._watchers.append(fn)
+
     def _set(self, **changes) -> None:
         with self._lock:
             self._state.update(changes)
+        for fn in list(self._watchers):
+            fn(changes)
 
     @property
     def phase(self) -> str:
@@ -146,6 +158,11 @@ class TrainJob:
         with self._lock:
             if self._state["phase"] == "queued":
                 self._state.update(phase="cancelled", message="Cancelled before it started.")
+                self._over.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds for the job to end (or be cancelled); whether it has."""
+        return self._over.wait(timeout)
 
     def abandon(self, then=None) -> None:
         """Nobody will read the result (the visitor's tab closed): stop as `stop()` does, skip the evaluation and the
@@ -170,6 +187,7 @@ class TrainJob:
     def run(self) -> None:
         if self.stopping:
             self._set(phase="cancelled", message="Cancelled before it started.")
+            self._over.set()
             return
         self._set(phase="data", message="Reading the data; the full model scores the held-out slice …", started=time.perf_counter())
         try:
@@ -187,6 +205,7 @@ class TrainJob:
                 if self._state["started"] is not None:
                     self._state["elapsed"] = time.perf_counter() - self._state["started"]
             self._ended()
+            self._over.set()
 
     def _plain(self, text: str) -> str:
         """`text` without the server's folders (a visitor sees file names only)."""
@@ -251,6 +270,9 @@ class TrainJob:
         if self._abandoned.is_set():
             raise _Stopped()
         self.routers = result.routers
+        if self.stopping:  # stopped during the steps: kept as it is, without the evaluation's seconds
+            self._keep(result)
+            return
         self._finish(anatomy, result, heldout, full)
 
     def _records(self):
@@ -337,12 +359,16 @@ class TrainJob:
     def _checkpoint(self, anatomy, routers, heldout, full, step: int) -> None:
         from routerlab.tuning.evaluate import evaluate_examples
 
-        r = evaluate_examples(anatomy, heldout, routers, 0.5, "kv", full)  # the training gate, raw scores
+        try:  # the training gate, raw scores; Stop skips the point (training ends at its next check)
+            r = evaluate_examples(anatomy, _Watched(heldout, self._check), routers, 0.5, "kv", full)
+        except _Stopped:
+            return
         point = {"step": step, "skip_rate": round(r["skip_rate"], 4), "kl_full": round(r["kl_full"], 5),
                  "perplexity_increase": round(r["perplexity_increase"], 5)}
         self._set(checkpoints=self._state["checkpoints"] + [point])
 
     def _finish(self, anatomy, result, heldout, full) -> None:
+        from routerlab.core.router import IDENTITY
         from routerlab.tuning.calibrate import DEFAULT, fit_calibration
         from routerlab.tuning.checkpoint import save_routers
         from routerlab.tuning.evaluate import response_scores
@@ -351,14 +377,22 @@ class TrainJob:
         stopped = result.report.get("stopped", False)
         self._set(phase="evaluating", message="Calibrating on the held-out slice and comparing …")
         fit = None
+        watched = _Watched(heldout, self._check)  # Stop ends the calibration and the comparison at the next example
         try:
-            fit = fit_calibration(response_scores(anatomy, routers, heldout), 0.5)
-            routers.calibration = fit.calibration
-        except RouterLabError:
-            pass  # scores too concentrated (e.g. stopped at once): the raw scale stays, 0.5 is still the training gate
-        if self._abandoned.is_set():  # the tab closed: nobody will read the comparison
-            raise _Stopped()
-        rows = compare(anatomy, heldout, routers, self.model, self.shipped, st.seed, full)
+            try:
+                fit = fit_calibration(response_scores(anatomy, routers, watched), 0.5)
+                routers.calibration = fit.calibration
+            except RouterLabError:
+                pass  # scores too concentrated (e.g. stopped at once): the raw scale stays, 0.5 is still the training gate
+            if self._abandoned.is_set():  # the tab closed: nobody will read the comparison
+                raise _Stopped()
+            rows = compare(anatomy, watched, routers, self.model, self.shipped, st.seed, full)
+        except _Stopped:
+            if self._abandoned.is_set():
+                raise
+            routers.calibration = IDENTITY  # stopped while calibrating or comparing: kept as it is
+            self._keep(result)
+            return
         mine = rows["mine at 0.5"]
         report = dict(result.report, settings=asdict(st), heldout={"examples": len(heldout), "rows": rows},
                       checkpoints=self._state["checkpoints"], label=st.label)
@@ -377,6 +411,23 @@ class TrainJob:
         self._set(phase=phase, result=report, message=("Stopped: the routers as they were are kept. " if stopped else "Done. ")
                   + f"At 0.5 it skips {mine['skip_rate']:.1%} of routed cells on the held-out slice, perplexity {mine['perplexity_increase']:+.1%}."
                   + notes)
+
+    def _keep(self, result) -> None:
+        """Stop came after the first step: save the routers as they are, uncalibrated (0.5 = the training gate) and not
+        compared on the held-out slice, and say so. The saving and its files take well under a second."""
+        from routerlab.tuning.bundle import write_extras
+        from routerlab.tuning.checkpoint import save_routers
+
+        st = self.settings
+        report = dict(result.report, stopped=True, calibrated=False, settings=asdict(st), checkpoints=self._state["checkpoints"],
+                      label=st.label)
+        summary = {k: report[k] for k in ("data", "examples", "steps", "seconds", "stopped", "config")}
+        save_routers(result.routers, self.folder, self.model, threshold=0.5, kv_policy="kv", summary=summary)
+        write_extras(self.folder, report, result.log, self.model_name())
+        notes = "".join(f" {n}" for n in self._notes)
+        self._set(phase="stopped", result=report,
+                  message=f"Stopped at step {report['steps']}: the routers are kept as they were, uncalibrated (0.5 is the "
+                          "training gate, not a calibrated default) and not compared on the held-out slice." + notes)
 
     def model_name(self) -> str:
         from routerlab.core.models import model_identity

@@ -244,8 +244,9 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     steps is set to what the budget allows at their mean time (the target ramp and learning-rate schedule follow
     the new count), and the loop also ends when the budget is spent (time spent in `on_step` counts).
     `on_step(row, routers)`: called after every optimizer step with the logged row (plus `layer_skip`, each routed
-    layer's skip share in that step, and `steps_planned`) and the routers being trained. `should_stop()`: checked before every step;
-    True ends training with the routers as they are (report["stopped"]).
+    layer's skip share in that step, and `steps_planned`) and the routers being trained. `should_stop()`: checked before every step
+    and between its examples; True ends training with the routers as the last whole step left them (a step in flight is
+    dropped, report["stopped"]).
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -314,7 +315,10 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "lm": 0.0, "kd": 0.0, "budget": 0.0, "skip": 0.0}
         step_exec = torch.zeros(len(layers), device=accelerator.device)
-        for _ in range(cfg.batch_size):
+        for micro in range(cfg.batch_size):
+            if micro and should_stop is not None and should_stop():  # Stop lands within one example's forward and backward
+                stopped = True
+                break
             if cursor >= len(shard):
                 rng.shuffle(order)
                 shard, cursor = order[rank::world] or order, 0
@@ -328,7 +332,10 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
                 if k in out:
                     sums[k] += float(out[k].detach()) / cfg.batch_size
             step_exec += out["layer_exec"] / cfg.batch_size
-            layer_exec_n += 1
+        if stopped:  # the step in flight is dropped: the routers stay as the last whole step left them
+            optimizer.zero_grad(set_to_none=True)
+            break
+        layer_exec_n += cfg.batch_size
         layer_exec_sum += step_exec * cfg.batch_size
         if world > 1:  # average router gradients over processes (17k numbers)
             for p in routers.parameters():

@@ -168,21 +168,12 @@ class _Ladder:
 # -- what a ladder shows -----------------------------------------------------------------------------
 def decode_speed(trace: Trace, tokens: int | None = None) -> float:
     """Decode tokens/s of a run over its first `tokens` generated tokens (None: all), without the time its
-    per-token quality pass took (the engine scores a chunk inside a step and records how much of each step's
-    seconds that was): the routed model's speed, comparable with the full model's, which has no quality pass.
+    per-token quality pass took (`Trace.decode_speed`, which Explore's figure is too).
 
     A ladder's columns decode in lockstep, one token each in turn, so their k-th tokens are decoded in the same
     round: compared over the tokens both decoded (`shared_tokens`), they are timed over the same rounds and the same
     context lengths, not a column's late tokens alone against another's early ones."""
-    steps = trace.generated_steps if tokens is None else trace.generated_steps[:tokens]
-    by_step = trace.meta.get("quality_seconds_by_step")
-    if by_step is not None:
-        quality = sum(by_step[: len(steps)])
-    else:  # a trace from before per-step records: only its whole run can be corrected
-        quality = float(trace.meta.get("quality_seconds_in_steps", 0.0)) if tokens is None else 0.0
-    timed = [s.seconds for s in steps if s.seconds > 0]
-    seconds = sum(timed) - quality
-    return len(timed) / seconds if timed and seconds > 0 else 0.0
+    return trace.decode_speed(tokens)
 
 
 def step_seconds(trace: Trace, tokens: int | None = None) -> list[float]:

@@ -37,7 +37,9 @@ def _done_status(trace: Trace, res: Resources, wall: float) -> str:
     stats = plots.live_stats(trace, res.costs_for(m.get("model")))
     quality = ""
     if stats["mean_kl"] is not None:
-        quality = f"; quality cost: mean KL {stats['mean_kl']:.3f} nats, top-1 agreement {stats['agreement']:.0%} with the full model"
+        quality = (f"; quality cost: mean KL {stats['mean_kl']:.3f} nats, top-1 agreement {stats['agreement']:.0%} with the full model "
+                   "(its top-1 on this text's own prefix)")
+    quality += qp.text_phrase(stats)
     return _status(
         "stop" if m.get("stop_reason") == "stopped" else "ok",
         f"Done: {n} tokens in {wall:.1f} s ({reason}); {qp.speed_phrase(stats)}{quality}; "

@@ -477,7 +477,9 @@ def build_demo(res: Resources) -> gr.Blocks:
                        [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, tr_start], api_name="train", concurrency_limit=None)
         tr_timer.tick(lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
                       api_name=False, concurrency_limit=None, show_progress="hidden")
-        tr_stop.click(train_stop, [session], [status], api_name="stop_training", queue=False)
+        tr_stop.click(train_stop, [session], [status], api_name="stop_training", queue=False).then(  # frees Start at once
+            lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
+            api_name=False, queue=False, show_progress="hidden")
         tr_upload.upload(lambda f, s: upload_set(res, s, f), [tr_upload, session], [status, router_label, tr_upload], api_name=False, concurrency_limit=None)
 
         # Links that open a state (links.py): applied on page load; the copied link is made absolute in the browser.

@@ -25,6 +25,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from routerlab.core.costs import context_of, estimate_speedup
+from routerlab.core.divergence import departure, repetition
 from routerlab.core.trace import Step, Trace, savings
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
@@ -415,11 +416,13 @@ def live_stats(trace: Trace | None, costs: dict[str, float] | None = None, thres
         return {}
     saved = savings(trace, threshold)
     scored = trace.scored_steps
+    generated = trace.generated_steps
+    loop = repetition([s.token_id for s in generated])
     return {
         "generated_tokens": len(trace.generated_steps),
         "prompt_tokens": len(trace.prompt_steps),
         "skip_rate": trace.skip_rate(threshold),
-        "tokens_per_second": trace.decode_tokens_per_second(),
+        "tokens_per_second": trace.decode_speed(),  # the quality pass's time taken out, as Compare does
         "speedup_estimate": estimate_speedup(trace, costs, threshold),
         "costs_measured": bool(costs),
         "costs_context": (costs or {}).get("context"),
@@ -429,6 +432,9 @@ def live_stats(trace: Trace | None, costs: dict[str, float] | None = None, thres
         "mean_kl": trace.mean_kl(),
         "agreement": trace.agreement(),
         "kl_scored": len(scored),
+        "departure": departure(trace),  # where the text leaves the full model's greedy answer (core/divergence.py)
+        "repetition": loop,
+        "repeated_unit": "".join(s.text for s in generated[loop.start : loop.start + loop.period]) if loop else "",
         "attention_flops_saved": saved["attention_flops_saved"],
         "routed_flops_saved": saved["routed_flops_saved"],
         "kv_bytes_saved": saved["kv_bytes_saved"],
@@ -456,7 +462,7 @@ def stats_html(stats: dict[str, Any], running: bool = False) -> str:
     cards = [
         card("skip rate" + what_if, f"{stats['skip_rate']:.0%}", "skipped / routed sub-layer runs over generated tokens"),
         card("tokens/s (measured)", f"{stats['tokens_per_second']:.1f}", "this run's decode tokens per second: measured wall time per token"
-             + (", including the quality pass" if stats.get("quality") else "")),
+             + (", the quality pass's full-depth passes timed out (as Compare does)" if stats.get("quality") else "")),
         card(speed_label + what_if, speed_value, speed_hint),
         *(card(label, value, hint) for label, value, hint in qp.quality_cards(stats)),
         card("attention FLOPs saved" + what_if, f"{stats['attention_flops_saved']:.0%}", "share of attention FLOPs (projections + scores) not computed"),

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from routerlab.core.divergence import MAX_PERIOD, REPEAT_MIN_TIMES, REPEAT_MIN_TOKENS
 from routerlab.core.trace import Step, Trace
 
 KL_MAX = 2.0  # nats: the darkest colour (the strip clips above; hover and title show the true value)
@@ -95,20 +96,83 @@ def legend() -> str:
 
 
 # -- stat cards ------------------------------------------------------------------------------------
+def visible(text: str, width: int = 10) -> str:
+    """A short, visible form of a token's text (whitespace shown, truncated), not escaped: text_view.token_label
+    escapes it for HTML; a card escapes its value itself."""
+    shown = text.replace("\n", "⏎").replace("\t", "⇥")
+    if shown.strip() == "":
+        shown = "␣" * max(1, min(len(shown), 3))
+    elif shown.startswith(" "):
+        shown = "·" + shown[1:]
+    return shown[: width - 1] + "…" if len(shown) > width else shown
+
+
+AGREEMENT_HINT = ("share of the generated tokens where the full model's top-1 next token, given the routed text's own "
+                  "prefix, is the routed model's top-1. Both read the routed text: once it has left the full model's "
+                  "answer, the full model predicts a text it did not write (a loop is easy to predict), so see "
+                  "“leaves the full model's answer”")
+DEPARTURE_HINT = ("the first generated token that is not the full model's top-1 after the same text (the quality pass reads "
+                  "the routed text at full depth): with greedy decoding every token before it is the full model's own "
+                  "answer, word for word; from it on the texts differ (Compare shows both)")
+REPEAT_HINT = (f"flagged when some unit of 1-{MAX_PERIOD} tokens repeats back to back over at least {REPEAT_MIN_TOKENS} "
+               f"tokens and {REPEAT_MIN_TIMES} times (each token the same as the one a unit before it)")
+
+
 def quality_cards(stats: dict) -> list[tuple[str, str, str]]:
-    """(label, value, hint) of the mean-KL and agreement cards; 'not measured' when the switch was off."""
+    """(label, value, hint) of the mean-KL, agreement, departure and repetition cards; 'not measured' when the switch
+    was off (repetition needs no full model)."""
+    repeat = ("repeats itself", repeat_value(stats), REPEAT_HINT)
     if not stats.get("quality"):
         off = "not measured: switch on “Measure quality (full-model pass)” and generate again"
-        return [("mean KL to full model", "not measured", off), ("top-1 agreement", "not measured", off)]
+        return [("mean KL to full model", "not measured", off), ("top-1 agreement", "not measured", off),
+                ("leaves the full model's answer", "not measured", off), repeat]
     scored, n = stats.get("kl_scored", 0), stats.get("generated_tokens", 0)
     so_far = f" ({scored} of {n} tokens measured so far)" if scored < n else ""
     mean, agree = stats.get("mean_kl"), stats.get("agreement")
     return [
         ("mean KL to full model", "–" if mean is None else f"{mean:.3f} nats",
-         "KL(full || routed) of each generated token's next-token distribution, averaged" + so_far),
-        ("top-1 agreement", "–" if agree is None else f"{agree:.0%}",
-         "share of generated tokens where the routed model's top token is the full model's" + so_far),
+         "KL(full || routed) of each generated token's next-token distribution, on the routed text's own prefix, averaged" + so_far),
+        ("top-1 agreement", "–" if agree is None else f"{agree:.0%}", AGREEMENT_HINT + so_far),
+        ("leaves the full model's answer", departure_value(stats), DEPARTURE_HINT + so_far),
+        repeat,
     ]
+
+
+def departure_value(stats: dict) -> str:
+    """Where the text leaves the full model's greedy answer: 'token 2: “·a” for “·the”', 'not in 60 tokens', or why not."""
+    d = stats.get("departure")
+    if d is None or not d.scored:
+        return "–"
+    if stats.get("granularity") == "full":
+        return "never: this is the full model"
+    if not d.greedy:
+        return "– (sampled text: no greedy answer)"
+    if d.index is None:
+        return f"not in {d.scored} tokens"
+    return f"token {d.index + 1}: “{visible(d.wrote, 12)}” for “{visible(d.instead, 12)}”"
+
+
+def repeat_value(stats: dict) -> str:
+    """'no', or 'yes, from token 14: “.·a” ×20 to the end' (REPEAT_HINT's rule)."""
+    loop = stats.get("repetition")
+    if loop is None:
+        return "no"
+    return (f"yes, from token {loop.start + 1}: “{visible(stats.get('repeated_unit', ''), 16)}” ×{loop.times:.0f}"
+            + (" to the end" if loop.to_end else ""))
+
+
+def text_phrase(stats: dict) -> str:
+    """What the finished run's status line says about the text itself: where it leaves the full model's answer, and
+    whether it repeats itself ('' when neither applies)."""
+    parts = []
+    d = stats.get("departure")
+    if stats.get("quality") and d is not None and d.index is not None and stats.get("granularity") != "full":
+        parts.append(f"it leaves the full model's answer at token {d.index + 1}")
+    elif stats.get("quality") and d is not None and d.greedy and d.scored and stats.get("granularity") != "full":
+        parts.append(f"it is the full model's answer for all {d.scored} tokens")
+    if stats.get("repetition") is not None:
+        parts.append(f"it repeats itself from token {stats['repetition'].start + 1}")
+    return "; " + " and ".join(parts) if parts else ""
 
 
 def speed_card(stats: dict) -> tuple[str, str, str]:
@@ -131,7 +195,7 @@ def speed_phrase(stats: dict) -> str:
     """The speed half of the finished run's status line."""
     tps = stats.get("tokens_per_second") or 0.0
     est = stats.get("speedup_estimate")
-    phrase = f"decode {tps:.1f} tok/s (measured)"
+    phrase = f"decode {tps:.1f} tok/s (measured" + (", the quality pass timed out)" if stats.get("quality") else ")")
     if est is not None:
         phrase += f", speedup {max(1.0, est):.2f}× estimated from measured per-layer costs"
     return phrase

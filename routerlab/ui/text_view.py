@@ -18,14 +18,7 @@ from routerlab.ui import safe
 
 def token_label(text: str, width: int = 10) -> str:
     """A short, visible label for a token: whitespace made visible, truncated, escaped (safe.text: HTML and plotly alike)."""
-    shown = text.replace("\n", "⏎").replace("\t", "⇥")
-    if shown.strip() == "":
-        shown = "␣" * max(1, min(len(shown), 3))
-    elif shown.startswith(" "):
-        shown = "·" + shown[1:]
-    if len(shown) > width:
-        shown = shown[: width - 1] + "…"
-    return safe.text(shown)
+    return safe.text(qp.visible(text, width))
 
 
 def _tint(fraction_used: float) -> str:

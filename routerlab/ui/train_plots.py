@@ -102,6 +102,13 @@ def result_md(snap: dict | None) -> str:
     result = (snap or {}).get("result")
     if not result:
         return ""
+    if result.get("calibrated") is False:  # stopped before the calibration and the comparison ended: kept as it was
+        return "\n".join([f"**{safe.text(result.get('label', 'Your set'))}**, {result.get('steps')} steps in {result.get('seconds')} s: "
+                          "stopped before it was calibrated and compared on its held-out slice, so it is kept as it was: "
+                          "**uncalibrated** (0.5 is the training gate on the raw scores; the slider's other positions are not "
+                          "fitted to its skip rates).", "",
+                          "It is now in the **Granularity (router set)** menu for Explore, Compare and Layers (this browser tab only; "
+                          "download it to keep it)."])
     rows = result.get("heldout", {}).get("rows", {})
     lines = [f"**{safe.text(result.get('label', 'Your set'))}** on its held-out slice ({result['heldout']['examples']} examples never trained on), "
              f"{result.get('steps')} steps in {result.get('seconds')} s:", "",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 
 import gradio as gr
 
@@ -23,6 +24,8 @@ from routerlab.ui.resources import FULL, Resources, RouterSetInfo
 from routerlab.ui.session import Session, _status, _warn
 
 BUILT_IN, OWN = "built-in prompts", "my own text"
+STOP_WAIT = 1.5  # seconds Stop waits for the job to end, so that the tick chained to it frees the page at once
+_TAKE = threading.Lock()  # an ended job is taken by one tick only (the timer's and Stop's may run together)
 STARTS = {"a fit of update sizes": "probe", "zero (the paper)": "zeros"}  # where the routers start (TrainConfig.init)
 SOURCE, START = fields.Choice("Data", (BUILT_IN, OWN)), fields.Choice("Routers start from", tuple(STARTS))  # the radios' fields
 TRAIN_INTRO = """**Router-Tuning, here and now.** The model stays frozen: only one tiny router per routed layer learns
@@ -123,7 +126,10 @@ def train_tick(res: Resources, session: Session):
             return progress, skip, skip, skip, skip, skip, skip, skip, skip  # visitor's browser CPU that training needs
         session.job_drawn = drawn
         return progress, train_plots.curves(snap), train_plots.layer_map(snap), skip, skip, skip, skip, skip, skip
-    session.job, session.job_drawn = None, None  # ended: the next tick finds nothing to follow
+    with _TAKE:
+        if session.job is not job:  # another tick took it and draws the end
+            return (skip,) * 9
+        session.job, session.job_drawn = None, None  # ended: the next tick finds nothing to follow
     status, menu, download = _status("stop", safe.text(snap["message"])), skip, gr.DownloadButton(visible=False)
     if snap["phase"] in ("done", "stopped") and job.routers is not None:
         from routerlab.tuning.bundle import zip_folder
@@ -139,8 +145,9 @@ def train_tick(res: Resources, session: Session):
             gr.Timer(active=False), menu, download, gr.Button(interactive=True))
 
 
-def train_stop(session: Session):
-    """Stop this session's training (a queued one is cancelled); returns the status line."""
+def train_stop(session: Session, wait: float = STOP_WAIT):
+    """Stop this session's training (a queued one is cancelled) and wait up to `wait` s for it to end (it ends at its
+    next example, in any phase; the page chains a `train_tick` that then frees Start); returns the status line."""
     job = session.job if isinstance(session, Session) else None
     if job is None:
         return _status("stop", "No training is running.")
@@ -148,7 +155,8 @@ def train_stop(session: Session):
     job.stop()
     if waiting:
         return _status("stop", "Cancelled: your training left the line before it started.")
-    return _status("stop", "Stopping: the routers as they are now are kept, calibrated and compared …")
+    job.wait(wait)
+    return _status("stop", "Stopping: the routers as they are now are kept, uncalibrated and not compared …")
 
 
 def upload_set(res: Resources, session: Session, files):
