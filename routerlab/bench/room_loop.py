@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="8,32", help="requests at once, comma-separated")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three ways")
     p.add_argument("--router-set", default="attention-token")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: $ROUTERLAB_DEVICE, else cuda when available)")
     args = p.parse_args(argv)
-    engine = Engine.from_loaded(load_model())
+    engine = Engine.from_loaded(load_model(device=args.device))
     print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
     routers = load_routers(ROUTERS_DIR / args.router_set, engine.model)[0]
     prompts = load_prompts()

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
-from routerlab.core.device import now
+from routerlab.core.device import is_cuda, now
 from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
 from routerlab.core.engine import Control, Engine, Plan, forward
 from routerlab.core.lockstep import in_turn
@@ -381,6 +381,11 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
                                   "llama_cpp": statistics.median(long_peer) if long_peer else None},
             "engine_vs_llama_cpp": ratio(long_runs, long_peer),
         }
+    if is_cuda(engine.device):  # the host's waits for the GPU per decoded token (docs/method.md, "Routing on a GPU")
+        from routerlab.bench.gpu_check import decode_syncs
+
+        result["syncs_per_token"] = {"full": decode_syncs(engine, ids, None, 32),
+                                     "never_skip": decode_syncs(engine, ids, never, 32)}  # one more per routed layer
     result["drop_speedup"] = result["speedup"]["drop"]
     result["fraction_of_ideal"] = {p: result["speedup"][p] / result["ideal_speedup"][p] for p in result["speedup"]}
     return result

@@ -73,6 +73,10 @@ def run_all(args, log=print) -> dict:
         report["fuzz"] = fuzz_router_loading(args.fuzz_cases)
         log(f"[fuzz] {report['fuzz']}")
     server_log = None if args.inprocess else Path(tempfile.gettempdir()) / "routerlab-loadtest-server.log"
+    if args.device:  # the child server loads its model where ROUTERLAB_DEVICE says (checked here, before it starts)
+        from routerlab.core.device import ENV, choose_device
+
+        env[ENV] = choose_device(args.device)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -80,7 +84,7 @@ def run_all(args, log=print) -> dict:
             from routerlab.core.engine import Engine
             from routerlab.core.models import load_model
 
-            loaded = load_model(device="cpu")
+            loaded = load_model(device=args.device or "cpu")
             server = serve(Engine.from_loaded(loaded))
         else:
             server = spawn(env=env, log_path=server_log)
@@ -142,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "engine process), room-thread (ROUTERLAB_ENGINE=thread) and alone (default: room,alone)")
     p.add_argument("--no-extras", action="store_true", help="room: only the levels (no command-line comparison, no 8-visitor "
                    "variants, no isolated step)")
+    p.add_argument("--device", default=None, help="where the server's model runs: cpu, cuda or cuda:N (default: "
+                   "$ROUTERLAB_DEVICE, else cuda when available; the in-process server: cpu)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON results file ('-' for none)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     return p
