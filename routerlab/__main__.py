@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--save", default=None, help="also write the JSON result to this file (make bench: assets/bench/speed.json)")
     s.set_defaults(func=_bench_speed)
+    kn = bench.add_parser("kernels", help="which product each kind of linear map is fastest with on this CPU (int4, "
+                          "bf16, fp32, FBGEMM's dynamic int8), at 1, 8 and 32 rows, with each one's error")
+    kn.add_argument("--rounds", type=int, default=5, help="alternating rounds; medians are reported")
+    kn.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    kn.add_argument("--save", default=None, help="also write the JSON result here (e.g. assets/bench/kernels-avx512.json)")
+    kn.set_defaults(func=lambda args: __import__("routerlab.bench.kernels", fromlist=["main"]).main(args))
     q = bench.add_parser("quality", help="decode tokens/s with the per-token quality cost on vs off, side by side")
     q.add_argument("--model", default=None)
     _add_dtype(q)
