@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.bench.syncs import decode_syncs
 from routerlab.core.device import SyncCounter, choose_device, is_cuda, now, peak_memory_bytes
 from routerlab.core.engine import Control, Engine
 from routerlab.core.models import tiny_model
@@ -103,20 +104,6 @@ def check_generate(engine: Engine, ids: list[int], routers: RouterSet, new_token
             "quality_seconds": trace.meta.get("quality_seconds"),
         }
     return out
-
-
-def decode_syncs(engine: Engine, ids: list[int], routers: RouterSet | None, new_tokens: int, policy: str = "kv") -> dict:
-    """Host waits per decoded token with quality off: what a decode step itself costs in syncs."""
-    control = Control(0.5)
-    steps = engine.generate_ids(ids, routers, _config(new_tokens, kv_policy=policy), control)
-    for step in steps:  # the prefill's Steps come first: count from the first decoded token on
-        if not step.is_prompt:
-            break
-    with SyncCounter(engine.device) as syncs:
-        decoded = 1 + sum(1 for _ in steps)
-    n_routed = len(routers.config.layers) if routers is not None else 0
-    return {"per_token": syncs.count / decoded if syncs.cuda else 0.0, "routed_layers": n_routed,
-            "where": dict(sorted(syncs.where.items(), key=lambda kv: -kv[1])[:12])}
 
 
 # -- speed ---------------------------------------------------------------------------------------
