@@ -58,7 +58,7 @@ def test_tune_measures_every_kind_and_a_batch_still_decodes_the_same_tokens():
     assert set(summary["wide_from"]) == {"head", "qkv", "q", "kv", "o", "gate_up", "down"}
     assert set(summary["step_products"]) == {2, 4}
     line = batch_paths.describe(summary)
-    assert ("fp32 copies where they measured faster" in line) == any(v is not None for v in summary["wide_from"].values())
+    assert ("dense weights where they measured faster" in line) == any(v is not None for v in summary["wide_from"].values())
     batch_paths.apply(engine.anatomy, {k: 2 for k in summary["wide_from"]})  # every kind on its fp32 copy from 2 rows
 
     def rows():
@@ -78,3 +78,23 @@ def test_tune_measures_every_kind_and_a_batch_still_decodes_the_same_tokens():
         low, _ = step_rows(engine.anatomy, rows())
     assert wide.argmax(-1).tolist() == low.argmax(-1).tolist()
     torch.testing.assert_close(wide, low, atol=0.05, rtol=0.05)  # int4 kernel (bf16 input) against fp32: close, not equal
+
+
+def test_the_dense_weight_in_its_own_dtype_is_a_candidate_and_costs_no_copy():
+    engine = Engine(tiny_model("llama").to(torch.bfloat16), lowbit=LowBitPlan("int4"))
+    an = engine.anatomy
+    times = batch_paths.measure(an, sizes=(2, 4), rounds=1)
+    assert all(len(t) == 3 for kind in times.values() for t in kind.values())  # low-bit, fp32 copy, bf16 weight
+    ms = 1e-3
+    assert batch_paths.which_dense({4: (5 * ms, 4 * ms, 3 * ms)}) == batch_paths.DENSE
+    assert batch_paths.which_dense({4: (5 * ms, 3 * ms, 4 * ms)}) == "fp32"
+    assert batch_paths.dense_times({4: (5 * ms, 4 * ms, 3 * ms)}, batch_paths.DENSE) == {4: (5 * ms, 3 * ms)}
+    batch_paths.apply(an, {"gate_up": 4, "head": 4}, own={"gate_up"})
+    w = an.layers[0].gate_up
+    assert w.wide is w.dense and an.head.wide.dtype == torch.float32  # no copy for gate_up; an fp32 copy for the head
+    x = torch.randn(4, w.dense.shape[1]).to(torch.bfloat16)
+    torch.testing.assert_close(w.batch(x), torch.nn.functional.linear(x, w.dense))  # the bf16 weight's own product
+    assert w(x[None]).dtype == torch.bfloat16  # a long input's product never mistakes the weight for an fp32 copy
+    summary = batch_paths.tune(an, sizes=(2, 4), rounds=1)
+    assert set(summary["wide_dtype"]) == {k for k, v in summary["wide_from"].items() if v is not None}
+    assert set(summary["wide_dtype"].values()) <= {"bfloat16", "float32"}

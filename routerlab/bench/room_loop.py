@@ -62,11 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three ways")
     p.add_argument("--router-set", default="attention-token")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: $ROUTERLAB_DEVICE, else cuda when available)")
+    p.add_argument("--paths", action="store_true", help="instead: the app's way (shared) with the products batch_paths "
+                   "chooses now against fp32 copies only (its rule before), alternating rounds")
     args = p.parse_args(argv)
     engine = Engine.from_loaded(load_model(device=args.device))
-    print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
     routers = load_routers(ROUTERS_DIR / args.router_set, engine.model)[0]
     prompts = load_prompts()
+    if args.paths:
+        return compare_paths(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
+    print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
     report = {"machine": platform.processor() or platform.machine(), "rows": {}}
     for n in [int(x) for x in args.rows.split(",")]:
         run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
@@ -79,6 +83,31 @@ def main(argv: list[str] | None = None) -> int:
         med = {m: statistics.median(v) for m, v in rates.items()}
         report["rows"][n] = {**med, **{f"{m}_vs_one_by_one": round(med[m] / med["one_by_one"], 2) for m in MODES[:2]}}
         print(f"== {n} rows: " + ", ".join(f"{m} {v:.1f}" for m, v in med.items()) + " tokens/s", flush=True)
+    print(json.dumps(report))
+    return 0
+
+
+def compare_paths(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:
+    """The room's loop (shared, the app's way) with batch_paths' choice against its fp32-copies-only choice, from one
+    measurement, alternating rounds at each row count; medians and their ratio."""
+    an = engine.anatomy
+    measured = batch_paths.measure(an)
+    choices = {"fp32_only": batch_paths.choose(measured, dense=False)[:2], "chosen": batch_paths.choose(measured)[:2]}
+    for name, (choice, own) in choices.items():
+        print(f"{name}: " + ", ".join(f"{k} from {v}{' (own dtype)' if k in own else ''}" for k, v in choice.items() if v), flush=True)
+    report = {"machine": platform.processor() or platform.machine(), "rows": {}}
+    for n in rows:
+        batch_paths.apply(an, *choices["chosen"])
+        run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
+        rates: dict[str, list[float]] = {name: [] for name in choices}
+        for r in range(rounds):
+            for name in (list(choices) if r % 2 == 0 else list(choices)[::-1]):
+                batch_paths.apply(an, *choices[name])
+                rates[name].append(run(engine, routers, prompts, n, "shared")["tokens_per_s"])
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        report["rows"][n] = {**med, "chosen_vs_fp32_only": round(med["chosen"] / med["fp32_only"], 3), "rounds": rates}
+        print(f"== {n} rows: chosen {med['chosen']:.1f}, fp32 only {med['fp32_only']:.1f} tokens/s "
+              f"({med['chosen'] / med['fp32_only']:.2f}x)", flush=True)
     print(json.dumps(report))
     return 0
 

@@ -5,10 +5,14 @@ A decode batch (core/batch.py: the room's step) multiplies n rows by every weigh
 fewest bytes but its cost grows nearly with the rows; a dense fp32 product reads 8x the bytes but gains per row.
 Where they cross depends on the machine: on a 2-core AMD EPYC with AVX2 only (no native bf16) the embedded model's
 products took 15 ms (int4) against 24 ms (fp32) at 1 row and 204 ms against 107 ms at 32 rows; on a Xeon with AMX
-the dense 16-bit products won from about 8 rows. So `tune` times both over the whole model's maps of each kind
-(every layer's, as a step streams them, never one weight kept warm in a cache), at 2 to 32 rows, and gives each kind
-of map its crossing point (`Weight.wide_from`) and fp32 copy (`Weight.wide`) where the copy wins by `MARGIN` at that
-many rows and every larger size measured. Kinds where it never wins keep no copy (no memory spent).
+the dense 16-bit products won from about 8 rows. So `tune` times them over the whole model's maps of each kind
+(every layer's, as a step streams them, never one weight kept warm in a cache), at 2 to 32 rows: the low-bit copy,
+an fp32 copy of the dense weight, and (where the model is not fp32) the dense weight in its own dtype, which costs no
+memory. Each kind takes the faster of its two dense products, and from its crossing point (`Weight.wide_from`) reads
+it (`Weight.wide`: the fp32 copy, or the dense weight itself) where it wins by `MARGIN` at that many rows and every
+larger size measured. Kinds where neither wins keep the low-bit copy alone (no memory spent). On a 2-core AMD EPYC
+with AVX-512 and native bf16 the bf16 weights won (head from 16 rows, q|k|v and down at 32) and fp32 copies never
+did: the room's loop at 32 rows went from 191 to 214 tokens/s (`python -m routerlab.bench.room_loop --paths`).
 
 Not used for one row (the engine's one-token step keeps the low-bit copy: it won at one row on every machine
 measured) and not by default: a room's host calls `tune` once, before serving (app.py, `make room`). Tests that
@@ -28,6 +32,7 @@ from torch.nn import functional as F
 from routerlab.core.weights import Weight
 
 SIZES = (2, 4, 8, 16, 32)
+DENSE = "dense"  # the dense weight in the model's own dtype: a candidate where that is not fp32 (no copy, no memory)
 MARGIN = 0.9  # the fp32 copy is taken where it costs at most this fraction of the low-bit product (noise, memory)
 ROUNDS = 3
 
@@ -57,22 +62,27 @@ def _fp32_copies(an) -> dict[int, torch.Tensor]:
     return copies
 
 
-def _seconds(maps: list[Weight], n: int, dtype: torch.dtype, upcast: bool, wide: dict[int, torch.Tensor] | None) -> float:
-    """One pass of n rows through every map of a kind: their low-bit (or usual) product, or their fp32 copies'."""
+def _seconds(maps: list[Weight], n: int, dtype: torch.dtype, upcast: bool, wide: dict[int, torch.Tensor] | str | None) -> float:
+    """One pass of n rows through every map of a kind: their low-bit (or usual) product, their fp32 copies' (`wide`
+    the copies), or their dense weights' in their own dtype (`wide` == DENSE)."""
     x = torch.randn(n, maps[0].dense.shape[1], generator=torch.Generator().manual_seed(n)).to(dtype)
     t0 = time.perf_counter()
     for w in maps:
         if wide is None:
             w.batch(x, upcast)
+        elif wide == DENSE:
+            F.linear(x, w.dense)
         else:
             F.linear(x.float(), wide[id(w)]).to(dtype)
     return time.perf_counter() - t0
 
 
 @torch.inference_mode()
-def measure(an, sizes=SIZES, rounds: int = ROUNDS) -> dict[str, dict[int, tuple[float, float]]]:
-    """kind -> rows -> (seconds of the usual product, seconds of the fp32 copy's), medians of `rounds` alternating,
-    after a warm-up of each. Takes a few seconds for the embedded model on 2 cores, and holds the fp32 copies meanwhile."""
+def measure(an, sizes=SIZES, rounds: int = ROUNDS) -> dict[str, dict[int, tuple[float, ...]]]:
+    """kind -> rows -> (seconds of the usual product, of the fp32 copy's[, of the dense weight's in the model's dtype,
+    where that is not fp32]), medians of `rounds` alternating, after a warm-up of each. Takes a few seconds for the
+    embedded model on 2 cores, and holds the fp32 copies meanwhile."""
+    own = an.dtype != torch.float32
     saved = {id(w): (w.wide, w.wide_from) for ws in kinds(an).values() for w in ws}
     for ws in kinds(an).values():  # measure the usual path as it is without any copy
         for w in ws:
@@ -83,12 +93,14 @@ def measure(an, sizes=SIZES, rounds: int = ROUNDS) -> dict[str, dict[int, tuple[
         for kind, maps in kinds(an).items():
             out[kind] = {}
             for n in sizes:
-                low, wide = [], []
-                _seconds(maps, n, an.dtype, an.upcast, None), _seconds(maps, n, an.dtype, an.upcast, copies)
+                ways = [None, copies, DENSE] if own else [None, copies]
+                times: list[list[float]] = [[] for _ in ways]
+                for way in ways:  # warm-up
+                    _seconds(maps, n, an.dtype, an.upcast, way)
                 for _ in range(rounds):
-                    low.append(_seconds(maps, n, an.dtype, an.upcast, None))
-                    wide.append(_seconds(maps, n, an.dtype, an.upcast, copies))
-                out[kind][n] = (statistics.median(low), statistics.median(wide))
+                    for t, way in zip(times, ways):
+                        t.append(_seconds(maps, n, an.dtype, an.upcast, way))
+                out[kind][n] = tuple(statistics.median(t) for t in times)
     finally:
         for ws in kinds(an).values():
             for w in ws:
@@ -96,26 +108,52 @@ def measure(an, sizes=SIZES, rounds: int = ROUNDS) -> dict[str, dict[int, tuple[
     return out
 
 
-def crossing(times: dict[int, tuple[float, float]], margin: float = MARGIN) -> int | None:
-    """The fewest rows from which the fp32 copy wins by `margin` at that size and at every larger one measured; None
-    where it does not win at the largest."""
+def crossing(times: dict[int, tuple[float, ...]], margin: float = MARGIN) -> int | None:
+    """The fewest rows from which the dense product (times[n][1]) wins by `margin` at that size and at every larger
+    one measured; None where it does not win at the largest."""
     best = None
     for n in sorted(times, reverse=True):
-        low, wide = times[n]
+        low, wide = times[n][:2]
         if wide > margin * low:
             break
         best = n
     return best
 
 
-def apply(an, choice: dict[str, int | None]) -> None:
-    """Give each kind's maps their crossing point (kind -> rows, None: none) and, where they have one, their fp32
-    copies; drops the copies of kinds that have none."""
-    copies = _fp32_copies(an) if any(v is not None for v in choice.values()) else {}
+def which_dense(times: dict[int, tuple[float, ...]]) -> str:
+    """"fp32" (a copy) or DENSE (the weight in its own dtype): the faster over the sizes measured, summed."""
+    if not all(len(t) > 2 for t in times.values()):
+        return "fp32"
+    return DENSE if sum(t[2] for t in times.values()) < sum(t[1] for t in times.values()) else "fp32"
+
+
+def dense_times(times: dict[int, tuple[float, ...]], way: str) -> dict[int, tuple[float, float]]:
+    """rows -> (low-bit seconds, seconds of the dense product `way`)."""
+    return {n: (t[0], t[2] if way == DENSE else t[1]) for n, t in times.items()}
+
+
+def choose(measured: dict, dense: bool = True) -> tuple[dict[str, int | None], set[str], dict]:
+    """From `measure`'s times: each kind's crossing point, the kinds whose dense product is the weight in its own
+    dtype, and the (low-bit, chosen dense) times. `dense=False`: fp32 copies only (the rule before the weight's own
+    dtype was a candidate; `bench.room_loop --paths` compares the two)."""
+    way = {kind: which_dense(t) if dense else "fp32" for kind, t in measured.items()}
+    times = {kind: dense_times(t, way[kind]) for kind, t in measured.items()}
+    choice = {kind: crossing(t) for kind, t in times.items()}
+    return choice, {k for k in choice if choice[k] is not None and way[k] == DENSE}, times
+
+
+def apply(an, choice: dict[str, int | None], own: set[str] | frozenset = frozenset()) -> None:
+    """Give each kind's maps their crossing point (kind -> rows, None: none) and, where they have one, their dense
+    product: the fp32 copy, or for the kinds in `own` the dense weight itself (no copy); drops the copies of kinds that
+    have none."""
+    copies = _fp32_copies(an) if any(v is not None and k not in own for k, v in choice.items()) else {}
     for kind, maps in kinds(an).items():
         n = choice.get(kind)
         for w in maps:
-            w.wide, w.wide_from = (copies[id(w)], int(n)) if n is not None else (None, None)
+            if n is None:
+                w.wide, w.wide_from = None, None
+            else:
+                w.wide, w.wide_from = (w.dense if kind in own else copies[id(w)]), int(n)
 
 
 def tune(an, sizes=SIZES, rounds: int = ROUNDS) -> dict:
@@ -124,14 +162,17 @@ def tune(an, sizes=SIZES, rounds: int = ROUNDS) -> dict:
     device = an.head.dense.device
     if device.type != "cpu":
         return {"wide_from": {kind: None for kind in kinds(an)}, "step_products": {}, "fp32_copy_mb": 0, "device": str(device)}
-    times = measure(an, sizes, rounds)
-    choice = {kind: crossing(t) for kind, t in times.items()}
-    apply(an, choice)
+    measured = measure(an, sizes, rounds)
+    choice, own, times = choose(measured)
+    apply(an, choice, own)
     step = {n: {"low_bit_ms": 1e3 * sum(times[k][n][0] for k in ("head", "qkv", "o", "gate_up", "down") if k in times),
                 "chosen_ms": 1e3 * sum(times[k][n][1] if choice[k] is not None and n >= choice[k] else times[k][n][0]
                                        for k in ("head", "qkv", "o", "gate_up", "down") if k in times)} for n in sizes}
-    wide_bytes = sum(4 * w.dense.numel() for k, ws in kinds(an).items() if choice[k] is not None and k not in ("q", "kv") for w in ws)
-    return {"wide_from": choice, "step_products": {n: {k: round(v, 1) for k, v in d.items()} for n, d in step.items()},
+    wide_bytes = sum(4 * w.dense.numel() for k, ws in kinds(an).items()
+                     if choice[k] is not None and k not in own and k not in ("q", "kv") for w in ws)
+    return {"wide_from": choice, "wide_dtype": {k: (str(an.dtype).removeprefix("torch.") if k in own else "float32")
+                                                for k in choice if choice[k] is not None},
+            "step_products": {n: {k: round(v, 1) for k, v in d.items()} for n, d in step.items()},
             "fp32_copy_mb": round(wide_bytes / 2**20)}
 
 
@@ -141,9 +182,11 @@ def describe(summary: dict) -> str:
         return f"a decode batch's products read the 16-bit weights on {summary['device']} (products are tuned on a CPU only)"
     chosen = {k: v for k, v in summary["wide_from"].items() if v is not None}
     if not chosen:
-        return "a decode batch's products keep the low-bit copies at every size measured (their fp32 copies were not faster here)"
-    where = ", ".join(f"{k} from {v} rows" for k, v in chosen.items())
+        return "a decode batch's products keep the low-bit copies at every size measured (dense products were not faster here)"
+    dtypes = summary.get("wide_dtype", {})
+    where = ", ".join(f"{k} from {v} rows ({'fp32 copy' if dtypes.get(k, 'float32') == 'float32' else dtypes[k] + ' weight'})"
+                      for k, v in chosen.items())
     big = max(summary["step_products"], key=int)
     s = summary["step_products"][big]
-    return (f"a decode batch's products read fp32 copies where they measured faster here ({where}; "
+    return (f"a decode batch's products read dense weights where they measured faster here ({where}; fp32 copies "
             f"{summary['fp32_copy_mb']} MB): at {big} rows {s['chosen_ms']:.0f} ms a step against {s['low_bit_ms']:.0f} ms")

@@ -238,8 +238,9 @@ class Weight:
     dense: torch.Tensor
     bias: torch.Tensor | None = None
     low: Int4 | Int8 | None = None
-    # An fp32 copy of `dense` and the rows from which a decode batch's product (`batch`) reads it: set where it measured
-    # faster than the low-bit kernel on this machine (core/batch_paths.py); None: `batch` keeps the low-bit copy.
+    # The dense product a decode batch (`batch`) takes from `wide_from` rows on: an fp32 copy of `dense`, or `dense`
+    # itself (its own dtype, no copy: where bf16 products are native), whichever measured faster than the low-bit
+    # kernel on this machine (core/batch_paths.py); None: `batch` keeps the low-bit copy.
     wide: torch.Tensor | None = None
     wide_from: int | None = None
 
@@ -248,7 +249,7 @@ class Weight:
         as the engine passes them), else the dense weight (its fp32 copy, where it has one, for a long input that
         is computed in fp32 anyway: no conversion of the weight per call)."""
         if self.low is None or x.dim() != 3 or x.shape[0] != 1 or x.shape[1] > FEW_ROWS:
-            if self.wide is not None and wants_upcast(x.shape[-2], upcast):
+            if self.wide is not None and self.wide.dtype == torch.float32 and wants_upcast(x.shape[-2], upcast):
                 return self._wide_rows(x)
             return linear(x, self.dense, self.bias, upcast)
         return self._low_rows(x[0])[None]  # (1, T, N)
@@ -270,7 +271,9 @@ class Weight:
         return self._low_rows(x)
 
     def _wide_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., K) -> (..., N) through the fp32 copy, in x's dtype."""
+        """x (..., K) -> (..., N) through the fp32 copy (or the dense weight itself), in x's dtype."""
+        if self.wide is self.dense:
+            return F.linear(x.to(self.dense.dtype), self.dense, self.bias).to(x.dtype)
         y = F.linear(x.float(), self.wide, None if self.bias is None else self.bias.float())
         return y.to(x.dtype)
 
