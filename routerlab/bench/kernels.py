@@ -6,6 +6,8 @@ streams them (never one weight kept warm in a cache), at 1 row (a decode step) a
 
   int4        torch's weight-only int4 kernel on the file's own codes (the engine's decode path today)
   bf16, fp32  the dense weight in the model's dtype, and an fp32 copy (batch_paths' wide copy)
+  int8-wo     torch's weight-only int8 kernel (`_weight_int8pack_mm`): weights requantised per output channel, the
+              activations kept in bf16
   int8-dyn    FBGEMM's dynamic int8 linear (`quantized.linear_dynamic`): weights requantised per output channel,
               each row's activations quantised to 8 bits on the fly and multiplied with integer dot products, as
               llama.cpp does with its Q8 activations. torch marks its quantized-tensor API deprecated.
@@ -28,7 +30,7 @@ from torch.nn import functional as F
 
 from routerlab.core.batch_paths import kinds
 from routerlab.core.precision import cpu_vector_unit
-from routerlab.core.weights import Int4
+from routerlab.core.weights import Int4, Int8, quantize_int8
 
 KINDS = ("qkv", "o", "gate_up", "down", "head")
 ROWS = (1, 8, 32)
@@ -54,6 +56,9 @@ def candidates(maps, dtype: torch.dtype) -> dict[str, list]:
     if all(w.low is not None for w in maps):  # the engine's low-bit copy: "int4" (the file's codes), or "int8"
         out["int4" if isinstance(maps[0].low, Int4) else "int8"] = [lambda x, w=w: w._low_rows(x) for w in maps]
     out["bf16" if dtype == torch.bfloat16 else str(dtype).removeprefix("torch.")] = [lambda x, w=w: F.linear(x, w.dense) for w in maps]
+    if not all(isinstance(w.low, Int8) for w in maps):  # weight-only int8 per channel (bf16 activations), requantised
+        int8 = [quantize_int8(w.dense) for w in maps]
+        out["int8-wo"] = [lambda x, q=q: q.mm(x).to(x.dtype) for q in int8]
     wide = [w.dense.float().contiguous() for w in maps]
     out["fp32"] = [lambda x, d=d: F.linear(x.float(), d).to(x.dtype) for d in wide]
     if fbgemm_available():
