@@ -161,3 +161,37 @@ def test_the_committed_h200_result_is_sane_and_the_docs_quote_it():
     for name in ("never_skip", "deep_off_kv", "deep_off_drop"):
         assert f"{speed[name]:.2f}x" in readme and f"{speed[name]:.2f}x" in method
     assert f"{result['decode_syncs']['routed_kv']['per_token']:.1f}" in method
+
+
+def test_a_failing_start_up_measurement_leaves_the_room_serving(engine, monkeypatch):
+    """The in-process room (the fallback when an engine process cannot start): a product or thread probe that raises
+    (as both did on CUDA) is said in the log, and the loop still serves from the main thread."""
+    import threading
+
+    from routerlab.core import room as room_module
+
+    def broken(*_a, **_k):
+        raise RuntimeError("planted probe failure")
+
+    monkeypatch.setattr(room_module.batch_paths, "tune", broken)
+    monkeypatch.setattr(room_module, "where_to_run", broken)
+    room = Room(engine, max_batch=2)
+    lines: list[str] = []
+    engine.room = room
+    try:
+        reader = engine.generate_ids(gpu_check.prompt_ids(engine, 6), None, _config(3), Control(0.5))
+
+        def read_then_close():  # the reader waits for the loop's steps; then it ends the loop
+            if len([s for s in reader if not s.is_prompt]) == 3:
+                lines.append("served")
+            room.close()
+
+        reading = threading.Thread(target=read_then_close)
+        reading.start()
+        room_module.run_where_fastest(room, engine, log=lines.append)  # returns once the room is closed
+        reading.join(timeout=60)
+    finally:
+        engine.room = None
+    assert any("could not measure the decode batch's products" in line for line in lines)
+    assert any("could not measure where torch runs fastest" in line for line in lines)
+    assert "served" in lines

@@ -421,11 +421,18 @@ def run_where_fastest(room: Room, engine, log=print, choice: tuple[str, dict] | 
     thread; `choice`: a `where_to_run` measured earlier (measure while the machine is quiet, before serving).
     `products`: first measure which product each kind of weight is fastest with at each batch size (core/batch_paths.py)."""
     if products:
-        log(batch_paths.describe(batch_paths.tune(engine.anatomy)))
+        try:
+            log(batch_paths.describe(batch_paths.tune(engine.anatomy)))
+        except Exception as err:  # a measurement that fails leaves the products as they are; serving goes on
+            log(f"could not measure the decode batch's products ({type(err).__name__}: {err}); they keep the low-bit copies")
     if room.threads is None and torch.get_num_threads() > 1 and not is_cuda(engine.device):  # a GPU's step: no CPU threads to tune
         room.threads = ThreadTuner()  # 1 or all threads, whichever the loop's own steps find faster under the load of the moment
         log(f"the loop times its own steps with {' and '.join(map(str, room.threads.choices))} threads and keeps the faster for each batch size")
-    where, m = choice or where_to_run(engine)
+    try:
+        where, m = choice or where_to_run(engine)
+    except Exception as err:  # the thread probe failed (e.g. a device it could not use): the main thread, said so
+        log(f"could not measure where torch runs fastest ({type(err).__name__}: {err}); the loop runs in the main thread")
+        where, m = "main", {"this_thread_s": float("nan"), "worker_thread_s": float("nan")}
     log(f"one decode loop serves every visitor, in the {where} thread (a step's products took {m['this_thread_s'] * 1e3:.1f} ms "
         f"from the main thread, {m['worker_thread_s'] * 1e3:.1f} ms from a worker; batches of up to {room.max_batch})")
     room.where = where
