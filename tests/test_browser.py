@@ -158,6 +158,14 @@ def _explore_tour(page, app_url, engine):
     page.locator("#rl-heatmap").screenshot(path=str(SHOTS / "heatmap-what-if.png"))
     assert page.get_by_role("button", name="Regenerate at this threshold").is_visible()
     assert page.locator("#rl-dl-trace").is_visible() and page.locator("#rl-dl-html").is_visible()
+    # the downloads are this run's, served from Gradio's cache as they were written (session.workdir)
+    with page.expect_download() as got:
+        page.locator("#rl-dl-trace").click()
+    saved = json.loads(Path(got.value.path()).read_text())
+    assert any(not step["is_prompt"] for step in saved["steps"]) and saved["meta"]["kv_policy"]
+    with page.expect_download() as got:
+        page.locator("#rl-dl-html").click()
+    assert "Plotly" in Path(got.value.path()).read_text(encoding="utf-8")
 
     # 3. the other tabs
     page.get_by_role("tab", name="Layers").click()

@@ -26,6 +26,7 @@ import gradio as gr
 
 from routerlab.core.trace import Trace
 from routerlab.ui import figure_page, plots, safe
+from routerlab.ui.uploads import upload_folder
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,13 @@ class Session:
         self._dir: str | None = None
 
     def workdir(self) -> Path:
+        """The visitor's folder for exports, inside Gradio's own file cache: a file already there is served as it is,
+        where one elsewhere is hashed and copied into the cache on every output that names it (a heatmap page is
+        ~5 MB: at 32 visitors that copying was 8% of the web process's CPU, profiled with py-spy)."""
         if self._dir is None or not os.path.isdir(self._dir):
-            self._dir = tempfile.mkdtemp(prefix="routerlab-")
+            cache = upload_folder()
+            cache.mkdir(parents=True, exist_ok=True)
+            self._dir = tempfile.mkdtemp(prefix="routerlab-", dir=cache)
         return Path(self._dir)
 
     def cleanup(self) -> None:
@@ -163,8 +169,13 @@ def _warn(err: Exception) -> str:
 
 
 def _export(session: Session, trace: Trace) -> tuple[str, str]:
-    """Write the run's trace JSON and a standalone heatmap HTML page; return their paths."""
-    folder = session.workdir()
+    """Write the run's trace JSON and a standalone heatmap HTML page; return their paths. Each run's files go in a
+    folder of their own (served as they are from Gradio's cache, so a new run's must not take an old run's address);
+    the visitor's earlier runs' exports are deleted."""
+    base = session.workdir()
+    for old in base.glob("run-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=base))
     trace_path = folder / "routerlab-trace.json"
     trace_path.write_text(trace.to_json(indent=1))
     html_path = folder / "routerlab-heatmap.html"
