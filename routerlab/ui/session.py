@@ -170,12 +170,10 @@ def _warn(err: Exception) -> str:
 
 def _export(session: Session, trace: Trace) -> tuple[str, str]:
     """Write the run's trace JSON and a standalone heatmap HTML page; return their paths. Each run's files go in a
-    folder of their own (served as they are from Gradio's cache, so a new run's must not take an old run's address);
-    the visitor's earlier runs' exports are deleted."""
-    base = session.workdir()
-    for old in base.glob("run-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    folder = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+    folder of their own: they are served as they are from Gradio's cache, so a new run's must not take an old run's
+    address, and an earlier run's files stay readable (an API client may fetch them later) until Gradio's sweep of
+    served files (layout.EXPORT_TTL) or the visitor's session ends, as the cached copies did before."""
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=session.workdir()))
     trace_path = folder / "routerlab-trace.json"
     trace_path.write_text(trace.to_json(indent=1))
     html_path = folder / "routerlab-heatmap.html"
