@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-from test_browser import ARGS, CHROMIUM, _free_port
+from test_browser import _free_port, browser  # noqa: F401 (browser: the module-scoped Chromium fixture)
 from test_ui import RANDOM, random_routers
 
 from routerlab import ui
@@ -76,17 +76,6 @@ def hostile_tokenizer():
     tk.decoder = decoders.Fuse()
     words = list(vocab)
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token=words[0], eos_token=words[-1]), words
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ROUTERLAB_CHROMIUM)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

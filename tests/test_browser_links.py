@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from test_browser import ARGS, CHROMIUM, SHOTS, _free_port
+from test_browser import SHOTS, _free_port, browser  # noqa: F401 (browser: the module-scoped Chromium fixture)
 
 from routerlab import ui
 from routerlab.ui.links import _documents, View, _defaults, read_link
@@ -27,17 +27,6 @@ def lesson_links() -> list[str]:
     """The query of every app link in the lesson (`http://127.0.0.1:7860/?...`), in order, once each."""
     found = re.findall(re.escape(LESSON_HOST) + r"(\?[^)\s`\"'<>]+)", LESSON.read_text())
     return list(dict.fromkeys(found))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ROUTERLAB_CHROMIUM)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import gradio as gr
-import pytest
-from test_browser import ARGS, CHROMIUM, _free_port
+from test_browser import _free_port, browser  # noqa: F401 (browser: the module-scoped Chromium fixture)
 
 from routerlab.ui import uploads
 from routerlab.ui.uploads import UploadBudget
@@ -19,17 +18,6 @@ FOREIGN_POST = """async (target) => {
   form.append('files', new Blob(['x'.repeat(100000)]), 'flood.bin');
   try { return (await fetch(target, {method: 'POST', body: form})).status; } catch (err) { return String(err); }
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ROUTERLAB_CHROMIUM)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed (pip install playwright)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def test_the_apps_own_page_uploads_and_another_origins_page_stores_nothing(browser, tmp_path, monkeypatch):
