@@ -51,3 +51,19 @@ def test_nan_is_written_as_null():
     trace = make_trace()
     trace.meta["x"] = math.nan
     assert '"x": null' in trace.to_json()
+
+
+def test_the_exported_layout_is_the_same_json_one_step_per_line():
+    """The export (one_step_per_line) reads back as the compact form does, non-finite numbers as null in both, with
+    the header on its own line and each step on a line of its own, and the trace's lists are copies, not its own."""
+    import json
+
+    trace = make_trace()
+    trace.steps[1].kl_full, trace.meta["x"] = math.inf, -math.inf
+    lines = trace.to_json(one_step_per_line=True).splitlines()
+    assert json.loads("\n".join(lines)) == json.loads(trace.to_json())
+    assert len(lines) == 2 + len(trace.steps) + 1 and lines[1] == '"steps": ['
+    back = Trace.from_json("\n".join(lines))
+    assert back.steps[1].kl_full is None and back.meta["x"] is None and back.steps[0] == trace.steps[0]
+    trace.to_dict()["steps"][0]["scores"][1] = 0.0
+    assert trace.steps[0].scores[1] == 0.9

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from routerlab.core.errors import RouterLabError
@@ -130,10 +130,17 @@ class Trace:
 
     # -- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"version": TRACE_VERSION, "n_layers": self.n_layers, "meta": self.meta, "steps": [asdict(s) for s in self.steps]}
+        return {"version": TRACE_VERSION, "n_layers": self.n_layers, "meta": self.meta, "steps": [_step_dict(s) for s in self.steps]}
 
-    def to_json(self, **kwargs) -> str:
-        return json.dumps(_finite(self.to_dict()), **kwargs)
+    def to_json(self, one_step_per_line: bool = False) -> str:
+        """The trace as JSON (NaN and infinities as null). `one_step_per_line`: the export's layout, a file a person can
+        read and diff (the header, then each step on a line of its own), written as fast as the compact one: json's
+        C encoder writes each line, where an `indent` would take its pure-Python encoder (a 124-token run: 12 ms)."""
+        if not one_step_per_line:
+            return _dumps(self.to_dict())
+        head = _dumps({"version": TRACE_VERSION, "n_layers": self.n_layers, "meta": self.meta})
+        steps = ",\n".join(_dumps(_step_dict(s)) for s in self.steps)
+        return f'{head[:-1]},\n"steps": [\n{steps}\n]}}\n'
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Trace":
@@ -154,6 +161,26 @@ class Trace:
         except json.JSONDecodeError as err:
             raise RouterLabError(f"Trace file is not valid JSON ({err.msg}).") from None
         return cls.from_dict(data)
+
+
+_STEP_FIELDS = tuple(f.name for f in fields(Step))
+
+
+def _step_dict(step: Step) -> dict[str, Any]:
+    """`dataclasses.asdict` of a Step, without its recursive deep copy: a step's lists hold numbers, so a shallow copy
+    of each list is a copy."""
+    out = {name: getattr(step, name) for name in _STEP_FIELDS}
+    out["scores"], out["executed"] = list(step.scores), list(step.executed)
+    return out
+
+
+def _dumps(obj) -> str:
+    """json.dumps with NaN and infinities as null. Non-finite numbers are rare in a trace: the C encoder's
+    `allow_nan=False` finds them; only then is the whole object walked."""
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj))
 
 
 def _finite(obj):

@@ -174,14 +174,15 @@ def _empty_hist():
 
 
 def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
-    trace_file, html_file = _export(session, trace)
+    heatmap = plots.heatmap(trace)
+    trace_file, html_file = _export(session, trace, heatmap)
     views = session.views
     views["stats"] = plots.stats_html(plots.live_stats(trace, res.costs_for(trace.meta.get("model"))))
     views["bar"] = plot_data(plots.layer_skip_bar(trace))
     views["hist"] = plot_data(plots.score_histogram(trace))
     return (
         plots.token_html(trace),
-        plot_data(plots.heatmap(trace)),
+        plot_data(heatmap),
         views["stats"],
         _done_status(trace, res, wall),
         gr.DownloadButton(value=trace_file, visible=True),

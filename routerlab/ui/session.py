@@ -168,14 +168,15 @@ def _warn(err: Exception) -> str:
     return _status("warn", message)
 
 
-def _export(session: Session, trace: Trace) -> tuple[str, str]:
+def _export(session: Session, trace: Trace, heatmap=None) -> tuple[str, str]:
     """Write the run's trace JSON and a standalone heatmap HTML page; return their paths. Each run's files go in a
     folder of their own: they are served as they are from Gradio's cache, so a new run's must not take an old run's
     address, and an earlier run's files stay readable (an API client may fetch them later) until Gradio's sweep of
-    served files (layout.EXPORT_TTL) or the visitor's session ends, as the cached copies did before."""
+    served files (layout.EXPORT_TTL) or the visitor's session ends, as the cached copies did before. `heatmap`: the
+    run's final heatmap figure, when the caller has built it (a figure costs milliseconds of the server's CPU)."""
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=session.workdir()))
     trace_path = folder / "routerlab-trace.json"
-    trace_path.write_text(trace.to_json(indent=1))
+    trace_path.write_text(trace.to_json(one_step_per_line=True))
     html_path = folder / "routerlab-heatmap.html"
-    figure_page.write_page(plots.heatmap(trace), html_path)
+    figure_page.write_page(plots.heatmap(trace) if heatmap is None else heatmap, html_path)  # the final view's own figure
     return str(trace_path), str(html_path)
