@@ -286,3 +286,32 @@ def test_token_html_cache_gives_the_same_text_as_it_grows_and_scores():
     assert plots.token_html(trace, cache=cache) == plots.token_html(trace)
     trace.generated_steps[3].kl_full = 0.4  # a token's quality cost arrives: its span is rebuilt
     assert plots.token_html(trace, cache=cache) == plots.token_html(trace) and "0.400 nats" in plots.token_html(trace, cache=cache)
+
+
+def test_bar_and_histogram_json_are_their_figures_json():
+    import json
+
+    trace = synthetic_trace(n_layers=6, n_gen=20, routed=[1, 2, 3, 4])
+    for threshold in (None, 0.3):
+        for fast, slow in ((plots.layer_skip_bar_json, plots.layer_skip_bar), (plots.score_histogram_json, plots.score_histogram)):
+            assert _decoded(json.loads(fast(trace, threshold=threshold))) == _decoded(json.loads(slow(trace, threshold=threshold).to_json()))
+    assert json.loads(plots.layer_skip_bar_json(None)) == json.loads(plots.layer_skip_bar(None).to_json())
+
+
+def test_figure_page_of_json_draws_the_same_figure_escaped(tmp_path):
+    import json
+
+    from plotly.offline import get_plotlyjs
+
+    from routerlab.ui import figure_page
+
+    trace = synthetic_trace(n_gen=8, texts=["</script><img src=/hostile>", "<!--", "&amp;"])
+    fig_json = plots.heatmap_json(trace)
+    path = tmp_path / "page.html"
+    figure_page.write_json_page(fig_json, path)
+    page = path.read_text()
+    assert page.count(get_plotlyjs()) == 1 and page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    figure = page.split("const figure = ", 1)[1].split(";\nPlotly.newPlot(", 1)[0]
+    assert "<" not in figure and ">" not in figure and "&" not in figure  # nothing the model wrote can end the script
+    assert json.loads(figure) == json.loads(fig_json) and '"displaylogo": false' in page
+    assert page.count("</script>") == 3  # PlotlyConfig's, plotly.js's and the figure's: no token closed one

@@ -76,6 +76,9 @@ def explore(res, session, prompt="Hello there", threshold=0.5, label=RANDOM, pol
 
 
 def file_path(update) -> Path:
+    """The file an output gives: a component update (the first run of a session) or the path itself (later runs)."""
+    if isinstance(update, (str, Path)):
+        return Path(update)
     value = update.value if hasattr(update, "value") else update["value"]
     return Path(value["path"] if isinstance(value, dict) else value)
 
@@ -90,6 +93,28 @@ def advance(gen, session, held):
         if len(session.trace.generated_steps) >= held.after:
             break
     held.wait()
+
+
+def rebuilt(frame) -> list[int]:
+    """The outputs of a frame that make Gradio rebuild a component's config: a component or a gr.skip()/update dict."""
+    from gradio import utils
+
+    return [k for k, v in enumerate(frame) if isinstance(v, gr.blocks.Block) or utils.is_prop_update(v)]
+
+
+def test_a_run_rebuilds_only_its_button_and_once_per_session_the_downloads(res):
+    # Every component update (gr.skip() included) makes Gradio rebuild that component's whole config in the web
+    # server's process; a run repeats values instead. Its button is disabled and enabled again (2 updates); the download
+    # buttons appear by an update once per session, later runs give them their new files as plain values.
+    session = ui.Session()
+    for round_ in range(2):
+        outs = run_all(explore(res, session, max_new=6))
+        assert [rebuilt(o) for o in outs[:-1]] == [[8]] + [[]] * (len(outs) - 2)  # the first frame disables the button
+        final = outs[-1]
+        assert rebuilt(final) == ([4, 5, 8] if round_ == 0 else [8])
+        trace_file, html_file = file_path(final[4]), file_path(final[5])
+        assert json.loads(trace_file.read_text())["steps"] and "Plotly.newPlot" in html_file.read_text()
+        assert trace_file.parent == html_file.parent  # this run's own folder
 
 
 def pull_until(gen, wanted) -> list:

@@ -30,11 +30,12 @@ log = logging.getLogger(__name__)
 STATS_INTERVAL = 2.0  # seconds between stat-card updates while streaming (savings() walks every cell)
 
 
-def _done_status(trace: Trace, res: Resources, wall: float) -> str:
+def _done_status(trace: Trace, res: Resources, wall: float, stats: dict | None = None) -> str:
+    """The status line of a finished run; `stats`: its `plots.live_stats`, when the caller has them."""
     m = trace.meta
     n = len(trace.generated_steps)
     reason = {"eos": "end of text", "max_new_tokens": "max new tokens reached", "stopped": "stopped by you"}.get(m.get("stop_reason"), m.get("stop_reason"))
-    stats = plots.live_stats(trace, res.costs_for(m.get("model")))
+    stats = stats if stats is not None else plots.live_stats(trace, res.costs_for(m.get("model")))
     quality = ""
     if stats["mean_kl"] is not None:
         quality = (f"; quality cost: mean KL {stats['mean_kl']:.3f} nats, top-1 agreement {stats['agreement']:.0%} with the full model "
@@ -95,11 +96,8 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     note = "" if live else (" (full model: the threshold has no effect)" if routers is None else " (sequence level: decided once per prompt)")
     # the heatmap's placeholder for this run: live frames are drawn into it in the browser (never over a final figure)
     heat = _heat_note("Prefilling the prompt: the heatmap draws as tokens arrive.")
-    yield skip, heat, skip, _status("run", f"Prefilling the prompt on {safe.text(engine.name)}{note}…"), skip, skip, skip, skip, gr.Button(interactive=False), skip
-
-    start = next_stats = time.perf_counter()
-    decoder = Decoder([steps])
-    # Every frame repeats the values it does not change (see plot_data): no gr.skip() while streaming.
+    # Every frame, the first included, repeats the values it does not change (see plot_data): no gr.skip(), which
+    # Gradio turns into a rebuild of the component's whole config (an HTML component's: milliseconds of the server).
     live_frame = ""  # the latest heatmap frame (figure JSON); repeated in frames that do not redraw it
     stats = _shown(session, "stats", lambda: plots.stats_html({}))
     bar = _shown(session, "bar", _empty_bar)
@@ -107,6 +105,10 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     status = _status("run", f"Prefilling the prompt on {safe.text(engine.name)}{note}…")
     columns: dict = {}  # this run's heatmap columns, converted once each (plots._columns)
     spans: dict = {}  # this run's token spans, built once each (plots.token_html)
+    yield plots.token_html(trace, cache=spans), heat, stats, status, None, None, bar, hist, gr.Button(interactive=False), live_frame
+
+    start = next_stats = time.perf_counter()
+    decoder = Decoder([steps])
     costs = res.costs_for(engine.name)
     try:
         for snap, draw_plot in decoder.frames([trace], runs=[control]):  # frames wait out its quality passes
@@ -137,7 +139,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     finally:
         control.request_stop()  # no-op after a normal end; ends the decoder when the stream is cancelled
         session.running = False
-    yield (*_final_view(res, session, trace, time.perf_counter() - start),)
+    yield (*_final_view(res, session, trace, time.perf_counter() - start, columns, spans),)
 
 
 def _sharing(control) -> str:
@@ -173,20 +175,27 @@ def _empty_hist():
     return plot_data(plots.score_histogram(None))
 
 
-def _final_view(res: Resources, session: Session, trace: Trace, wall: float) -> tuple:
-    heatmap = plots.heatmap(trace)
+def _final_view(res: Resources, session: Session, trace: Trace, wall: float, columns: dict | None = None,
+                spans: dict | None = None) -> tuple:
+    """A finished (or stopped) run's view, each part built once: the figures as JSON without plotly Figures (the
+    heatmap's JSON is also the exported page's), with the stream's caches of heatmap columns and token spans.
+    The download buttons are shown by a component update once per session, later runs only give them new files:
+    each component update makes Gradio rebuild that component's whole config (milliseconds of the server's CPU)."""
+    heatmap = plots.heatmap_json(trace, cache=columns)
     trace_file, html_file = _export(session, trace, heatmap)
     views = session.views
-    views["stats"] = plots.stats_html(plots.live_stats(trace, res.costs_for(trace.meta.get("model"))))
-    views["bar"] = plot_data(plots.layer_skip_bar(trace))
-    views["hist"] = plot_data(plots.score_histogram(trace))
+    stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")))
+    views["stats"] = plots.stats_html(stats)
+    views["bar"] = plot_data(plots.layer_skip_bar_json(trace))
+    views["hist"] = plot_data(plots.score_histogram_json(trace))
+    shown, views["downloads"] = views.get("downloads", False), True
     return (
-        plots.token_html(trace),
+        plots.token_html(trace, cache=spans),
         plot_data(heatmap),
         views["stats"],
-        _done_status(trace, res, wall),
-        gr.DownloadButton(value=trace_file, visible=True),
-        gr.DownloadButton(value=html_file, visible=True),
+        _done_status(trace, res, wall, stats),
+        trace_file if shown else gr.DownloadButton(value=trace_file, visible=True),
+        html_file if shown else gr.DownloadButton(value=html_file, visible=True),
         views["bar"],
         views["hist"],
         gr.Button(interactive=True),

@@ -120,12 +120,12 @@ def _delete_session(session: Session | None) -> None:
 
 
 def plot_data(fig):
-    """A figure serialized once. A stream repeats it in frames that do not redraw it, instead of
+    """A figure (or its JSON, already serialized) as gr.Plot's value, serialized once. A stream repeats it in frames that do not redraw it, instead of
     yielding gr.skip(): Gradio turns every skip into a component rebuild with a JSON-schema pass
     (milliseconds each, on the GIL the decoder thread needs); a repeated value costs a string compare."""
     from gradio.components.plot import PlotData
 
-    return PlotData(type="plotly", plot=fig.to_json())
+    return PlotData(type="plotly", plot=fig if isinstance(fig, str) else fig.to_json())
 
 
 def _shown(session: Session, key: str, make: Callable[[], Any]) -> Any:
@@ -173,10 +173,16 @@ def _export(session: Session, trace: Trace, heatmap=None) -> tuple[str, str]:
     folder of their own: they are served as they are from Gradio's cache, so a new run's must not take an old run's
     address, and an earlier run's files stay readable (an API client may fetch them later) until Gradio's sweep of
     served files (layout.EXPORT_TTL) or the visitor's session ends, as the cached copies did before. `heatmap`: the
-    run's final heatmap figure, when the caller has built it (a figure costs milliseconds of the server's CPU)."""
+    run's final heatmap, when the caller has built it (a figure costs milliseconds of the server's CPU): a Figure, or
+    its JSON (`plots.heatmap_json`), written as it is."""
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=session.workdir()))
     trace_path = folder / "routerlab-trace.json"
     trace_path.write_text(trace.to_json(one_step_per_line=True))
     html_path = folder / "routerlab-heatmap.html"
-    figure_page.write_page(plots.heatmap(trace) if heatmap is None else heatmap, html_path)  # the final view's own figure
+    if heatmap is None:
+        heatmap = plots.heatmap_json(trace)
+    if isinstance(heatmap, str):
+        figure_page.write_json_page(heatmap, html_path)  # the final view's own figure
+    else:
+        figure_page.write_page(heatmap, html_path)
     return str(trace_path), str(html_path)
