@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(kv still pays {c['attention_kv_only'] * 1e3:.2f} ms), MLP {c['mlp'] * 1e3:.2f} ms", flush=True)
 
     demo = ui.build_demo(res)
-    demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
+    ui.enable_queue(demo, limits)
     if not limits.room:  # each generation decodes alone, in a worker thread of its own
         demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options(limits))
         return 0

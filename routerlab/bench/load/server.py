@@ -197,7 +197,7 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
         probe = gr.JSON(visible=False)
         gr.Button(visible=False).click(stats, None, probe, api_name="loadtest_stats", queue=False)
         gr.Button(visible=False).click(trim, None, probe, api_name="loadtest_trim", queue=False)
-    demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
+    ui.enable_queue(demo, limits)
     return demo, res, watched
 
 
