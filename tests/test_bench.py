@@ -1,5 +1,6 @@
 """`bench speed` end to end on the embedded model, at a toy size: the report's shape, not its speed."""
 
+import os
 import math
 
 from routerlab.bench.speed import format_speed, ideal_speedup, speed_benchmark
@@ -56,3 +57,17 @@ def test_make_room_splits_a_levels_loop_time_by_phase():
     split = loop_split(before, after)
     assert split["seconds"] == 10.0 and split["forward"] == 0.5 and split["prefill"] == 0.2 and split["idle"] == 0.0
     assert split["mean_rows"] == 8.0
+
+
+def test_make_room_sets_the_servers_cpu_per_token_beside_the_loop_alone_at_as_many_rows():
+    from routerlab.bench.load import room
+
+    report = {"modes": {"room": {"levels": {
+        "8": {"tokens": 500, "web_server_cpu_s": 1.0, "engine_cpu_s": 9.0, "clients_cpu_s": 0.2, "wall_s": 5.0, "aggregate_tokens_per_s": 100.0},
+        "32": {"tokens": 0, "aggregate_tokens_per_s": None}}}},
+        "loop_alone": {"8": {"tokens_per_s": 125.0, "cpu_ms_per_token": 16.0}, "command": "python -m routerlab.bench.room_loop"}}
+    out = room.served_vs_loop(report)
+    assert list(out) == ["8"]  # a level without tokens has no ratio
+    row = out["8"]
+    assert row["web_cpu_ms_per_token"] == 2.0 and row["engine_cpu_ms_per_token"] == 18.0 and row["server_cpu_vs_loop"] == 1.25
+    assert row["aggregate_vs_loop"] == 0.8 and row["clients_cpu_share"] == round(0.2 / (5.0 * (os.cpu_count() or 1)), 3)

@@ -4,7 +4,8 @@ N requests (the example prompts in turn, the page's defaults: the default router
 tokens, Measure quality on) join one `Room` at once, stepped in the main thread of this process (no web server, no
 clients) until all end; the same load three ways, alternating rounds: packed forwards that read the prompts' shared
 start once (the app's way), packed forwards only, and one row at a time (`Room.share_starts`, `Room.pack_quality`,
-`Room.pack_prefill`). Prints each run's tokens/s and where the loop's time went (`Room.time_spent`), and the medians.
+`Room.pack_prefill`). Prints each run's tokens/s, the CPU seconds its process spent per token (every thread: what the
+served room's engine process is compared with) and where the loop's time went (`Room.time_spent`), and the medians.
 Measures the decode loop's own work, so `make room`'s served figures can be read against it. Knows nothing about
 servers or the UI.
 """
@@ -38,17 +39,17 @@ def run(engine, routers, prompts: list[str], n: int, mode: str, new_tokens: int 
         config = GenerateConfig(max_new_tokens=new_tokens, ignore_eos=True, quality=True, threshold=0.5)
         readers = [engine.generate_ids(engine.encode(prompts[k % len(prompts)], config), routers, config, Control(0.5))
                    for k in range(n)]
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         while any(room.busy.values()):
             room.step()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0  # cpu: every thread of this process
         tokens = sum(len([s for s in r if not s.is_prompt]) for r in readers)
     finally:
         engine.room = None
     spent = room.time_spent()
     phases = {k: spent[k] for k in ("prefill", "quality", "forward", "other")}
     total = sum(phases.values())
-    return {"tokens_per_s": round(tokens / wall, 1), "share": {k: round(v / total, 2) for k, v in phases.items()},
+    return {"tokens_per_s": round(tokens / wall, 1), "cpu_ms_per_token": round(1e3 * cpu / tokens, 2), "share": {k: round(v / total, 2) for k, v in phases.items()},
             "packed": room.packed}
 
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m routerlab.bench.room_loop", description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="8,32", help="requests at once, comma-separated")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds of the three ways")
+    p.add_argument("--modes", default=",".join(MODES), help=f"which of {', '.join(MODES)} (comma-separated; shared is the app's way)")
     p.add_argument("--router-set", default="attention-token")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: $ROUTERLAB_DEVICE, else cuda when available)")
     p.add_argument("--paths", action="store_true", help="instead: the app's way (shared) with the products batch_paths "
@@ -71,17 +73,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.paths:
         return compare_paths(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
     print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
+    modes = tuple(m for m in MODES if m in args.modes.split(","))
+    if not modes:
+        p.error(f"--modes takes some of {', '.join(MODES)}, not {args.modes!r}")
     report = {"machine": platform.processor() or platform.machine(), "rows": {}}
     for n in [int(x) for x in args.rows.split(",")]:
         run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
-        rates: dict[str, list[float]] = {m: [] for m in MODES}
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        cpu: dict[str, list[float]] = {m: [] for m in modes}
         for r in range(args.rounds):
-            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
                 out = run(engine, routers, prompts, n, mode)
                 rates[mode].append(out["tokens_per_s"])
+                cpu[mode].append(out["cpu_ms_per_token"])
                 print(f"{n} rows, {mode}: {json.dumps(out)}", flush=True)
         med = {m: statistics.median(v) for m, v in rates.items()}
-        report["rows"][n] = {**med, **{f"{m}_vs_one_by_one": round(med[m] / med["one_by_one"], 2) for m in MODES[:2]}}
+        ratios = {f"{m}_vs_one_by_one": round(med[m] / med["one_by_one"], 2) for m in modes[:2] if "one_by_one" in med and m != "one_by_one"}
+        report["rows"][n] = {**med, **ratios, **{f"{m}_cpu_ms_per_token": statistics.median(v) for m, v in cpu.items()}}
         print(f"== {n} rows: " + ", ".join(f"{m} {v:.1f}" for m, v in med.items()) + " tokens/s", flush=True)
     print(json.dumps(report))
     return 0

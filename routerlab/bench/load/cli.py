@@ -191,7 +191,8 @@ def _room(args) -> int:
     out = ROOM_OUT if args.out == str(DEFAULT_OUT) else args.out
     if out != "-":
         Path(out).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({"ratios": report["ratios"], "served_vs_isolated_step": report.get("served_vs_isolated_step")}, indent=1))
+    print(json.dumps({"ratios": report["ratios"], "served_vs_loop": report.get("served_vs_loop"),
+                      "served_vs_isolated_step": report.get("served_vs_isolated_step")}, indent=1))
     failed = sum(r["errors"] for m in report["modes"].values() for r in m["levels"].values())
     return 1 if failed else 0
 

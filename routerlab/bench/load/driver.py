@@ -37,6 +37,21 @@ def client(url: str):
     return Client(url, verbose=False, download_files=False, ssl_verify=not url.startswith("http://"))
 
 
+def open_page(c, url: str) -> None:
+    """What a browser does after reading the page: run its load events (queue=False, over /run/predict) in the
+    client's session. The first event of a session makes Gradio build that session's state (a copy of every
+    component's config: milliseconds of the server's CPU), at page load in a browser; a client that skipped this
+    would pay it at its first Generate, inside what a room bench measures."""
+    import httpx
+
+    base = url.rstrip("/") + (c.config.get("api_prefix") or "")
+    for dep in c.config.get("dependencies", []):
+        if any(target[1] == "load" for target in dep.get("targets", [])):
+            body = {"data": [None] * len(dep["inputs"]), "fn_index": dep["id"], "session_hash": c.session_hash,
+                    "event_data": None, "trigger_id": None}
+            httpx.post(base + "/run/predict", json=body, timeout=60).raise_for_status()
+
+
 _probes: dict[str, Any] = {}
 _probe_lock = threading.Lock()
 

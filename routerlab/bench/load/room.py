@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from routerlab.bench.load import cpu
-from routerlab.bench.load.driver import client, probe, submit, tokens_shown, trace_of
+from routerlab.bench.load.driver import client, open_page, probe, submit, tokens_shown, trace_of
 from routerlab.bench.load.server import spawn
 from routerlab.bench.load.soak import page_defaults
 from routerlab.bench.load.traffic import pct
@@ -71,9 +71,15 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
     web server's process, the processes it started (the engine process) and this one (the clients) used meanwhile."""
     outs = [dict() for _ in range(sessions)]
     # Every visitor's page is open before anyone presses Generate: connecting a client (it reads the app's config and
-    # API) is a page load, not part of what the room serves, and 32 of them at once take seconds of the 2 cores.
+    # API) and running the page's load events (driver.open_page) is a page load, not part of what the room serves, and
+    # 32 of them at once take seconds of the 2 cores.
+    def page(_):
+        c = client(url)
+        open_page(c, url)
+        return c
+
     with ThreadPoolExecutor(min(sessions, 8)) as pool:
-        clients = list(pool.map(lambda _: client(url), range(sessions)))
+        clients = list(pool.map(page, range(sessions)))
     cpu0, clients0 = (cpu.tree(server_pid) if server_pid else None), cpu.this_process()
     spent0 = _spent(url) if server_pid else None
     start = time.perf_counter()
@@ -208,7 +214,52 @@ def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print
             server.close()
     report["ratios"] = ratios(report)
     report["machine"] = {"cpus": os.cpu_count()}
+    if "room" in report["modes"]:  # after the servers closed: the machine is the loop's alone
+        report["loop_alone"] = loop_alone(levels)
+        report["served_vs_loop"] = served_vs_loop(report)
+        if log:
+            log(f"[room] served against the loop alone: {report['served_vs_loop']}")
     return report
+
+
+def loop_alone(levels: tuple[int, ...]) -> dict:
+    """The room's loop alone at each level's rows (`python -m routerlab.bench.room_loop`, the app's way, in a process
+    of its own with nothing else running): tokens/s and the CPU its process spent per token."""
+    import json
+    import subprocess
+    import sys
+
+    from routerlab.core.paths import ROOT
+
+    cmd = [sys.executable, "-m", "routerlab.bench.room_loop", "--rows", ",".join(map(str, levels)), "--rounds", "1",
+           "--modes", "shared"]
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=3600)
+    if run.returncode != 0:
+        return {"error": run.stderr.strip()[-400:]}
+    rows = json.loads(run.stdout.strip().splitlines()[-1])["rows"]
+    return {n: {"tokens_per_s": r["shared"], "cpu_ms_per_token": r["shared_cpu_ms_per_token"]} for n, r in rows.items()} | {
+        "command": shlex.join(["python", *cmd[1:]])}  # 64 new tokens a row, as the levels
+
+
+def served_vs_loop(report: dict) -> dict:
+    """Per level, the room served against its loop alone at the same rows: aggregate tokens/s, the server's CPU per
+    served token (web and engine processes) against the loop's per token, and the share of the machine the harness's
+    clients took (their CPU seconds over the level's wall time x the cores)."""
+    room = report["modes"].get("room", {}).get("levels", {})
+    alone = report.get("loop_alone", {})
+    cores = os.cpu_count() or 1
+    out = {}
+    for n, r in room.items():
+        loop = alone.get(n)
+        if not isinstance(loop, dict) or not r.get("tokens"):
+            continue
+        web, engine = (1e3 * r[k] / r["tokens"] for k in ("web_server_cpu_s", "engine_cpu_s"))
+        out[n] = {"aggregate_vs_loop": round(r["aggregate_tokens_per_s"] / loop["tokens_per_s"], 2),
+                  "server_cpu_vs_loop": round((web + engine) / loop["cpu_ms_per_token"], 2),
+                  "web_cpu_ms_per_token": round(web, 2), "engine_cpu_ms_per_token": round(engine, 2),
+                  "loop_cpu_ms_per_token": loop["cpu_ms_per_token"],
+                  "clients_cpu_share": round(r["clients_cpu_s"] / (r["wall_s"] * cores), 3) if r.get("wall_s") else None}
+    return out
 
 
 def served_vs_step(report: dict) -> dict:
