@@ -145,3 +145,26 @@ def test_recorded_commands_are_shown_as_a_reader_types_them():
         words = shlex.split(_cli_command(v))
         assert words[:4] == ["python", "-m", "routerlab", "generate"] and words[words.index("--prompt") + 1] == prompt
     assert _server_mode({"mode": "child process (python -m routerlab.loadtest serve)"}) == "child process (python -m routerlab.bench.load serve)"
+
+
+def test_speed_results_of_each_machine_kind_stand_side_by_side(tmp_path):
+    write_synthetic(tmp_path)
+    assert "### On each machine kind" not in results_markdown(tmp_path)  # one kind: its section says it all
+    speed = json.loads((tmp_path / "speed.json").read_text())
+    amx = dict(speed, cpu_model="Xeon", cpu_flags=["avx2", "avx512f", "amx_bf16"], machine_kind="amx", engine_vs_llama_cpp=0.88,
+               long_context={"engine_vs_llama_cpp": 0.83}, ttft_seconds={"engine": 1.46, "generate": 1.19}, kernel_floor_vs_llama_cpp=1.59)
+    (tmp_path / "speed-amx.json").write_text(json.dumps(amx))
+    (tmp_path / "speed-broken.json").write_text("{")
+    text = results_markdown(tmp_path)
+    table = text.split("### On each machine kind", 1)[1]
+    assert "| `speed-amx.json` | Xeon, 3 threads" in table and "**amx** (avx2 avx512f amx_bf16)" in table
+    assert "| 0.880 | 0.830 | 1.46 / 1.19 s |" in table and "| 1.590 |" in table
+    assert "| `speed.json` |" in table and "| `speed-broken.json` | could not be read (JSONDecodeError)" in table
+
+
+def test_machine_kind_names_amx_before_the_vector_unit():
+    from routerlab.core.precision import machine_kind
+
+    assert machine_kind("AVX512", ["avx2", "avx512f", "amx_bf16", "amx_int8"]) == "amx"
+    assert machine_kind("AVX512", ["avx2", "avx512f", "avx512_bf16"]) == "avx512"
+    assert machine_kind("AVX2", ["avx2"]) == "avx2" and machine_kind("SVE256", []) == "sve256"

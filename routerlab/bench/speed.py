@@ -26,7 +26,7 @@ from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call
 from routerlab.core.engine import Control, Engine, Plan, forward
 from routerlab.core.lockstep import in_turn
 from routerlab.core.models import load_model
-from routerlab.core.precision import cpu_vector_unit, dtype_name
+from routerlab.core.precision import cpu_matrix_flags, cpu_vector_unit, dtype_name, machine_kind
 from routerlab.core.router import RouterSet
 
 # A fixed English passage, repeated to any length: deterministic prompts without a data file.
@@ -347,6 +347,8 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "weights": engine.weights,
         "cpu": cpu_vector_unit(),
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_matrix_flags(),
+        "machine_kind": machine_kind(),
         "threads": torch.get_num_threads(),
         "prompt_tokens": prompt_tokens,
         "new_tokens": new_tokens,
@@ -412,7 +414,8 @@ def format_speed(r: dict) -> str:
     tps = r["tokens_per_second"]
     b = r["bytes_per_step"]
     lines = [
-        f"bench speed: {r['model']} on {r['device']} ({r.get('cpu_model', '?')}, {r['threads']} threads, {r.get('cpu', '?')}), "
+        f"bench speed: {r['model']} on {r['device']} ({r.get('cpu_model', '?')}, {r['threads']} threads, {r.get('cpu', '?')}"
+        f"{'; machine kind ' + r['machine_kind'] + ': ' + ' '.join(r.get('cpu_flags') or []) if r.get('machine_kind') else ''}), "
         f"{r['precision']}; prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['rounds']} rounds (medians)",
         f"  weights at decode: {r['weights']}",
         f"  engine, no routers (default path)       {tps['engine']:7.2f} tok/s   reads {b['engine'] / 1e6:5.0f} MB a step",

@@ -74,6 +74,27 @@ def check_dtype(name: str | None) -> str:
     return value
 
 
+MATRIX_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides a product's path
+
+
+def cpu_matrix_flags() -> list[str]:
+    """Which of MATRIX_FLAGS this CPU reports (x86; empty elsewhere or unreadable): benchmark notes name them."""
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        return []
+    return [f for f in MATRIX_FLAGS if f in flags]
+
+
+def machine_kind(vector_unit: str | None = None, flags: list[str] | None = None) -> str:
+    """The kind of CPU a benchmark result belongs to: 'amx' (AMX tiles), else torch's vector unit in lower case
+    ('avx512', 'avx2', ...): what `make bench` results are kept apart by (assets/bench/speed-<kind>.json)."""
+    flags = cpu_matrix_flags() if flags is None else flags
+    if "amx_bf16" in flags:
+        return "amx"
+    return (vector_unit or cpu_vector_unit()).lower()
+
+
 def cpu_vector_unit() -> str:
     """torch's view of this CPU's vector instructions: 'AVX512', 'AVX2', 'SVE256', 'DEFAULT', ..."""
     try:
