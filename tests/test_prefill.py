@@ -108,3 +108,17 @@ def test_generate_reports_the_prefill_progress_on_its_control(monkeypatch):
     first = next(steps)  # the prompt's Steps come once it is read
     assert first.is_prompt and control.prompt_tokens == control.prompt_read == 70
     assert sum(1 for s in steps) == 69 + 3
+
+
+def test_a_generation_alone_reads_longer_chunks_where_bf16_is_native_and_a_room_keeps_its_own():
+    from types import SimpleNamespace
+
+    def engine(dtype, upcast):
+        return SimpleNamespace(dtype=dtype, anatomy=SimpleNamespace(upcast=upcast))
+
+    assert generation.prefill_chunk(engine(torch.bfloat16, False)) == generation.PREFILL_CHUNK_NATIVE_BF16  # bf16 units
+    assert generation.prefill_chunk(engine(torch.bfloat16, True)) == generation.PREFILL_CHUNK  # bf16 emulated: upcast
+    assert generation.prefill_chunk(engine(torch.float32, False)) == generation.PREFILL_CHUNK
+    model = tiny_model("llama")
+    gen, control = new_run(Engine(model), None, GenerateConfig(max_new_tokens=2, chat=False))
+    assert list(gen.prefill_chunks(16)) == [14, 28, 42, 56, 70]  # the room's chunk, given

@@ -35,6 +35,18 @@ GREEDY_BELOW = 1e-4
 # product, weights.linear): on a loaded 2-core AVX2 VM a 2,044-token prompt read in 256-token chunks took 2.5-4x the
 # one forward's time, in 512-token chunks 1.3-1.6x (/tmp/pf.py-style side-by-side runs, noisy: others shared the cores).
 PREFILL_CHUNK = 512
+# Where bf16 products are native (this CPU's bf16 units, or a GPU) no weight is converted, and a chunk's fixed cost is
+# its attention over the earlier chunks (a mask per layer, the masked kernel): on a 2-core Xeon with AMX a 2,048-token
+# prompt took 1.66 s in 512-token chunks, 1.16 s in one forward, 1.32 s in transformers' `generate` (medians of 7
+# alternating rounds). There a generation alone reads up to this many tokens a forward; a room reads a long prompt
+# PREFILL_CHUNK tokens a step (room.py), since every row of that step waits for the chunk.
+PREFILL_CHUNK_NATIVE_BF16 = 2048
+
+
+def prefill_chunk(engine) -> int:
+    """Prompt tokens per prefill forward of a generation alone on `engine` (see PREFILL_CHUNK_NATIVE_BF16)."""
+    native = engine.dtype == torch.bfloat16 and not engine.anatomy.upcast
+    return max(PREFILL_CHUNK, PREFILL_CHUNK_NATIVE_BF16) if native else PREFILL_CHUNK
 
 
 def sample(logits: torch.Tensor, config: GenerateConfig, generator: torch.Generator | None) -> int:
@@ -78,8 +90,8 @@ class Generation:
             pass
         return self._prompt_steps
 
-    def prefill_chunks(self) -> Iterator[int]:
-        """Read the prompt PREFILL_CHUNK tokens at a time (chunks of equal size, through the same caches), yielding
+    def prefill_chunks(self, chunk: int | None = None) -> Iterator[int]:
+        """Read the prompt `chunk` tokens at a time (default: `prefill_chunk`; chunks of equal size, through the same caches), yielding
         the tokens read after each; `control.prompt_read` of `control.prompt_tokens` says the same to other threads.
         The same numbers as one forward over the prompt, to float rounding: each chunk's queries attend to the cache
         the earlier chunks wrote, as the whole prompt's later tokens do to its earlier ones. A sequence-level set
@@ -87,7 +99,7 @@ class Generation:
         ids, control, total = self.ids, self.control, len(self.ids)
         control.prompt_tokens, control.prompt_read = total, 0
         self.trace.meta.update(prompt_tokens=total, stop_reason="max_new_tokens")
-        chunks = 1 if self.sequence else max(1, math.ceil(total / PREFILL_CHUNK))
+        chunks = 1 if self.sequence else max(1, math.ceil(total / (chunk or prefill_chunk(self.engine))))
         bounds = [round(k * total / chunks) for k in range(chunks + 1)]  # equal chunks: no short last one
         rows: list = []
         t0 = time.perf_counter()

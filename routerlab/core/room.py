@@ -326,7 +326,7 @@ class Room:
             if any(entry is e for e, _ in packed):
                 continue
             if len(entry.gen.ids) > generation.PREFILL_CHUNK:  # a long prompt: a chunk a step (`_read_long`)
-                entry.reading = entry.gen.prefill_chunks()
+                entry.reading = entry.gen.prefill_chunks(generation.PREFILL_CHUNK)
                 self._reading.append(entry)
                 continue
             try:
