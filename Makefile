@@ -78,7 +78,7 @@ bench-peers: setup
 # under three ways of sharing the cores (issue 51); installs onnxruntime and onnx into .venv, never a requirement.
 bench-nbits: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
-	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.precision import cpu_vector_unit as c; print(c().lower())").json
+	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
 
 # Every generation completes: 100 generations at the page's defaults (quality on, the example prompts, 64-96 new tokens)
 # one at a time, then 100 with 8 visitors at once, through the real app over HTTP; 0 failures required. Rerun it
