@@ -473,3 +473,36 @@ def test_solo_runs_take_turns_going_first():
     for _ in range(3):
         room.step()
     assert order == list("abc") + list("bca") + list("cab")
+
+
+def test_an_empty_room_reads_a_long_prompt_in_a_generation_alones_chunks(monkeypatch):
+    """With nobody else in the loop no step waits for a chunk: an empty room reads a long prompt as a generation alone
+    does (generation.prefill_chunk: longer where bf16 is native); with others there, PREFILL_CHUNK tokens a step."""
+    from routerlab.core import generation
+
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(generation, "prefill_chunk", lambda engine: 32)
+    engine = Engine(tiny_model("llama"))
+    long = (list(range(3, 35)), None, GenerateConfig(max_new_tokens=2, ignore_eos=True))  # 32 tokens
+    short = ([5, 17, 42, 9], None, GenerateConfig(max_new_tokens=8, ignore_eos=True))
+    room = engine.room = Room(engine)
+    try:
+        alone = Control(0.5)
+        reader = engine.generate_ids(*long, alone)
+        room.step()
+        assert alone.prompt_read == 32  # one chunk
+        while any(room.busy.values()):
+            room.step()
+        list(reader)
+        c_short, crowded = Control(0.5), Control(0.5)
+        readers = [engine.generate_ids(*short, c_short)]
+        room.step()
+        readers.append(engine.generate_ids(*long, crowded))
+        room.step()
+        assert crowded.prompt_read == 8  # the room's chunk: the short row steps meanwhile
+        while any(room.busy.values()):
+            room.step()
+        for r in readers:
+            list(r)
+    finally:
+        engine.room = None

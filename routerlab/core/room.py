@@ -326,7 +326,10 @@ class Room:
             if any(entry is e for e, _ in packed):
                 continue
             if len(entry.gen.ids) > generation.PREFILL_CHUNK:  # a long prompt: a chunk a step (`_read_long`)
-                entry.reading = entry.gen.prefill_chunks(generation.PREFILL_CHUNK)
+                # PREFILL_CHUNK tokens a step while others share the loop (each of their steps waits for the chunk); in
+                # an empty room, a generation alone's chunks (generation.prefill_chunk: longer where bf16 is native)
+                crowd = self._rows or self._reading or self._waiting or len(started) > 1
+                entry.reading = entry.gen.prefill_chunks(generation.PREFILL_CHUNK if crowd else generation.prefill_chunk(self.engine))
                 self._reading.append(entry)
                 continue
             try:
