@@ -16,6 +16,9 @@ under each way to share them, each in a process of its own (onnxruntime's global
   shared-pool  torch on all threads; every session in one global onnxruntime pool
   ort-cores    torch on one thread (no pool of its own), the products in a global onnxruntime pool of all threads
 
+`--maps head` (or any subset) sends only those maps through onnxruntime: the head is one `run` a step, where it is
+2-4x faster than the int4 kernel alone.
+
 Each mode decodes the same prompt greedily with the int4 kernel and with onnxruntime in alternating rounds and prints
 the ratio. Needs `onnxruntime` and `onnx` (`make bench-nbits` installs them into .venv); never a requirement of the
 app or its tests. Knows nothing about the UI.
@@ -186,7 +189,10 @@ def decode_rate(engine, ids: list[int], new_tokens: int) -> tuple[float, list[in
     return new_tokens / (time.perf_counter() - t0), out
 
 
-def one_mode(mode: str, threads: int, rounds: int, prompt_tokens: int, new_tokens: int) -> dict:
+KINDS = ("qkv", "o", "gate_up", "down", "head")
+
+
+def one_mode(mode: str, threads: int, rounds: int, prompt_tokens: int, new_tokens: int, kinds: tuple[str, ...] = KINDS) -> dict:
     """The measurements of one mode, in this process (see the module's docstring)."""
     import onnxruntime as ort
 
@@ -204,13 +210,13 @@ def one_mode(mode: str, threads: int, rounds: int, prompt_tokens: int, new_token
     engine = Engine.from_loaded(loaded)
     if engine.anatomy.lowbit is None:
         raise SystemExit("bench nbits measures the embedded model's own codes on a CPU")
-    maps = map_codes(engine.anatomy, embedded_codes(loaded.model.config))
+    maps = [m for m in map_codes(engine.anatomy, embedded_codes(loaded.model.config)) if m[0] in kinds]
     lows = [NBits(codes, mode, threads) for _, _, codes in maps]
     ids = bench_prompt(loaded.tokenizer, prompt_tokens)
     with products_through(maps, lows):
         _, theirs = decode_rate(engine, ids, 16)
     _, ours = decode_rate(engine, ids, 16)
-    result = {"mode": mode, "onnxruntime": ort.__version__, "torch_threads": torch.get_num_threads(), "threads": threads,
+    result = {"mode": mode, "maps": list(kinds), "onnxruntime": ort.__version__, "torch_threads": torch.get_num_threads(), "threads": threads,
               "same_first_tokens": sum(a == b for a, b in zip(ours, theirs)), "of": len(ours),
               "alone": alone(maps, lows, _hidden(engine)) if mode != "ort-cores" else None, "int4": [], "nbits": []}
     for r in range(rounds):
@@ -231,11 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4, help="alternating rounds of the two kernels per mode")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--maps", default=",".join(KINDS), help=f"which maps onnxruntime multiplies (comma-separated, from "
+                   f"{', '.join(KINDS)}; the others keep the int4 kernel), e.g. head")
     p.add_argument("--save", default=None, help="write the JSON result here")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: measure one mode in this process
     args = p.parse_args(argv)
+    kinds = tuple(k for k in KINDS if k in args.maps.split(","))
+    if not kinds:
+        p.error(f"--maps takes some of {', '.join(KINDS)}, not {args.maps!r}")
     if args.one:
-        print(json.dumps(one_mode(args.one, args.threads, args.rounds, args.prompt_tokens, args.new_tokens)))
+        print(json.dumps(one_mode(args.one, args.threads, args.rounds, args.prompt_tokens, args.new_tokens, kinds)))
         return 0
     try:
         import onnx  # noqa: F401
@@ -246,10 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     from routerlab.bench.speed import cpu_model
     from routerlab.core.precision import cpu_vector_unit
 
-    results = {"cpu": cpu_vector_unit(), "cpu_model": cpu_model(), "modes": {}}
+    from routerlab.core.precision import cpu_matrix_flags, machine_kind
+
+    results = {"cpu": cpu_vector_unit(), "cpu_model": cpu_model(), "machine_kind": machine_kind(), "cpu_flags": cpu_matrix_flags(),
+               "maps": list(kinds), "modes": {}}
     for mode in args.modes.split(","):
         cmd = [sys.executable, "-m", "routerlab.bench.nbits", "--one", mode, "--threads", str(args.threads), "--rounds",
-               str(args.rounds), "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens)]
+               str(args.rounds), "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+               "--maps", ",".join(kinds)]
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         if done.returncode:
             print(f"{mode}: failed\n{done.stderr[-2000:]}")
