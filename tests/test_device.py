@@ -195,3 +195,31 @@ def test_a_failing_start_up_measurement_leaves_the_room_serving(engine, monkeypa
     assert any("could not measure the decode batch's products" in line for line in lines)
     assert any("could not measure where torch runs fastest" in line for line in lines)
     assert "served" in lines
+
+
+def test_the_gpu_check_takes_kv_and_mask_apart_only_at_a_near_tie():
+    """On a GPU kv and mask may round differently (their products have other shapes): decoding different tokens is
+    sane where mask's own logits put the two tokens within a rounding (gpu_check.NEAR_TIE), not farther."""
+    result = gpu_check.run_check("cpu", "tiny", prompt_tokens=16, new_tokens=6, rounds=1, train_steps=1, log=lambda _: None)
+    gen = result["generate"]
+    assert gen["kv_vs_mask"] is None  # on the CPU: the same tokens
+    gen["routed_mask"]["token_ids"] = gen["routed_kv"]["token_ids"][:3] + [t + 1 for t in gen["routed_kv"]["token_ids"][3:]]
+    gen["kv_vs_mask"] = {"at": 3, "gap": 0.125, "spread": 20.0}
+    assert gpu_check.sane(result) == []
+    gen["kv_vs_mask"]["gap"] = -2.0
+    assert gpu_check.sane(result) == ["kv and mask decoded different tokens from token 3, where mask's logits put the two "
+                                      f"-2.000 apart: more than a rounding ({gpu_check.NEAR_TIE})"]
+    gen["kv_vs_mask"] = None
+    assert gpu_check.sane(result) == ["kv and mask decoded different tokens (they compute the same numbers)"]
+
+
+def test_the_gpu_checks_departure_is_measured_on_mask_logits():
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import tiny_model
+
+    engine = Engine(tiny_model("llama"))
+    routers = gpu_check.random_routers(engine)
+    ids = gpu_check.prompt_ids(engine, 12)
+    assert gpu_check.first_departure(engine, ids, routers, [5, 6, 7], [5, 6, 7]) is None
+    dep = gpu_check.first_departure(engine, ids, routers, [5, 6, 7], [5, 9, 7])
+    assert dep["at"] == 1 and dep["spread"] > 0 and isinstance(dep["gap"], float)
