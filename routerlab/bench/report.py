@@ -9,22 +9,15 @@ nothing here measures anything.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from routerlab.bench.report_cells import READ_ERRORS, _cell, _num, _pct, _read
+from routerlab.bench.report_kinds import speed_kinds_markdown
 from routerlab.core.paths import ASSETS, ROOT
 
 BENCH = ASSETS / "bench"  # the committed benchmark files
 RESULTS = ROOT / "docs" / "results.md"  # the document rendered from them
-
-
-def _num(x, digits: int = 3) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{float(x):.{digits}f}"
-
-
-def _pct(x, digits: int = 1, sign: bool = False) -> str:
-    return "-" if x is None else f"{100 * float(x):{'+' if sign else ''}.{digits}f}%"
 
 
 def _of_ideal(r: dict) -> str:
@@ -127,9 +120,6 @@ FIGURES = {  # figures a section links to, when they are in the folder
     "heldout_extra.json": ("heldout_extra.html",),
     "heldout_sampled.json": ("heldout_sampled.html",),
 }
-READ_ERRORS = (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError)
-
-
 def _label(folder: Path) -> str:
     """How the document names `folder`: relative to the repository when inside it (so the text is the same anywhere)."""
     try:
@@ -148,25 +138,6 @@ def _short_path(p) -> str:
     """A recorded path without the machine's checkout prefix (`/work/x/assets/routers/y` -> `assets/routers/y`)."""
     text = str(p)
     return text[text.index("assets/"):] if "assets/" in text else text
-
-
-def _cell(x) -> str:
-    """A recorded value as a table cell: booleans as yes/no, floats rounded to 3 places, lists joined."""
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, int):
-        return f"{x:,}"
-    if isinstance(x, float):
-        return "-" if math.isnan(x) else f"{round(x, 3):,}"
-    if x is None:
-        return "-"
-    if isinstance(x, (list, tuple)):
-        if len(x) > 12 and all(isinstance(v, (int, float)) for v in x):
-            return f"{len(x)} values, {_cell(min(x))} to {_cell(max(x))}"
-        return ", ".join(_cell(v) for v in x) if x else "none"
-    if isinstance(x, dict):
-        return ", ".join(f"{k} {_cell(v)}" for k, v in x.items()) if x else "none"
-    return str(x).replace("|", "\\|").replace("\n", " ")
 
 
 def _name(key: str) -> str:
@@ -499,35 +470,6 @@ def _cli_command(v: dict) -> str:
     return command
 
 
-def speed_kinds_markdown(folder: Path) -> list[str]:
-    """The headline figures of every `speed*.json` in `folder` side by side, one row per machine kind (`make bench` on
-    each kind of CPU met: kept as speed-<kind>.json beside speed.json). Nothing when there is only one."""
-    rows = []
-    for path in sorted(Path(folder).glob("speed*.json")):
-        try:
-            r = _read(path)
-            lc, ttft = r.get("long_context") or {}, r.get("ttft_seconds") or {}
-            kind = r.get("machine_kind") or str(r.get("cpu", "?")).lower()
-            flags = " ".join(r.get("cpu_flags") or []) or f"vector unit {r.get('cpu', '?')}"
-            rows.append(f"| `{path.name}` | {r.get('cpu_model', '?')}, {r['threads']} threads, {r['rounds']} rounds; **{kind}** ({flags}) "
-                        f"| {r['tokens_per_second']['engine']:.1f} | {_num(r['tokens_per_second'].get('llama_cpp'), 1)} "
-                        f"| {_num(r.get('engine_vs_llama_cpp'))} | {_num(lc.get('engine_vs_llama_cpp'))} "
-                        f"| {_num(ttft.get('engine'), 2)} / {_num(ttft.get('generate'), 2)} s | {_num(r.get('routing'))} "
-                        f"| {_num(r.get('kernel_floor_vs_llama_cpp'))} |")
-        except (OSError, *READ_ERRORS) as err:
-            rows.append(f"| `{path.name}` | could not be read ({type(err).__name__}) | | | | | | | |")
-    if len(rows) < 2:
-        return []
-    return ["### On each machine kind", "",
-            "Every `speed*.json` here, each from `make bench` (or `python -m routerlab bench speed --save ...`) on the machine "
-            "it names, 512-token prompt unless its section says otherwise: engine and llama.cpp tokens/s, their ratio at "
-            "512 and at 2,048 tokens of context, time to first token of a 2,048-token prompt (engine / transformers "
-            "`generate`), never-skip routing against the full model, and the kernel floor (products, attention and head "
-            "alone) against llama.cpp's whole step.", "",
-            "| file | machine | engine tok/s | llama.cpp tok/s | engine vs llama.cpp | at 2,048 | first token, 2,048 | never-skip | kernel floor vs llama.cpp |",
-            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
-
-
 def _server_mode(server) -> str:
     """How the load test ran its server. `python -m routerlab.loadtest` was the harness's old name for the same command
     (docs/operators.md): shown under the name that runs now."""
@@ -567,13 +509,6 @@ def conditions(name: str, r: dict) -> str | None:
                  "server settings " + ", ".join(f"{k}={v}" for k, v in r["server_env"].items()) if r.get("server_env") else None]
         return "; ".join(p for p in parts if p) + "." if any(parts) else None
     return None
-
-
-def _read(path: Path) -> dict:
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    return data
 
 
 def results_markdown(folder: Path = BENCH) -> str:
