@@ -71,3 +71,26 @@ def test_make_room_sets_the_servers_cpu_per_token_beside_the_loop_alone_at_as_ma
     row = out["8"]
     assert row["web_cpu_ms_per_token"] == 2.0 and row["engine_cpu_ms_per_token"] == 18.0 and row["server_cpu_vs_loop"] == 1.25
     assert row["aggregate_vs_loop"] == 0.8 and row["clients_cpu_share"] == round(0.2 / (5.0 * (os.cpu_count() or 1)), 3)
+
+
+def test_a_room_level_keeps_the_median_of_its_rounds_each_beside_a_run_of_the_loop_alone(monkeypatch):
+    from routerlab.bench.load import room
+
+    served = iter([{"sessions": 8, "served": 8, "errors": 0, "refusals": 0, "tokens": 500, "aggregate_tokens_per_s": a,
+                    "server_cpu_ms_per_token": c, "failures": [], "loop": {"forward": a}} for a, c in ((80.0, 20.0), (120.0, 14.0), (100.0, 15.0))])
+    monkeypatch.setattr(room, "level_run", lambda *a, **k: next(served))
+    order = []
+
+    class Alone:
+        def measure(self, rows):
+            order.append(rows)
+            return {"tokens_per_s": 160.0, "cpu_ms_per_token": 10.0}
+
+    r = room.level_rounds("http://x", 8, {}, ["p"], rounds=3, alone=Alone())
+    assert order == [8, 8, 8] and len(r["rounds"]) == 3
+    assert r["aggregate_tokens_per_s"] == 100.0 and r["server_cpu_ms_per_token"] == 15.0 and r["served"] == 8
+    assert r["aggregate_vs_loop"] == 0.625 and r["server_cpu_vs_loop"] == 1.5  # medians of the rounds' ratios
+    assert r["loop"] == {"forward": 100.0}  # the split of the median round
+    out = room.served_vs_loop({"modes": {"room": {"levels": {"8": {**r, "web_server_cpu_s": 1.0, "engine_cpu_s": 6.5,
+                                                                    "clients_cpu_s": 0.1, "wall_s": 5.0}}}}})
+    assert out["8"]["aggregate_vs_loop"] == 0.62 and out["8"]["server_cpu_vs_loop"] == 1.5

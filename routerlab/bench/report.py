@@ -407,7 +407,7 @@ def room_markdown(r: dict) -> list[str]:
     if room.get("one_visitor_vs_cli"):
         v = room["one_visitor_vs_cli"]
         out += [f"One visitor alone in the app against `{_cli_command(v)}` on the same prompt, alternating: "
-                f"app {v['app_tokens_per_s']} tokens/s, command line {v['cli_tokens_per_s']}: **{v['app_vs_cli']}x** (medians).", ""]
+                f"app {v['app_tokens_per_s']} tokens/s, command line {v['cli_tokens_per_s']}: **{v['app_vs_cli']}x** (the median over rounds).", ""]
     if room.get("eight_sessions"):
         out += ["Eight at once, with the room: does skipping pay when rows share a step?", "",
                 _matrix({k: {f: v for f, v in row.items() if f not in ("sessions", "failures")} for k, row in room["eight_sessions"].items()}), ""]

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"which of {', '.join(MODES)} (comma-separated; shared is the app's way)")
     p.add_argument("--router-set", default="attention-token")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: $ROUTERLAB_DEVICE, else cuda when available)")
+    p.add_argument("--stdin", action="store_true", help="instead: the app's way (shared) at each row count read from "
+                   "standard input, one per line, printing one JSON line per run (make room runs it between its served rounds)")
     p.add_argument("--paths", action="store_true", help="instead: the app's way (shared) with the products batch_paths "
                    "chooses now against fp32 copies only (its rule before), alternating rounds")
     args = p.parse_args(argv)
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.paths:
         return compare_paths(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
     print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
+    if args.stdin:
+        return serve_stdin(engine, routers, prompts)
     modes = tuple(m for m in MODES if m in args.modes.split(","))
     if not modes:
         p.error(f"--modes takes some of {', '.join(MODES)}, not {args.modes!r}")
@@ -93,6 +97,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {n} rows: " + ", ".join(f"{m} {v:.1f}" for m, v in med.items()) + " tokens/s", flush=True)
     print(json.dumps(report))
     return 0
+
+
+def serve_stdin(engine, routers, prompts: list[str]) -> int:
+    """One run of the app's way (shared) per row count read from standard input; a JSON line each (rows, tokens/s, CPU
+    per token). The first run at a row count is preceded by a short warm-up. Ends at the end of its input."""
+    warm: set[int] = set()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in iter(input_line, None):
+        n = int(line)
+        if n not in warm:
+            run(engine, routers, prompts, n, "shared", new_tokens=8)
+            warm.add(n)
+        out = run(engine, routers, prompts, n, "shared")
+        print(json.dumps({"rows": n, "tokens_per_s": out["tokens_per_s"], "cpu_ms_per_token": out["cpu_ms_per_token"]}), flush=True)
+    return 0
+
+
+def input_line() -> str | None:
+    """The next non-empty line of standard input, None at its end."""
+    while True:
+        try:
+            line = input().strip()
+        except EOFError:
+            return None
+        if line:
+            return line
 
 
 def compare_paths(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:

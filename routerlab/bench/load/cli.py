@@ -144,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--levels", default=None, help="room: visitors at once, comma-separated (default: 1,2,4,8,16,32)")
     p.add_argument("--room-modes", default=None, help="room: servers to measure, comma-separated, from room (the loop in an "
                    "engine process), room-thread (ROUTERLAB_ENGINE=thread) and alone (default: room,alone)")
+    p.add_argument("--room-rounds", type=int, default=3, help="room: runs of each level and of the loop alone; the "
+                   "record keeps their medians (default 3: this machine's speed drifts between runs)")
     p.add_argument("--no-extras", action="store_true", help="room: only the levels (no command-line comparison, no 8-visitor "
                    "variants, no isolated step)")
     p.add_argument("--device", default=None, help="where the server's model runs: cpu, cuda or cuda:N (default: "
@@ -177,11 +179,12 @@ def _room(args) -> int:
     except ValueError:
         print(f"error: --levels takes whole numbers, comma-separated (e.g. 1,8), not {args.levels!r}", file=sys.stderr)
         return 2
-    if not levels or min(levels) < 1 or not set(modes) <= set(MODES):
-        print(f"error: --levels: numbers >= 1; --room-modes: from {', '.join(MODES)}", file=sys.stderr)
+    if not levels or min(levels) < 1 or not set(modes) <= set(MODES) or args.room_rounds < 1:
+        print(f"error: --levels: numbers >= 1; --room-modes: from {', '.join(MODES)}; --room-rounds: 1 or more", file=sys.stderr)
         return 2
     report = {"command": "python -m routerlab.bench.load " + " ".join(args.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-              **room_bench(levels, log=lambda *a: print(*a, file=sys.stderr, flush=True), modes=modes, extras=not args.no_extras)}
+              **room_bench(levels, log=lambda *a: print(*a, file=sys.stderr, flush=True), modes=modes, extras=not args.no_extras,
+                         rounds=args.room_rounds)}
     report["machine"].update(cpu=_cpu())
     if not args.no_extras:
         from routerlab.bench.load.room import served_vs_step

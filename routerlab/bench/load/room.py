@@ -6,7 +6,9 @@ the path before the room: each generation alone in a worker thread, `ROUTERLAB_R
 once and a queue of 16) it starts the real app in a child process, then at each level 1, 2, 4, 8, 16 and 32
 visitors start one generation each at the same moment (64 new tokens, the page's example prompts and its default
 settings: quality on). Per level: aggregate tokens/s, each visitor's own streaming rate (p5, p50), time to first
-token (p50, p95), errors (a status without ✓ counts) and refusals (a full queue). At 8 visitors, with the room, the
+token (p50, p95), errors (a status without ✓ counts) and refusals (a full queue); each level runs `rounds` times
+(medians kept), with the room each round beside a run of its loop alone at as many rows (`LoopAlone`, a process
+of its own). At 8 visitors, with the room, the
 full model and the default set at thresholds 0.5 and 0.7 (does skipping pay when rows share a step?). Knows nothing
 about tensors; the server says where its loop ran.
 """
@@ -99,6 +101,8 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
             "clients_cpu_s": round(cpu.this_process() - clients0, 1)} if cpu1 else {}
     if used and tokens:
         used["server_cpu_ms_per_token"] = round(1e3 * (used["web_server_cpu_s"] + used["engine_cpu_s"]) / tokens, 1)
+        used["web_cpu_ms_per_token"] = round(1e3 * used["web_server_cpu_s"] / tokens, 2)
+        used["engine_cpu_ms_per_token"] = round(1e3 * used["engine_cpu_s"] / tokens, 2)
     if spent0:
         used["loop"] = loop_split(spent0, _spent(url))
     return {**used,
@@ -111,6 +115,52 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
         "time_to_first_token_s_p95": round(pct(ttft, 0.95), 2) if ttft else None,
         "wall_s": round(wall, 1), "failures": [o["status"] for o in outs if not o.get("ok")][:5],
     }
+
+
+ROUND_FIELDS = ("aggregate_tokens_per_s", "server_cpu_ms_per_token", "web_cpu_ms_per_token", "engine_cpu_ms_per_token",
+                "time_to_first_token_s_p95", "errors", "loop_tokens_per_s", "loop_cpu_ms_per_token", "aggregate_vs_loop",
+                "server_cpu_vs_loop")  # what each round of a level keeps in its record
+
+
+def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, rounds: int = 3,
+                 server_pid: int | None = None, alone: "LoopAlone | None" = None) -> dict:
+    """`level_run` `rounds` times: this machine's speed drifts by tens of percent from one second to the next (a
+    one-row decode step's median, 64 tokens at a time in one process: 10.7-13.2 ms; in fresh processes 11-19), so one
+    run of a level is not a measure. With `alone`, each round also runs the loop alone at as many rows (before or after
+    the served run, in turn) and takes the round's ratios to it. Each measure of the record is its median over the
+    rounds (ratios taken per round first); errors and refusals are summed, `served` is the fewest, `loop` is the split
+    of the round with the median aggregate, and `rounds` keeps each round's figures."""
+    runs = []
+    for k in range(max(rounds, 1)):
+        loop = alone.measure(sessions) if alone is not None and k % 2 == 1 else None
+        r = level_run(url, sessions, settings, prompts, new_tokens, server_pid=server_pid)
+        if alone is not None:
+            loop = loop or alone.measure(sessions)
+            r |= {"loop_tokens_per_s": loop["tokens_per_s"], "loop_cpu_ms_per_token": loop["cpu_ms_per_token"]}
+            if r.get("tokens") and r.get("aggregate_tokens_per_s"):
+                r |= {"aggregate_vs_loop": round(r["aggregate_tokens_per_s"] / loop["tokens_per_s"], 3),
+                      "server_cpu_vs_loop": round(r["server_cpu_ms_per_token"] / loop["cpu_ms_per_token"], 3)
+                      if r.get("server_cpu_ms_per_token") else None}
+        runs.append(r)
+    if len(runs) == 1:
+        return runs[0]
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if key in ("errors", "refusals"):
+            out[key] = sum(values)
+        elif key == "served":
+            out[key] = min(values)
+        elif key == "failures":
+            out[key] = [f for r in runs for f in r[key]][:5]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "sessions":
+            present = [v for v in values if v is not None]
+            out[key] = round(statistics.median(present), 3) if present else None
+    by_rate = sorted(runs, key=lambda r: r.get("aggregate_tokens_per_s") or 0.0)
+    if "loop" in out:
+        out["loop"] = by_rate[len(by_rate) // 2].get("loop")
+    out["rounds"] = [{k: r.get(k) for k in ROUND_FIELDS if k in r} for r in runs]
+    return out
 
 
 def _spent(url: str) -> dict | None:
@@ -130,9 +180,10 @@ def loop_split(before: dict, after: dict) -> dict:
             **{k: after[k] - before.get(k, 0) for k in after if k.startswith("packed_")}}
 
 
-def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, rounds: int = 3) -> dict:
+def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, rounds: int = 7) -> dict:
     """One visitor alone in the app against `python -m routerlab generate` (a fresh process each round) on the same
-    prompt and settings, alternating; decode tokens/s as each records it (the trace, the CLI's JSON)."""
+    prompt and settings, alternating (who goes first alternates too: the machine's speed drifts); decode tokens/s as
+    each records it (the trace, the CLI's JSON), and the median of the rounds' ratios."""
     import json
     import subprocess
     import sys
@@ -142,18 +193,24 @@ def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, roun
     app, cli = [], []
     cmd = [sys.executable, "-m", "routerlab", "generate", "--prompt", prompt, "--max-new-tokens", str(new_tokens),
            "--threshold", str(settings["threshold"]), "--kv-policy", settings["kv_policy"], "--json"]
-    for _ in range(rounds):
+    def in_app():
         c = client(url)
         try:
             result = submit(c, prompt, settings["threshold"], settings["router_set"], settings["kv_policy"], new_tokens).result(timeout=300)
             app.append(trace_of(result).decode_tokens_per_second())
         finally:
             c.close()
+
+    def on_command_line():
         run = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=600)
         cli.append(json.loads(run.stdout)["decode_tokens_per_second"])
-    a, b = statistics.median(app), statistics.median(cli)
+
+    for k in range(rounds):
+        for measure in ((in_app, on_command_line) if k % 2 == 0 else (on_command_line, in_app)):
+            measure()
     return {"prompt": prompt, "new_tokens": new_tokens, "app_tokens_per_s": [round(x, 1) for x in app],
-            "cli_tokens_per_s": [round(x, 1) for x in cli], "app_vs_cli": round(a / b, 2),
+            "cli_tokens_per_s": [round(x, 1) for x in cli],
+            "app_vs_cli": round(statistics.median(a / b for a, b in zip(app, cli)), 2),
             "cli_command": shlex.join(["python", *cmd[1:]])}  # as a reader types it (the prompt quoted)
 
 
@@ -177,13 +234,34 @@ def ratios(report: dict) -> dict:
 
 
 def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print, modes: tuple[str, ...] = DEFAULT_MODES,
-               extras: bool = True) -> dict:
+               extras: bool = True, rounds: int = 3) -> dict:
     """`modes`: which servers of MODES, one after another; `extras`: with the room, also one visitor against the command
-    line and 8 visitors with the full model and two thresholds."""
+    line and 8 visitors with the full model and two thresholds; `rounds`: runs of each level, each beside a run of the
+    room's loop alone at as many rows (`level_rounds`, `LoopAlone`), medians kept."""
     from routerlab import ui
 
     prompts = ui.load_prompts()
-    report: dict = {"levels": list(levels), "new_tokens": new_tokens, "modes": {}}
+    report: dict = {"levels": list(levels), "new_tokens": new_tokens, "rounds": rounds, "modes": {}}
+    alone = LoopAlone() if "room" in modes else None
+    try:
+        _serve_modes(report, levels, new_tokens, log, modes, extras, rounds, prompts, alone)
+    finally:
+        if alone is not None:
+            alone.close()
+    report["ratios"] = ratios(report)
+    report["machine"] = {"cpus": os.cpu_count()}
+    if alone is not None:
+        report["loop_alone"] = alone.summary()
+        report["served_vs_loop"] = served_vs_loop(report)
+        if log:
+            log(f"[room] served against the loop alone: {report['served_vs_loop']}")
+    return report
+
+
+def _serve_modes(report: dict, levels, new_tokens: int, log, modes, extras: bool, rounds: int, prompts, alone) -> None:
+    """room_bench's servers, one after another, each measured at every level (into `report["modes"]`)."""
+    from routerlab import ui
+
     for mode in modes:
         env = MODES[mode]
         env = {**env, "GRADIO_TEMP_DIR": tempfile.mkdtemp(prefix="routerlab-room-")}
@@ -193,7 +271,8 @@ def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print
             level_run(server.url, 1, settings, prompts, 8)  # warm-up: first calls pay one-time set-up
             rows = {}
             for n in levels:
-                rows[str(n)] = level_run(server.url, n, settings, prompts, new_tokens, server_pid=server.pid)
+                rows[str(n)] = level_rounds(server.url, n, settings, prompts, new_tokens, rounds, server_pid=server.pid,
+                                            alone=alone if mode == "room" else None)
                 if log:
                     log(f"[room] {mode}, {n} at once: {rows[str(n)]}")
             out = {"server_env": {k: v for k, v in env.items() if k.startswith("ROUTERLAB_")}, "settings": settings,
@@ -212,33 +291,55 @@ def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print
             report["modes"][mode] = out
         finally:
             server.close()
-    report["ratios"] = ratios(report)
-    report["machine"] = {"cpus": os.cpu_count()}
-    if "room" in report["modes"]:  # after the servers closed: the machine is the loop's alone
-        report["loop_alone"] = loop_alone(levels)
-        report["served_vs_loop"] = served_vs_loop(report)
-        if log:
-            log(f"[room] served against the loop alone: {report['served_vs_loop']}")
-    return report
 
 
-def loop_alone(levels: tuple[int, ...]) -> dict:
-    """The room's loop alone at each level's rows (`python -m routerlab.bench.room_loop`, the app's way, in a process
-    of its own with nothing else running): tokens/s and the CPU its process spent per token."""
-    import json
-    import subprocess
-    import sys
+class LoopAlone:
+    """The room's loop alone (`python -m routerlab.bench.room_loop --stdin`: the app's way, in a process of its own,
+    its main thread), kept running between the served rounds so that each round's ratios compare runs a minute apart
+    at most; while a server is measured it waits on its input. `measure(rows)`: tokens/s and the CPU its process spent
+    per token, 64 new tokens a row, as the levels."""
 
-    from routerlab.core.paths import ROOT
+    def __init__(self):
+        import subprocess
+        import sys
 
-    cmd = [sys.executable, "-m", "routerlab.bench.room_loop", "--rows", ",".join(map(str, levels)), "--rounds", "1",
-           "--modes", "shared"]
-    run = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=3600)
-    if run.returncode != 0:
-        return {"error": run.stderr.strip()[-400:]}
-    rows = json.loads(run.stdout.strip().splitlines()[-1])["rows"]
-    return {n: {"tokens_per_s": r["shared"], "cpu_ms_per_token": r["shared_cpu_ms_per_token"]} for n, r in rows.items()} | {
-        "command": shlex.join(["python", *cmd[1:]])}  # 64 new tokens a row, as the levels
+        from routerlab.core.paths import ROOT
+
+        self.cmd = [sys.executable, "-m", "routerlab.bench.room_loop", "--stdin"]
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, cwd=str(ROOT))
+        self.runs: dict[int, list[dict]] = {}
+        self._reply()  # loaded, its products chosen (batch_paths.tune) before any server starts: its timings see a quiet machine
+
+    def measure(self, rows: int) -> dict:
+        self.proc.stdin.write(f"{rows}\n")
+        self.proc.stdin.flush()
+        result = self._reply()
+        self.runs.setdefault(rows, []).append(result)
+        return result
+
+    def _reply(self) -> dict:
+        import json
+
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the loop alone ended early ({shlex.join(self.cmd)}, exit {self.proc.poll()})")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def summary(self) -> dict:
+        """Per row count, the medians of its runs, and the command (as a reader types it)."""
+        return {str(n): {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+                         "cpu_ms_per_token": statistics.median(r["cpu_ms_per_token"] for r in runs), "runs": len(runs)}
+                for n, runs in self.runs.items()} | {"command": shlex.join(["python", *self.cmd[1:]])}
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except Exception:
+            self.proc.kill()
 
 
 def served_vs_loop(report: dict) -> dict:
@@ -251,13 +352,20 @@ def served_vs_loop(report: dict) -> dict:
     out = {}
     for n, r in room.items():
         loop = alone.get(n)
-        if not isinstance(loop, dict) or not r.get("tokens"):
+        if not r.get("tokens") or not (isinstance(loop, dict) or r.get("aggregate_vs_loop")):
             continue
-        web, engine = (1e3 * r[k] / r["tokens"] for k in ("web_server_cpu_s", "engine_cpu_s"))
-        out[n] = {"aggregate_vs_loop": round(r["aggregate_tokens_per_s"] / loop["tokens_per_s"], 2),
-                  "server_cpu_vs_loop": round((web + engine) / loop["cpu_ms_per_token"], 2),
+        web = r.get("web_cpu_ms_per_token", 1e3 * r["web_server_cpu_s"] / r["tokens"])
+        engine = r.get("engine_cpu_ms_per_token", 1e3 * r["engine_cpu_s"] / r["tokens"])
+        if r.get("aggregate_vs_loop"):  # measured round by round beside the loop alone (level_rounds): the median ratios
+            ratios_ = {"aggregate_vs_loop": round(r["aggregate_vs_loop"], 2), "server_cpu_vs_loop": round(r["server_cpu_vs_loop"], 2),
+                       "loop_cpu_ms_per_token": r["loop_cpu_ms_per_token"]}
+        else:
+            ratios_ = {"aggregate_vs_loop": round(r["aggregate_tokens_per_s"] / loop["tokens_per_s"], 2),
+                       "server_cpu_vs_loop": round((web + engine) / loop["cpu_ms_per_token"], 2),
+                       "loop_cpu_ms_per_token": loop["cpu_ms_per_token"]}
+        out[n] = {"aggregate_vs_loop": ratios_["aggregate_vs_loop"], "server_cpu_vs_loop": ratios_["server_cpu_vs_loop"],
                   "web_cpu_ms_per_token": round(web, 2), "engine_cpu_ms_per_token": round(engine, 2),
-                  "loop_cpu_ms_per_token": loop["cpu_ms_per_token"],
+                  "loop_cpu_ms_per_token": ratios_["loop_cpu_ms_per_token"],
                   "clients_cpu_share": round(r["clients_cpu_s"] / (r["wall_s"] * cores), 3) if r.get("wall_s") else None}
     return out
 
