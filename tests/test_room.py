@@ -506,3 +506,32 @@ def test_an_empty_room_reads_a_long_prompt_in_a_generation_alones_chunks(monkeyp
             list(r)
     finally:
         engine.room = None
+
+
+def test_a_sink_receives_every_step_then_the_end_from_the_loop_itself():
+    """Room.submit with a sink (the engine process's way): the loop puts the Steps there, as a reader would read them,
+    then END."""
+    from routerlab.core.room import END
+
+    model = tiny_model("llama")
+    engine = Engine(model)
+    requests = _requests(model)[:3]
+    alone = [_alone(engine, r) for r in requests]
+    room = engine.room = Room(engine)
+    room.prefill_budget_s = math.inf
+
+    class Sink(list):
+        put = list.append
+
+    sinks = [Sink() for _ in requests]
+    try:
+        for (ids, routers, config), sink in zip(requests, sinks):
+            control = Control(config.threshold)
+            assert room.submit(ids, routers, config, control, engine.new_trace(ids, routers, config, control), sink=sink) is None
+        while any(room.busy.values()):
+            room.step()
+    finally:
+        engine.room = None
+    for a, sink in zip(alone, sinks):
+        assert sink[-1] is END and not any(x is END for x in sink[:-1])
+        assert [s.token_id for s in sink[:-1]] == [s.token_id for s in a.steps]

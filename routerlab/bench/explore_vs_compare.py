@@ -1,4 +1,4 @@
-"""`python -m routerlab.bench.explore_vs_compare`: Explore's decode tok/s (runs alone, quality on, the quality pass timed out) against Compare's (lockstep) on the
+"""`python -m routerlab.bench.explore_vs_compare`: Explore's decode tok/s (runs alone, quality on, not counting the quality pass) against Compare's (lockstep) on the
 tide-mill document: full model and attention-token 0.7 drop, 64 new tokens, greedy, the page's defaults otherwise."""
 import dataclasses
 

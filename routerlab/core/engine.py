@@ -317,13 +317,18 @@ class Engine:
 
     def generate_ids(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig,
                      control: Control | None = None) -> Iterator[Step]:
-        self._check(ids, routers, config)
         control = control or Control(config.threshold)
-        trace = Trace(self.n_layers, meta=self.trace_meta(routers, config))
-        control.trace = trace
+        trace = self.new_trace(ids, routers, config, control)
         if self.room is not None:
             return self.room.submit(ids, routers, config, control, trace)
         return self._loop(ids, routers, config, control, trace)
+
+    def new_trace(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig, control: Control) -> Trace:
+        """Check a request (a RouterLabError names what is wrong) and give its run a Trace (also `control.trace`): what
+        `generate_ids` does before it runs, for a caller that hands the request to the room itself (`Room.submit`)."""
+        self._check(ids, routers, config)
+        trace = control.trace = Trace(self.n_layers, meta=self.trace_meta(routers, config))
+        return trace
 
     def _check(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig) -> None:
         if not ids:

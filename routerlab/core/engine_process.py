@@ -4,8 +4,8 @@ ever takes the loop's interpreter lock or cores (as vLLM V1's engine-core proces
 
 Threads here: the main thread runs the room's loop (`run_where_fastest`, as app.py does in-process; or, for tests,
 `stepped`: one `Room.step` per "step" message); a receiver turns the web side's messages into requests, threshold
-moves and Stops; one forwarder per request reads its Steps (`Room.submit`'s iterator, as the UI's threads read it
-in-process); one sender gathers everything ready into one message per send. Ctrl-C is the web process's to handle
+moves and Stops; the loop puts every request's Steps into one queue itself (`Room.submit`'s sink: no thread per
+request); one sender gathers everything ready into one message per send. Ctrl-C is the web process's to handle
 (it sends "close"); when the web process dies the pipe ends, and so does this process.
 
 Knows nothing about Gradio or the UI.
@@ -88,8 +88,21 @@ def main(conn, spec: EngineSpec, max_batch: int, cache_bytes: int | None, steppe
 class _Job:
     rid: int
     control: object
-    steps: object  # the room's iterator of this request's Steps
     watch: TraceWatch
+
+
+@dataclass(frozen=True)
+class _Sink:
+    """Where the room puts a request's Steps (Room.submit's sink): straight into the sender's queue, from the loop's
+    own thread, with no thread per request to wake."""
+
+    job: _Job
+    events: queue.SimpleQueue
+
+    def put(self, item) -> None:
+        from routerlab.core.room import END
+
+        self.events.put((self.job, _END if item is END else item))
 
 
 class _Child:
@@ -164,20 +177,12 @@ class _Child:
         try:
             routers = self.routers.get(key, data, self.engine.device)
             control = Control(threshold)
-            steps = self.engine.generate_ids(ids, routers, config, control)
+            trace = self.engine.new_trace(ids, routers, config, control)
+            job = self.jobs[rid] = _Job(rid, control, TraceWatch(trace, control))
+            self.room.submit(ids, routers, config, control, trace, sink=_Sink(job, self.events))
         except Exception as err:
+            self.jobs.pop(rid, None)
             self._send(("batch", [("error", rid, pack_error(err))], None))
-            return
-        job = self.jobs[rid] = _Job(rid, control, steps, TraceWatch(control.trace, control))
-        threading.Thread(target=self._forward, args=(job,), name=f"routerlab-forward-{rid}", daemon=True).start()
-
-    def _forward(self, job: _Job) -> None:
-        try:
-            for step in job.steps:
-                self.events.put((job, step))
-            self.events.put((job, _END))
-        except BaseException as err:
-            self.events.put((job, err))
 
     # -- engine -> web -----------------------------------------------------------------------------
     def _send_loop(self) -> None:

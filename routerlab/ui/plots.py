@@ -496,7 +496,7 @@ def stats_html(stats: dict[str, Any], running: bool = False) -> str:
     cards = [
         card("skip rate" + what_if, f"{stats['skip_rate']:.0%}", "skipped / routed sub-layer runs over generated tokens"),
         card("tokens/s (measured)", f"{stats['tokens_per_second']:.1f}", "this run's decode tokens per second: measured wall time per token"
-             + (", the quality pass's full-depth passes timed out (as Compare does)" if stats.get("quality") else "")),
+             + (", not counting the quality meter's full-depth passes (as Compare does)" if stats.get("quality") else "")),
         card(speed_label + what_if, speed_value, speed_hint),
         *(card(label, value, hint) for label, value, hint in qp.quality_cards(stats)),
         card("attention FLOPs saved" + what_if, f"{stats['attention_flops_saved']:.0%}", "share of attention FLOPs (projections + scores) not computed"),

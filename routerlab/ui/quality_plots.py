@@ -195,7 +195,7 @@ def speed_phrase(stats: dict) -> str:
     """The speed half of the finished run's status line."""
     tps = stats.get("tokens_per_second") or 0.0
     est = stats.get("speedup_estimate")
-    phrase = f"decode {tps:.1f} tok/s (measured" + (", the quality pass timed out)" if stats.get("quality") else ")")
+    phrase = f"decode {tps:.1f} tok/s (measured" + (", not counting the quality pass)" if stats.get("quality") else ")")
     if est is not None:
         phrase += f", speedup {max(1.0, est):.2f}× estimated from measured per-layer costs"
     return phrase

@@ -118,7 +118,7 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
 
 
 ROUND_FIELDS = ("aggregate_tokens_per_s", "server_cpu_ms_per_token", "web_cpu_ms_per_token", "engine_cpu_ms_per_token",
-                "time_to_first_token_s_p95", "errors", "loop_tokens_per_s", "loop_cpu_ms_per_token", "aggregate_vs_loop",
+                "time_to_first_token_s_p95", "errors", "refusals", "served", "loop_tokens_per_s", "loop_cpu_ms_per_token", "aggregate_vs_loop",
                 "server_cpu_vs_loop")  # what each round of a level keeps in its record
 
 
@@ -128,7 +128,7 @@ def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], ne
     one-row decode step's median, 64 tokens at a time in one process: 10.7-13.2 ms; in fresh processes 11-19), so one
     run of a level is not a measure. With `alone`, each round also runs the loop alone at as many rows (before or after
     the served run, in turn) and takes the round's ratios to it. Each measure of the record is its median over the
-    rounds (ratios taken per round first); errors and refusals are summed, `served` is the fewest, `loop` is the split
+    rounds (ratios taken per round first; refusals too); errors are summed, `served` is the fewest, `loop` is the split
     of the round with the median aggregate, and `rounds` keeps each round's figures."""
     runs = []
     for k in range(max(rounds, 1)):
@@ -147,7 +147,7 @@ def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], ne
     out = dict(runs[0])
     for key, value in runs[0].items():
         values = [r.get(key) for r in runs]
-        if key in ("errors", "refusals"):
+        if key == "errors":
             out[key] = sum(values)
         elif key == "served":
             out[key] = min(values)
@@ -155,7 +155,8 @@ def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], ne
             out[key] = [f for r in runs for f in r[key]][:5]
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "sessions":
             present = [v for v in values if v is not None]
-            out[key] = round(statistics.median(present), 3) if present else None
+            mid = statistics.median(present) if present else None
+            out[key] = mid if mid is None or isinstance(mid, int) else round(mid, 3)
     by_rate = sorted(runs, key=lambda r: r.get("aggregate_tokens_per_s") or 0.0)
     if "loop" in out:
         out["loop"] = by_rate[len(by_rate) // 2].get("loop")
