@@ -294,3 +294,12 @@ def test_an_engine_process_that_cannot_start_falls_back_to_this_process_and_says
     finally:
         engine.room = None
         room.close()
+
+
+def test_the_sender_waits_longer_for_a_crowd_up_to_a_cap():
+    """Each send wakes the web process's threads: with more requests in flight the sender gathers longer."""
+    from routerlab.core import engine_process as ep
+
+    assert ep.coalesce_seconds(0) == ep.coalesce_seconds(ep.ROWS_PER_COALESCE) == ep.COALESCE_S
+    assert ep.coalesce_seconds(2 * ep.ROWS_PER_COALESCE) == 2 * ep.COALESCE_S
+    assert ep.coalesce_seconds(1000) == ep.COALESCE_MAX_S

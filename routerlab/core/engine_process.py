@@ -27,9 +27,17 @@ from routerlab.core.wire import RouterCache, TraceWatch, pack_error
 
 log = logging.getLogger(__name__)
 
-COALESCE_S = 0.015  # how long the sender lets Steps gather before it sends them (and diffs every run's records)
+COALESCE_S = 0.015  # how long the sender lets Steps gather before it sends them (and diffs every run's records) ...
+ROWS_PER_COALESCE = 4  # ... for up to this many requests; with more, proportionally longer, up to COALESCE_MAX_S: each
+COALESCE_MAX_S = 0.12  # send wakes the web process's threads, and on 2 cores each wake takes a core from the loop's
+# OpenMP threads mid-step (a crowd's pages draw every few seconds anyway, ui/stream.py's SHARED_ROWS_PER_PACE)
 POLL_S = 0.05  # with no new Step, the sender still looks this often for quality passes starting or ending
 _END = object()
+
+
+def coalesce_seconds(requests: int) -> float:
+    """How long the sender lets Steps gather before a send, with `requests` in flight."""
+    return min(COALESCE_MAX_S, COALESCE_S * max(1.0, requests / ROWS_PER_COALESCE))
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,7 @@ class _Child:
                 items = [self.events.get(timeout=POLL_S)]
                 # A step makes a Step for every row: wait for the rest of it, so the watches of every job are diffed
                 # (Python work that holds the interpreter lock the loop needs) once per batch, not once per row.
-                time.sleep(COALESCE_S)
+                time.sleep(coalesce_seconds(len(self.jobs)))
             except queue.Empty:
                 items = []
             while True:
