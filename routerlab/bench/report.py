@@ -394,8 +394,16 @@ def room_markdown(r: dict) -> list[str]:
         for mode, m in (("room", room), ("alone", alone)):
             row = m["levels"].get(str(n))
             if row:
-                rows[f"{n} {mode}"] = {k: v for k, v in row.items() if k not in ("sessions", "failures", "loop")}
+                rows[f"{n} {mode}"] = {k: v for k, v in row.items() if k not in ("sessions", "failures", "loop", "rounds")}
+    if r.get("rounds", 1) > 1:
+        out += [f"Each level ran {r['rounds']} times, one after another; each figure is the median of its rounds (errors: "
+                "their sum; served: the fewest).", ""]
     out += [_matrix(rows), ""]
+    if r.get("served_vs_loop"):
+        out += [f"Served against the room's loop alone at as many rows (`{r['loop_alone']['command']}`, a process of its own, "
+                "its CPU per token over every thread), per level: aggregate and server CPU per served "
+                "token (web and engine processes) against the loop's, each process's CPU per token, and the harness's "
+                "clients' share of the machine:", "", _matrix(r["served_vs_loop"]), ""]
     split = {f"{n} room": room["levels"][str(n)]["loop"] for n in r["levels"] if room["levels"].get(str(n), {}).get("loop")}
     if split:
         out += ["Where the room's loop spent each level's time (`Room.time_spent`, shares of its seconds; `idle`: nothing "

@@ -45,6 +45,8 @@ def _visitor(c, prompt: str, settings: dict, new_tokens: int, deadline: float, o
     seen = 0
     try:
         job = submit(c, prompt, settings["threshold"], settings["router_set"], settings["kv_policy"], new_tokens)
+        done_at = []  # when the stream ended, to the callback's precision rather than the POLL_S look's
+        job.add_done_callback(lambda _: done_at.append(time.perf_counter()))
         while not job.done():
             if time.perf_counter() > deadline:
                 job.cancel()
@@ -55,7 +57,7 @@ def _visitor(c, prompt: str, settings: dict, new_tokens: int, deadline: float, o
                 first, seen = first or last, shown
             time.sleep(POLL_S)
         result = job.result(timeout=30)
-        end = time.perf_counter()
+        end = done_at[0] if done_at else time.perf_counter()
         status = str(result[3])
         tokens = len(trace_of(result).generated_steps)
         out.update(ok=status.startswith("✓"), status=status[:160], tokens=tokens, ttft=(first or end) - t0,
