@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from routerlab.core.room import END
 from routerlab.core.trace import Step
 from routerlab.core.wire import RouterCache, TraceWatch, pack_error
 
@@ -108,8 +109,6 @@ class _Sink:
     events: queue.SimpleQueue
 
     def put(self, item) -> None:
-        from routerlab.core.room import END
-
         self.events.put((self.job, _END if item is END else item))
 
 

@@ -109,8 +109,8 @@ class Room:
         """Queue a request; its Steps come out of the iterator this returns, as the loop makes them. With `sink`
         (anything with `put`), the loop puts each Step there itself instead, then `END` (or the exception that ended
         the run), and this returns None: no thread has to wait on each request's queue. (The engine process's sender
-        reads every request from one queue so: with a reader thread per request, 32 of them woken at every step took
-        a sixth of a 32-row loop's tokens on 2 cores.)"""
+        reads every request from one queue so: a reader thread per request means 32 threads woken at every step of a
+        32-row loop, each taking a core from the loop's OpenMP threads on a 2-core machine.)"""
         out = queue.SimpleQueue() if sink is None else sink
         entry = _Entry((ids, routers, config, control, trace), out=out, cache_bytes=self.row_bytes(len(ids) + config.max_new_tokens))
         with self._cond:

@@ -126,8 +126,8 @@ ROUND_FIELDS = ("aggregate_tokens_per_s", "server_cpu_ms_per_token", "web_cpu_ms
 
 def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, rounds: int = 3,
                  server_pid: int | None = None, alone: "LoopAlone | None" = None) -> dict:
-    """`level_run` `rounds` times: this machine's speed drifts by tens of percent from one second to the next (a
-    one-row decode step's median, 64 tokens at a time in one process: 10.7-13.2 ms; in fresh processes 11-19), so one
+    """`level_run` `rounds` times: this machine's speed drifts by tens of percent from minute to minute (the same
+    `python -m routerlab generate ... --json`, five runs back to back on the Xeon with AMX: 41.7-72.1 tokens/s), so one
     run of a level is not a measure. With `alone`, each round also runs the loop alone at as many rows (before or after
     the served run, in turn) and takes the round's ratios to it. Each measure of the record is its median over the
     rounds (ratios taken per round first; refusals too); errors are summed, `served` is the fewest, `loop` is the split
