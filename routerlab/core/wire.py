@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import threading
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -26,9 +28,32 @@ CACHED_SETS = 64  # router sets the engine keeps: more than SENT_KEYS, and both 
 
 
 def pack_routers(routers: RouterSet | None) -> tuple[str, bytes] | None:
-    """A router set as (content key, bytes): its config, shapes, calibration and weights (a few hundred KB at most)."""
+    """A router set as (content key, bytes): its config, shapes, calibration and weights (a few hundred KB at most).
+
+    Packed once per set and state: a room's visitors send the same shipped set with every Generate, and serialising it
+    (torch.save, then a hash) took about a millisecond of the web process each time. The cached packing is reused while
+    the set holds the very same tensors (kept referenced by the cache, so their identity cannot pass to new ones), none
+    changed in place (a tensor's version counter: an optimizer's step, `load_state_dict`'s copy) and the calibration is
+    the same."""
     if routers is None:
         return None
+    tensors = (*routers.parameters(), *routers.buffers())
+    state = (routers.calibration, tuple(t._version for t in tensors))
+    with _packed_lock:
+        hit = _packed.get(routers)
+        if hit is not None and hit[1] == state and len(hit[0]) == len(tensors) and all(a is b for a, b in zip(hit[0], tensors)):
+            return hit[2]
+    packed = _pack(routers)
+    with _packed_lock:
+        _packed[routers] = (tensors, state, packed)
+    return packed
+
+
+_packed: "weakref.WeakKeyDictionary[RouterSet, tuple]" = weakref.WeakKeyDictionary()  # set -> (tensors, state, packing)
+_packed_lock = threading.Lock()
+
+
+def _pack(routers: RouterSet) -> tuple[str, bytes]:
     c = routers.config
     buf = io.BytesIO()
     torch.save({"target": c.target, "level": c.level, "layers": list(c.layers), "n_layers": routers.n_layers,

@@ -84,8 +84,8 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
 
     with ThreadPoolExecutor(min(sessions, 8)) as pool:
         clients = list(pool.map(page, range(sessions)))
+    spent0 = _spent(url) if server_pid else None  # before the CPU is read: this probe is the harness's, not a visitor's
     cpu0, clients0 = (cpu.tree(server_pid) if server_pid else None), cpu.this_process()
-    spent0 = _spent(url) if server_pid else None
     start = time.perf_counter()
     threads = [threading.Thread(target=_visitor, args=(clients[k], prompts[k % len(prompts)], settings, new_tokens, start + deadline_s, outs[k]),
                                 daemon=True) for k in range(sessions)]
