@@ -40,6 +40,22 @@ def test_savings_follow_the_policy():
     assert savings(trace)["attention_flops_saved"] == 0
 
 
+@pytest.mark.parametrize("target, policy, expected", [
+    ("block", "kv", (3010 / 6040, 3209 / 4330, 0.0)),  # a kept cache entry: a skip saves all but k and v
+    ("block", "drop", (3020 / 6040, 3219 / 4330, 16.0)),
+    ("mlp", "kv", (0.0, 199 / 300, 0.0)),  # an MLP router saves no attention and no cache
+    ("attention", "drop", ((1010 + 2010 - 1.0) / 6040, (1010 + 2010 - 1.0) / 4030, 16.0)),  # a stand-in pays 0.5 a cell
+])
+def test_savings_by_hand(target, policy, expected):
+    """Two routed layers, two steps: every cell's figure worked out on paper (projections 10, MLP 100, 1,000 a cached
+    token, stand-ins 0.5 a skipped cell). Step 0 runs layer 0 and skips layer 1; step 1 skips layer 0, layer 1 unrouted."""
+    steps = [Step(0, 1, "a", False, [0.9, 0.1], [True, False], 0.5, 0.01), Step(1, 2, "b", False, [0.2, None], [False, None], 0.5, 0.01)]
+    costs = dict(q=1.0, k=2.0, v=3.0, o=4.0, mlp=100.0, score_per_ctx=1000.0, kv_bytes=8.0, standin=0.5)
+    got = savings(Trace(2, steps, {"kv_policy": policy, "target": target, "costs": costs}))
+    assert (got["attention_flops_saved"], got["routed_flops_saved"], got["kv_bytes_saved"]) == pytest.approx(expected, rel=1e-12)
+    assert got["kv_bytes_full"] == 8.0 * 2 * 2
+
+
 def test_bad_trace_files_are_refused():
     with pytest.raises(RouterLabError, match="not valid JSON"):
         Trace.from_json("{nope")

@@ -209,27 +209,29 @@ def savings(trace: Trace, threshold: float | None = None) -> dict[str, float]:
     target = trace.meta.get("target") or "attention"  # None for the full model: nothing is routed
     policy = trace.meta.get("kv_policy_effective", trace.meta.get("kv_policy", "kv"))
     proj = costs["q"] + costs["k"] + costs["v"] + costs["o"]
+    keeps_kv = policy == "kv" and target != "mlp"
+    standin = costs.get("standin", 0.0)
+    mlp = costs["mlp"]
     attn_total = attn_saved = routed_total = routed_saved = kv_saved = 0.0
+    # The same sums in the same order as cell by cell, with what is constant over a step (or the run) taken out of the
+    # loop over layers: a finished run's stats are computed as the web process shows them, for every visitor.
     matrix = trace.executed_matrix(threshold)
     for j, step in enumerate(trace.steps):
-        ctx = step.position + 1
-        attn = proj + costs["score_per_ctx"] * ctx
+        attn = proj + costs["score_per_ctx"] * (step.position + 1)
+        sub = attn if target == "attention" else mlp if target == "mlp" else attn + mlp
+        saved_attn = 0.0 if target == "mlp" else (attn - costs["k"] - costs["v"]) if keeps_kv else attn
+        cell_attn_saved = saved_attn - (standin if target == "attention" else 0.0)
+        cell_routed_saved = saved_attn + (mlp if target != "attention" else 0.0) - standin
         for i in range(trace.n_layers):
             attn_total += attn
             decision = matrix[i][j]
-            sub = {"attention": attn, "mlp": costs["mlp"], "block": attn + costs["mlp"]}[target]
             if decision is None:
                 continue
             routed_total += sub
             if decision or policy == "mask":
                 continue
-            keeps_kv = policy == "kv" and target != "mlp"
-            saved_attn = (attn - costs["k"] - costs["v"]) if keeps_kv else attn
-            if target == "mlp":
-                saved_attn = 0.0
-            standin = costs.get("standin", 0.0)
-            attn_saved += saved_attn - (standin if target == "attention" else 0.0)
-            routed_saved += saved_attn + (costs["mlp"] if target != "attention" else 0.0) - standin
+            attn_saved += cell_attn_saved
+            routed_saved += cell_routed_saved
             if target != "mlp" and not keeps_kv:
                 kv_saved += costs["kv_bytes"]
     kv_full = costs["kv_bytes"] * trace.n_layers * len(trace.steps)

@@ -44,7 +44,7 @@ def _done_status(trace: Trace, res: Resources, wall: float, stats: dict | None =
     return _status(
         "stop" if m.get("stop_reason") == "stopped" else "ok",
         f"Done: {n} tokens in {wall:.1f} s ({reason}); {qp.speed_phrase(stats)}{quality}; "
-        f"skip rate {trace.skip_rate():.0%}, granularity {safe.text(m.get('granularity'))}, kv policy {safe.text(m.get('kv_policy_effective'))}. "
+        f"skip rate {stats['skip_rate']:.0%}, granularity {safe.text(m.get('granularity'))}, kv policy {safe.text(m.get('kv_policy_effective'))}. "
         + _what_if_hint(trace, "Move the threshold slider to see a what-if view from the recorded scores.") + _shared_note(m),
     )
 
