@@ -16,7 +16,7 @@ from routerlab.core.config import GRANULARITIES, KV_POLICIES
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
 from routerlab.tuning.job import JobSettings
-from routerlab.ui import fields, plots, safe
+from routerlab.ui import fields, plots, safe, served
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.explore import explore_run, show_last, stop_run, threshold_moved
@@ -450,7 +450,8 @@ def build_demo(res: Resources) -> gr.Blocks:
         # endpoints' descriptions in the client's view_api().
         def _explore(prompt, threshold, router_set, kv_policy, max_new_tokens, temperature, model, session, measure_quality=True):
             """Generate from the prompt with the router set at the threshold, streaming text, heatmap, stats and status."""
-            yield from explore_run(res, prompt, threshold, router_set, kv_policy, max_new_tokens, temperature, model, session, measure_quality)
+            for values in explore_run(res, prompt, threshold, router_set, kv_policy, max_new_tokens, temperature, model, session, measure_quality):
+                yield served.ready(run_outputs, values)  # postprocessed here: the events below are bound postprocess=False
 
         def _show_last(session):
             return show_last(res, session)
@@ -473,9 +474,9 @@ def build_demo(res: Resources) -> gr.Blocks:
             return train_start(res, session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text, file)
 
         limit = max(1, limits.concurrency)
-        gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
-        prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
-        regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
+        gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
+        prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
+        regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         stop_btn.click(stop_run, [session], [status], api_name="stop", cancels=[gen_evt, prompt_evt, regen_evt], queue=False).then(
             _show_last, [session], run_outputs, api_name=False
         )
