@@ -3,11 +3,11 @@
 Gradio postprocesses each output of each frame (a component's `postprocess`, then a pydantic dump) by handing it to
 its thread pool and back, one hand-off per output: frames of Explore's ten outputs cost 2.6-2.8 ms of the web
 process each, against 1.0-1.4 ms when the handler gives them ready (`python -m routerlab.bench.frames`: a Gradio app
-with the same outputs, 300 frames to one client, two rounds each way; a 2-core Xeon). In a room every visitor's frames are drawn on
-the machine that decodes, so an event bound with `postprocess=False` yields `ready(outputs, values)`: the same
-components' own `postprocess`, called here, and their models dumped, as Gradio would have; an update
-(`gr.update(...)`, or a component instance) keeps its properties and gets its value postprocessed the same way.
-`gr.skip()` passes as it is. Knows nothing about runs, traces or tensors.
+with the same outputs, 300 frames to one client, two rounds each way; a 2-core Xeon). In a room every visitor's
+frames are drawn on the machine that decodes, so an event bound with `postprocess=False` yields
+`ready(outputs, values)`: the same components' own `postprocess`, called here, and their models dumped, as Gradio
+would have; an update (`gr.update(...)`, or a component instance) keeps its properties and gets its value
+postprocessed the same way. `gr.skip()` passes as it is. Knows nothing about runs, traces or tensors.
 """
 
 from __future__ import annotations
