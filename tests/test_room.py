@@ -311,6 +311,55 @@ def test_the_room_runs_in_a_thread_of_its_own_and_closes():
     assert not thread.is_alive() and math.isfinite(room.steps)
 
 
+def test_a_served_room_gathers_a_crowd_then_reads_it_in_one_prefill_and_never_holds_a_solo_run():
+    """`Room.gather`: newcomers wait while others keep arriving (less than the gap apart), the most from the first of
+    them; solo runs join at once. The hold's arithmetic is checked at given instants; stepping never depends on timing."""
+    import dataclasses
+
+    model = tiny_model("llama")
+    engine = Engine(model)
+    room = engine.room = Room(engine)
+    room.prefill_budget_s = math.inf
+    config = GenerateConfig(max_new_tokens=3, ignore_eos=True)
+    try:
+        room.gather = (3600.0, 7200.0)  # still gathering at every step below
+        readers = [engine.generate_ids([k + 1, 2, 3], None, config, Control(0.5)) for k in range(3)]
+        solo = engine.generate_ids([9, 8], None, dataclasses.replace(config, shared=False), Control(0.5))
+        room.step()
+        assert room.busy == {"rows": 0, "solo": 1, "waiting": 3} and room.steps == 0  # the solo run decodes, the crowd waits
+
+        room.gather = (0.1, 0.6)
+        first, last = room._waiting[0].arrived, room._last_arrival
+        assert room._held_for(last) == pytest.approx(0.1)  # no one has arrived for the gap yet
+        assert room._held_for(last + 0.1) == 0.0
+        room._last_arrival = first + 0.55  # a trickle: someone arrived just now, but the first has waited nearly the most
+        assert room._held_for(first + 0.58) == pytest.approx(0.02)
+        assert room._held_for(first + 0.6) == 0.0
+
+        room.gather = (0.0, 0.0)  # off, as tests and the benches run it: the three join together
+        while any(room.busy.values()):
+            room.step()
+        assert room.packed["prefills"] == 1 and room.packed["prompts"] == 3 and room.largest == 3
+        assert all(len([s for s in r if not s.is_prompt]) == 3 for r in (*readers, solo))
+    finally:
+        engine.room = None
+
+
+def test_a_room_in_its_own_thread_serves_a_lone_visitor_once_the_gathering_ends():
+    model = tiny_model("llama")
+    engine = Engine(model)
+    room = engine.room = Room(engine)
+    room.gather = (0.05, 0.2)
+    thread = room.start()
+    try:
+        steps = list(engine.generate_ids([1, 2, 3], None, GenerateConfig(max_new_tokens=4, ignore_eos=True), Control(0.5)))
+        assert len([s for s in steps if not s.is_prompt]) == 4
+    finally:
+        room.close()
+        thread.join(10)
+        engine.room = None
+
+
 MAX_GAP = 1.5  # logits: the alone run's own gap between the two tokens where a bf16 room row departs from it
 
 

@@ -8,7 +8,8 @@ own). Each `step`:
      caches as the rows' longest runs would fill them), prefilling their prompts until PREFILL_BUDGET_S of the step
      is spent (at least one forward: short prompts together in one packed forward, core/packed.py), so streams
      already running stall for about that long at most, and a crowd that arrives together is read within a step or
-     two; a long prompt (more than one prefill chunk) is read a chunk a step, so nobody waits for a whole document;
+     two (a served room first lets a crowd gather: `gather`, GATHER_GAP_S); a long prompt (more than one prefill
+     chunk) is read a chunk a step, so nobody waits for a whole document;
   2. lets each row begin its token (its quality meter's due pass, Stop, sampling, end of text; core/generation.py);
   3. runs every row that feeds a token through one batched forward (core/batch.py): each row with its own routers,
      threshold and KV policy; a row that ends leaves at once and its caches go with it;
@@ -50,6 +51,11 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 32  # rows in one step (ROUTERLAB_MAX_BATCH): the int4 kernel still gains per row at 32 on 2 cores
 PREFILL_BUDGET_S = 0.3  # prompt prefills one step may take before the running rows get their next token
+# A served room gathers a crowd (run_where_fastest turns it on): newcomers wait while others keep arriving less than
+# GATHER_GAP_S apart, GATHER_MAX_S at most from the first of them, then are read in one packed prefill. Reading the
+# first arrival at once took both cores from the web process still handing over the rest: 32 visitors pressing
+# Generate together reached the loop over 0.9 s in three prefills, with gaps of 0.2-0.4 s while each ran.
+GATHER_GAP_S, GATHER_MAX_S = 0.1, 0.6
 # Rows' quality passes that fall due together run as one packed forward of at most this many scored tokens (their
 # logits: 256 x 49k floats, 50 MB) and about this many tokens fed (first passes read the prompt too).
 PACK_LOGITS, PACK_TOKENS = 256, 2048
@@ -67,6 +73,7 @@ class _Entry:
     solo: Iterator[Step] | None = None
     reading: Iterator[int] | None = None  # a long prompt's chunks still to read (Generation.prefill_chunks)
     cache_bytes: int = 0
+    arrived: float = 0.0  # time.perf_counter() at submit
 
     @property
     def control(self):
@@ -82,6 +89,8 @@ class Room:
         self.pack_prefill = True  # newcomers' short prompts read in one packed forward (False: one by one)
         self.share_starts = True  # packed forwards read the start prompts share once (packed.forward_shared)
         self.prefill_budget_s = PREFILL_BUDGET_S  # tests set it to inf: who joins a step then never depends on timing
+        self.gather = (0.0, 0.0)  # (gap, most) seconds newcomers wait for others arriving (`_held_for`); off: (0, 0)
+        self._last_arrival = 0.0
         self._cond = threading.Condition()
         self._waiting: deque[_Entry] = deque()
         self._rows: list[_Entry] = []
@@ -116,6 +125,7 @@ class Room:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the room is closed")
+            entry.arrived = self._last_arrival = time.perf_counter()
             self._waiting.append(entry)
             self._cond.notify_all()
         return self._read(entry) if sink is None else None
@@ -155,8 +165,11 @@ class Room:
         while not (stop is not None and stop.is_set()):
             t0 = time.perf_counter()
             with self._cond:
-                while not (self._waiting or self._rows or self._reading or self._solos or self._closed or (stop is not None and stop.is_set())):
-                    self._cond.wait(0.5)
+                while not (self._rows or self._reading or self._solos or self._closed or (stop is not None and stop.is_set())):
+                    held = self._held_for(time.perf_counter()) if self._waiting else None
+                    if held is not None and (held <= 0.0 or any(not e.args[2].shared for e in self._waiting)):
+                        break  # a solo run joins at once
+                    self._cond.wait(0.5 if held is None else held)
                 if self._closed:
                     return
             self.spent["idle"] += time.perf_counter() - t0
@@ -292,6 +305,16 @@ class Room:
             if time.perf_counter() - start >= self.prefill_budget_s:
                 return
 
+    def _held_for(self, now: float) -> float:
+        """Seconds the waiting shared requests are still held while a crowd gathers (`gather`; 0: they may join now):
+        until none has arrived for the gap, or the most since the first of them waiting. Solo runs are never held. (The
+        caller holds the lock.)"""
+        gap, most = self.gather
+        first = next((e.arrived for e in self._waiting if e.args[2].shared), None)
+        if gap <= 0.0 or first is None:
+            return 0.0
+        return max(0.0, min(self._last_arrival + gap, first + most) - now)
+
     def _take_waiting(self) -> list[_Entry]:
         """The waiting requests that join now (the caller holds the lock): every solo run, and the shared ones in
         order of arrival that fit the batch and the cache cap, as many short prompts as one packed prefill takes or
@@ -299,12 +322,15 @@ class Room:
         taken: list[_Entry] = []
         held, tokens = sum(e.cache_bytes for e in (*self._rows, *self._reading)), 0
         rows = len(self._rows) + len(self._reading)
+        gathering = self._held_for(time.perf_counter()) > 0.0
         for entry in list(self._waiting):
             ids, routers, config, control, trace = entry.args
             if not config.shared:
                 self._waiting.remove(entry)
                 entry.solo = self.engine._loop(ids, routers, config, control, trace)
                 self._solos.append(entry)
+                continue
+            if gathering:
                 continue
             alone = not self.pack_prefill or len(ids) > generation.PREFILL_CHUNK
             if rows + len(taken) >= self.max_batch or (taken and (alone or tokens + len(ids) > PACK_TOKENS)):
@@ -438,6 +464,7 @@ def run_where_fastest(room: Room, engine, log=print, choice: tuple[str, dict] | 
     if room.threads is None and torch.get_num_threads() > 1 and not is_cuda(engine.device):  # a GPU's step: no CPU threads to tune
         room.threads = ThreadTuner()  # 1 or all threads, whichever the loop's own steps find faster under the load of the moment
         log(f"the loop times its own steps with {' and '.join(map(str, room.threads.choices))} threads and keeps the faster for each batch size")
+    room.gather = (GATHER_GAP_S, GATHER_MAX_S)  # a crowd pressing Generate together is read in one packed prefill
     try:
         where, m = choice or where_to_run(engine)
     except Exception as err:  # the thread probe failed (e.g. a device it could not use): the main thread, said so
