@@ -63,7 +63,7 @@ _END = object()
 END = _END  # what a request's sink (Room.submit) receives after its last Step
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: `entry in self._rows` must not compare prompts, routers and queues
 class _Entry:
     """One request in the room: its reader's queue, and its Generation (shared) or step iterator (solo)."""
 
