@@ -174,55 +174,6 @@ def test_a_crowds_quality_passes_spread_over_steps_one_pack_a_step(monkeypatch):
             assert y.kl_full is not None and abs(x.kl_full - y.kl_full) <= 1e-4
 
 
-def test_rows_that_end_together_leave_one_pack_at_a_time(monkeypatch):
-    """Rows ending at the same step: their last tokens score in packs, and each row leaves (its END put) as soon as its
-    own pack is scored, before the next pack runs, so its page is drawn meanwhile. KLs are still what it finds alone."""
-    from routerlab.core import room as room_module
-    from routerlab.core.room import END
-
-    monkeypatch.setattr(room_module, "PACK_LOGITS", 6)  # two rows' chunks of 3 a pack
-    model = tiny_model("llama")
-    events: list = []
-
-    class Engine_(Engine):
-        def full_passes(self, calls, share=True):
-            events.append(("pass", len(calls)))
-            return super().full_passes(calls, share)
-
-    engine = Engine_(model)
-    att = random_routers(model, "attention-token", 0)
-    config = GenerateConfig(max_new_tokens=3, ignore_eos=True, threshold=0.5, quality=True, quality_chunk=3, quality_refresh=None)
-    requests = [(ids, att, config) for ids in ([5, 17, 42, 9], [88, 3, 19], [7, 8, 9, 10], [44, 45, 46])]
-    alone = [_alone(engine, r) for r in requests]
-    events.clear()
-
-    class Sink(list):
-        def __init__(self, k):
-            self.k = k
-
-        def put(self, item):
-            self.append(item)
-            if item is END:
-                events.append(("end", self.k))
-
-    room = engine.room = Room(engine)
-    room.prefill_budget_s = math.inf
-    sinks = [Sink(k) for k in range(len(requests))]
-    try:
-        for (ids, routers, cfg), sink in zip(requests, sinks):
-            control = Control(cfg.threshold)
-            room.submit(ids, routers, cfg, control, engine.new_trace(ids, routers, cfg, control), sink=sink)
-        while any(room.busy.values()):
-            room.step()
-    finally:
-        engine.room = None
-    assert events == [("pass", 2), ("end", 0), ("end", 1), ("pass", 2), ("end", 2), ("end", 3)]
-    for a, sink in zip(alone, sinks):
-        got = [x for x in sink[:-1] if not x.is_prompt]
-        for x, y in zip(a.generated_steps, got):
-            assert abs(x.kl_full - y.kl_full) <= 1e-4
-
-
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_every_family_decodes_in_a_room_as_alone(family):
     """Families the batched layers do not cover (per-head norms, sandwich norms, sliding windows, MoE) run their

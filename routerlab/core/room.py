@@ -217,13 +217,11 @@ class Room:
                 self._end(entry, err)
                 continue
             (ending if entry.gen.done else rows).append(entry)
-        while True:  # the last tokens of the rows that end: their meters' passes packed too (a row's flush scores the rest)
-            due = [e for e in ending if e in self._rows and self._packable(e) and e.gen.meter.pending]
-            for entry in ending:  # a row whose last pass is done leaves now: its page is drawn while the next pass runs
-                if entry in self._rows and entry not in due:
-                    self._end(entry)
-            if not self._score_together(due, first_only=True):
-                break
+        while self._score_together([e for e in ending if e in self._rows and self._packable(e) and e.gen.meter.pending]):
+            pass  # the last tokens of the rows that end: their meters' passes packed too (a row's flush scores the rest)
+        for entry in ending:
+            if entry in self._rows:
+                self._end(entry)
         forward = 0.0
         if rows:
             if self.threads is not None:
