@@ -120,8 +120,8 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
 
 
 ROUND_FIELDS = ("aggregate_tokens_per_s", "server_cpu_ms_per_token", "web_cpu_ms_per_token", "engine_cpu_ms_per_token",
-                "time_to_first_token_s_p95", "errors", "refusals", "served", "loop_tokens_per_s", "loop_cpu_ms_per_token", "aggregate_vs_loop",
-                "server_cpu_vs_loop")  # what each round of a level keeps in its record
+                "time_to_first_token_s_p95", "errors", "refusals", "served", "tokens", "loop_tokens_per_s", "loop_cpu_ms_per_token",
+                "loop_tokens", "aggregate_vs_loop", "server_cpu_vs_loop")  # what each round of a level keeps in its record
 
 
 def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, rounds: int = 3,
@@ -138,7 +138,7 @@ def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], ne
         r = level_run(url, sessions, settings, prompts, new_tokens, server_pid=server_pid)
         if alone is not None:
             loop = loop or alone.measure(sessions)
-            r |= {"loop_tokens_per_s": loop["tokens_per_s"], "loop_cpu_ms_per_token": loop["cpu_ms_per_token"]}
+            r |= {"loop_tokens_per_s": loop["tokens_per_s"], "loop_cpu_ms_per_token": loop["cpu_ms_per_token"], "loop_tokens": loop.get("tokens")}
             if r.get("tokens") and r.get("aggregate_tokens_per_s"):
                 r |= {"aggregate_vs_loop": round(r["aggregate_tokens_per_s"] / loop["tokens_per_s"], 3),
                       "server_cpu_vs_loop": round(r["server_cpu_ms_per_token"] / loop["cpu_ms_per_token"], 3)
@@ -300,7 +300,8 @@ class LoopAlone:
     """The room's loop alone (`python -m routerlab.bench.room_loop --stdin`: the app's way, in a process of its own,
     its main thread), kept running between the served rounds so that each round's ratios compare runs a minute apart
     at most; while a server is measured it waits on its input. `measure(rows)`: tokens/s and the CPU its process spent
-    per token, 64 new tokens a row, as the levels."""
+    per token, 64 new tokens a row at most, each row ending at the end of text as the visitors' do (the same prompts,
+    greedy: the same tokens, so `loop_tokens` equals a level's `tokens`)."""
 
     def __init__(self):
         import subprocess
