@@ -285,10 +285,12 @@ def test_a_row_that_fails_ends_alone_with_its_error():
         engine.room = None
 
 
-def test_the_room_runs_in_a_thread_of_its_own_and_closes():
+@pytest.mark.parametrize("gather", [(0.0, 0.0), (0.05, 0.2)])  # a served room's loop lets a crowd gather first
+def test_the_room_runs_in_a_thread_of_its_own_and_closes(gather):
     model = tiny_model("llama")
     engine = Engine(model)
     room = engine.room = Room(engine)
+    room.gather = gather
     thread = room.start()
     try:
         controls = [Control(0.5) for _ in range(3)]
@@ -342,21 +344,6 @@ def test_a_served_room_gathers_a_crowd_then_reads_it_in_one_prefill_and_never_ho
         assert room.packed["prefills"] == 1 and room.packed["prompts"] == 3 and room.largest == 3
         assert all(len([s for s in r if not s.is_prompt]) == 3 for r in (*readers, solo))
     finally:
-        engine.room = None
-
-
-def test_a_room_in_its_own_thread_serves_a_lone_visitor_once_the_gathering_ends():
-    model = tiny_model("llama")
-    engine = Engine(model)
-    room = engine.room = Room(engine)
-    room.gather = (0.05, 0.2)
-    thread = room.start()
-    try:
-        steps = list(engine.generate_ids([1, 2, 3], None, GenerateConfig(max_new_tokens=4, ignore_eos=True), Control(0.5)))
-        assert len([s for s in steps if not s.is_prompt]) == 4
-    finally:
-        room.close()
-        thread.join(10)
         engine.room = None
 
 
