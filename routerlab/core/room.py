@@ -316,9 +316,9 @@ class Room:
         return max(0.0, min(self._last_arrival + gap, first + most) - now)
 
     def _take_waiting(self) -> list[_Entry]:
-        """The waiting requests that join now (the caller holds the lock): every solo run, and the shared ones in
-        order of arrival that fit the batch and the cache cap, as many short prompts as one packed prefill takes or
-        one long prompt (more than one prefill chunk) alone."""
+        """The waiting requests that join now (the caller holds the lock): every solo run, and, unless a crowd is still
+        gathering (`_held_for`), the shared ones in order of arrival that fit the batch and the cache cap, as many short
+        prompts as one packed prefill takes or one long prompt (more than one prefill chunk) alone."""
         taken: list[_Entry] = []
         held, tokens = sum(e.cache_bytes for e in (*self._rows, *self._reading)), 0
         rows = len(self._rows) + len(self._reading)
