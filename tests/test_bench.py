@@ -73,21 +73,30 @@ def test_make_room_sets_the_servers_cpu_per_token_beside_the_loop_alone_at_as_ma
     assert row["aggregate_vs_loop"] == 0.8 and row["clients_cpu_share"] == round(0.2 / (5.0 * (os.cpu_count() or 1)), 3)
 
 
-def test_a_room_level_keeps_the_median_of_its_rounds_each_beside_a_run_of_the_loop_alone(monkeypatch):
+def test_a_room_level_keeps_the_median_of_its_rounds_each_between_two_runs_of_the_loop_alone(monkeypatch):
     from routerlab.bench.load import room
 
+    events = []
     served = iter([{"sessions": 8, "served": 8, "errors": 0, "refusals": 0, "tokens": 500, "aggregate_tokens_per_s": a,
                     "server_cpu_ms_per_token": c, "failures": [], "loop": {"forward": a}} for a, c in ((80.0, 20.0), (120.0, 14.0), (100.0, 15.0))])
-    monkeypatch.setattr(room, "level_run", lambda *a, **k: next(served))
-    order = []
+
+    def level_run(*a, **k):
+        events.append("served")
+        return next(served)
+
+    monkeypatch.setattr(room, "level_run", level_run)
+    # the machine drifts: the loop alone runs 150, 170, 150, 170, ... tokens/s, each pair around a served run means 160
+    loops = iter([{"tokens_per_s": t, "cpu_ms_per_token": c, "tokens": 500} for t, c in ((150.0, 11.0), (170.0, 9.0)) * 3])
 
     class Alone:
         def measure(self, rows):
-            order.append(rows)
-            return {"tokens_per_s": 160.0, "cpu_ms_per_token": 10.0}
+            events.append(rows)
+            return next(loops)
 
     r = room.level_rounds("http://x", 8, {}, ["p"], rounds=3, alone=Alone())
-    assert order == [8, 8, 8] and len(r["rounds"]) == 3
+    assert events == [8, "served", 8] * 3 and len(r["rounds"]) == 3
+    assert r["rounds"][0]["loop_runs_tokens_per_s"] == [150.0, 170.0] and r["loop_tokens_per_s"] == 160.0
+    assert r["loop_cpu_ms_per_token"] == 10.0 and "loop_runs_tokens_per_s" not in r
     assert r["aggregate_tokens_per_s"] == 100.0 and r["server_cpu_ms_per_token"] == 15.0 and r["served"] == 8
     assert r["aggregate_vs_loop"] == 0.625 and r["server_cpu_vs_loop"] == 1.5  # medians of the rounds' ratios
     assert r["loop"] == {"forward": 100.0}  # the split of the median round

@@ -7,7 +7,7 @@ once and a queue of 16) it starts the real app in a child process, then at each 
 visitors start one generation each at the same moment (64 new tokens, the page's example prompts and its default
 settings: quality on). Per level: aggregate tokens/s, each visitor's own streaming rate (p5, p50), time to first
 token (p50, p95), errors (a status without ✓ counts) and refusals (a full queue); each level runs `rounds` times
-(medians kept), with the room each round beside a run of its loop alone at as many rows (`LoopAlone`, a process
+(medians kept), with the room each round between two runs of its loop alone at as many rows (`LoopAlone`, a process
 of its own). At 8 visitors, with the room, the
 full model and the default set at thresholds 0.5 and 0.7 (does skipping pay when rows share a step?). Knows nothing
 about tensors; the server says where its loop ran.
@@ -121,24 +121,27 @@ def level_run(url: str, sessions: int, settings: dict, prompts: list[str], new_t
 
 ROUND_FIELDS = ("aggregate_tokens_per_s", "server_cpu_ms_per_token", "web_cpu_ms_per_token", "engine_cpu_ms_per_token",
                 "time_to_first_token_s_p95", "errors", "refusals", "served", "tokens", "loop_tokens_per_s", "loop_cpu_ms_per_token",
-                "loop_tokens", "aggregate_vs_loop", "server_cpu_vs_loop")  # what each round of a level keeps in its record
+                "loop_tokens", "loop_runs_tokens_per_s", "aggregate_vs_loop", "server_cpu_vs_loop")  # what each round of a level keeps in its record
 
 
 def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], new_tokens: int = 64, rounds: int = 3,
                  server_pid: int | None = None, alone: "LoopAlone | None" = None) -> dict:
     """`level_run` `rounds` times: this machine's speed drifts by tens of percent from minute to minute (the same
     `python -m routerlab generate ... --json`, five runs back to back on the Xeon with AMX: 41.7-72.1 tokens/s), so one
-    run of a level is not a measure. With `alone`, each round also runs the loop alone at as many rows (before or after
-    the served run, in turn) and takes the round's ratios to it. Each measure of the record is its median over the
-    rounds (ratios taken per round first; refusals too); errors are summed, `served` is the fewest, `loop` is the split
-    of the round with the median aggregate, and `rounds` keeps each round's figures."""
+    run of a level is not a measure. With `alone`, each round also runs the loop alone at as many rows just before and
+    just after the served run, and takes the round's ratios to the mean of the two (`bracketed`): a drift during the
+    round moves both sides alike, where one run of the loop on one side put the whole drift into the ratio. Each
+    measure of the record is its median over the rounds (ratios taken per round first; refusals too); errors are
+    summed, `served` is the fewest, `loop` is the split of the round with the median aggregate, and `rounds` keeps each
+    round's figures."""
     runs = []
-    for k in range(max(rounds, 1)):
-        loop = alone.measure(sessions) if alone is not None and k % 2 == 1 else None
+    for _ in range(max(rounds, 1)):
+        before = alone.measure(sessions) if alone is not None else None
         r = level_run(url, sessions, settings, prompts, new_tokens, server_pid=server_pid)
         if alone is not None:
-            loop = loop or alone.measure(sessions)
-            r |= {"loop_tokens_per_s": loop["tokens_per_s"], "loop_cpu_ms_per_token": loop["cpu_ms_per_token"], "loop_tokens": loop.get("tokens")}
+            loop = bracketed(before, alone.measure(sessions))
+            r |= {"loop_tokens_per_s": loop["tokens_per_s"], "loop_cpu_ms_per_token": loop["cpu_ms_per_token"],
+                  "loop_tokens": loop.get("tokens"), "loop_runs_tokens_per_s": loop["runs"]}
             if r.get("tokens") and r.get("aggregate_tokens_per_s"):
                 r |= {"aggregate_vs_loop": round(r["aggregate_tokens_per_s"] / loop["tokens_per_s"], 3),
                       "server_cpu_vs_loop": round(r["server_cpu_ms_per_token"] / loop["cpu_ms_per_token"], 3)
@@ -162,8 +165,17 @@ def level_rounds(url: str, sessions: int, settings: dict, prompts: list[str], ne
     by_rate = sorted(runs, key=lambda r: r.get("aggregate_tokens_per_s") or 0.0)
     if "loop" in out:
         out["loop"] = by_rate[len(by_rate) // 2].get("loop")
+    out.pop("loop_runs_tokens_per_s", None)  # each round's own pair stays in `rounds`
     out["rounds"] = [{k: r.get(k) for k in ROUND_FIELDS if k in r} for r in runs]
     return out
+
+
+def bracketed(before: dict, after: dict) -> dict:
+    """The loop alone's runs just before and just after a served run, as one reference: the means of their tokens/s
+    and CPU per token (`runs`: the two tokens/s, kept in the round's record)."""
+    return {"tokens_per_s": round((before["tokens_per_s"] + after["tokens_per_s"]) / 2, 1),
+            "cpu_ms_per_token": round((before["cpu_ms_per_token"] + after["cpu_ms_per_token"]) / 2, 2),
+            "tokens": before.get("tokens"), "runs": [before["tokens_per_s"], after["tokens_per_s"]]}
 
 
 def _spent(url: str) -> dict | None:
@@ -239,7 +251,7 @@ def ratios(report: dict) -> dict:
 def room_bench(levels: tuple[int, ...] = LEVELS, new_tokens: int = 64, log=print, modes: tuple[str, ...] = DEFAULT_MODES,
                extras: bool = True, rounds: int = 3) -> dict:
     """`modes`: which servers of MODES, one after another; `extras`: with the room, also one visitor against the command
-    line and 8 visitors with the full model and two thresholds; `rounds`: runs of each level, each beside a run of the
+    line and 8 visitors with the full model and two thresholds; `rounds`: runs of each level, each between two runs of the
     room's loop alone at as many rows (`level_rounds`, `LoopAlone`), medians kept."""
     from routerlab import ui
 
