@@ -298,6 +298,34 @@ def test_bar_and_histogram_json_are_their_figures_json():
     assert json.loads(plots.layer_skip_bar_json(None)) == json.loads(plots.layer_skip_bar(None).to_json())
 
 
+def test_bar_and_histogram_read_a_runs_heatmap_columns_as_they_would_the_trace():
+    trace = synthetic_trace(n_layers=6, n_gen=20, routed=[1, 2, 3, 4])
+    columns: dict = {}
+    plots.heatmap_json(trace, cache=columns)  # the final view draws the heatmap first: its columns are converted once
+    assert columns["n"] == len(trace.steps)
+    assert plots.layer_skip_bar_json(trace, cache=columns) == plots.layer_skip_bar_json(trace)
+    assert plots.score_histogram_json(trace, cache=columns) == plots.score_histogram_json(trace)
+    # a what-if threshold reads the scores again: the cache holds the recorded decisions only
+    assert plots.layer_skip_bar_json(trace, threshold=0.3, cache=columns) == plots.layer_skip_bar_json(trace, threshold=0.3)
+
+
+def test_layer_shares_bin_as_numpys_histogram_does():
+    rng = np.random.default_rng(0)
+    edges = np.linspace(0.0, 1.0, 21)
+    scores = rng.random((5, 40))
+    scores[0, :6] = edges[:6]  # on the bins' edges: each goes to the bin it opens
+    scores[0, 6:9] = [1.0, -0.2, 1.3]  # the last edge belongs to the last bin; outside values are clipped in
+    scores[1, ::3] = np.nan  # unrouted cells count nowhere
+    scores[2] = np.nan  # a layer without scores has no shares
+    shares = plots.layer_shares(scores, edges)
+    for i, row in enumerate(scores):
+        row = row[~np.isnan(row)]
+        if row.size:
+            assert np.array_equal(shares[i], np.histogram(np.clip(row, 0.0, 1.0), bins=edges)[0] / row.size)
+        else:
+            assert np.isnan(shares[i]).all()
+
+
 def test_figure_page_of_json_draws_the_same_figure_escaped(tmp_path):
     import json
 

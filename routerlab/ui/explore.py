@@ -186,8 +186,8 @@ def _final_view(res: Resources, session: Session, trace: Trace, wall: float, col
     views = session.views
     stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")))
     views["stats"] = plots.stats_html(stats)
-    views["bar"] = plot_data(plots.layer_skip_bar_json(trace))
-    views["hist"] = plot_data(plots.score_histogram_json(trace))
+    views["bar"] = plot_data(plots.layer_skip_bar_json(trace, cache=columns))
+    views["hist"] = plot_data(plots.score_histogram_json(trace, cache=columns))
     shown, views["downloads"] = views.get("downloads", False), True
     return (
         plots.token_html(trace, cache=spans),

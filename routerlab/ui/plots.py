@@ -325,17 +325,18 @@ def layer_skip_bar(trace: Trace | None, threshold: float | None = None) -> go.Fi
     return _empty_figure("No run yet.") if parts is None else _fast_figure(*parts)
 
 
-def layer_skip_bar_json(trace: Trace | None, threshold: float | None = None) -> str:
-    """`layer_skip_bar(...).to_json()` without building the Figure (a run's final view: milliseconds of the server)."""
-    parts = _bar_parts(trace, threshold)
+def layer_skip_bar_json(trace: Trace | None, threshold: float | None = None, cache: dict | None = None) -> str:
+    """`layer_skip_bar(...).to_json()` without building the Figure (a run's final view: milliseconds of the server).
+    `cache`: the run's heatmap columns (`_columns`), whose recorded decisions it reads instead of converting them again."""
+    parts = _bar_parts(trace, threshold, cache)
     return layer_skip_bar(None).to_json() if parts is None else templated_json(*parts)
 
 
-def _bar_parts(trace: Trace | None, threshold: float | None) -> tuple[list[dict], dict] | None:
+def _bar_parts(trace: Trace | None, threshold: float | None, cache: dict | None = None) -> tuple[list[dict], dict] | None:
     if trace is None or not trace.steps:
         return None
     gen = [j for j, s in enumerate(trace.steps) if not s.is_prompt] or list(range(len(trace.steps)))
-    decided = _decisions(trace, threshold)[:, gen]
+    decided = (_columns(trace, cache)[1] if cache is not None and threshold is None else _decisions(trace, threshold))[:, gen]
     rates, colours, texts = [], [], []
     for i in range(trace.n_layers):
         row = decided[i][~np.isnan(decided[i])]
@@ -392,23 +393,35 @@ def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None
     return _empty_figure("No run yet.") if parts is None else _fast_figure(*parts)
 
 
-def score_histogram_json(trace: Trace | None, bins: int = 20, threshold: float | None = None) -> str:
-    """`score_histogram(...).to_json()` without building the Figure."""
-    parts = _histogram_parts(trace, bins, threshold)
+def score_histogram_json(trace: Trace | None, bins: int = 20, threshold: float | None = None, cache: dict | None = None) -> str:
+    """`score_histogram(...).to_json()` without building the Figure. `cache`: the run's heatmap columns (`_columns`),
+    whose scores it reads instead of converting them again."""
+    parts = _histogram_parts(trace, bins, threshold, cache)
     return score_histogram(None).to_json() if parts is None else templated_json(*parts)
 
 
-def _histogram_parts(trace: Trace | None, bins: int, threshold: float | None) -> tuple[list[dict], dict] | None:
+def layer_shares(scores: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per layer (a row of `scores`, NaN where unrouted), the share of its scores in each bin of `edges`, as
+    `np.histogram` bins them (each bin closed on the left, the last on both sides; scores outside clipped into the
+    range); NaN for a layer without scores. All layers in one pass: a run's final view bins every one of them."""
+    n_layers, bins = scores.shape[0], len(edges) - 1
+    scored = ~np.isnan(scores)
+    values = np.clip(scores[scored], edges[0], edges[-1])
+    where = np.minimum(np.searchsorted(edges, values, side="right") - 1, bins - 1)
+    layer = np.nonzero(scored)[0]
+    counts = np.bincount(layer * bins + where, minlength=n_layers * bins).reshape(n_layers, bins).astype(float)
+    totals = scored.sum(axis=1)
+    shares = np.full((n_layers, bins), np.nan)
+    shares[totals > 0] = counts[totals > 0] / totals[totals > 0, None]
+    return shares
+
+
+def _histogram_parts(trace: Trace | None, bins: int, threshold: float | None, cache: dict | None = None) -> tuple[list[dict], dict] | None:
     if trace is None or not trace.steps:
         return None
-    scores = _scores(trace)
+    scores = _columns(trace, cache)[0] if cache is not None else _scores(trace)
     edges = np.linspace(0.0, 1.0, bins + 1)
-    counts = np.full((trace.n_layers, bins), np.nan)
-    for i in range(trace.n_layers):
-        row = scores[i][~np.isnan(scores[i])]
-        if row.size:
-            h, _ = np.histogram(np.clip(row, 0.0, 1.0), bins=edges)
-            counts[i] = h / row.size
+    counts = layer_shares(scores, edges)
     centers = ((edges[:-1] + edges[1:]) / 2).tolist()
     hist = dict(
         type="heatmap",
