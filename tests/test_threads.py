@@ -58,3 +58,12 @@ def test_long_forwards_get_every_thread_and_the_step_its_own_choice_back():
     before = dict(tuner.per_token)
     tuner.after(8, 0.004 * 8)
     assert set(tuner.per_token) == set(before)  # timed as a 1-thread step, as it ran
+
+
+def test_trials_come_less_often_while_they_keep_the_choice_and_at_once_when_the_load_changes():
+    tuner, _ = _tuner(explore_every=10, trial=2, backoff=4)
+    used = _run(tuner, 200, 8, {1: 0.010, 2: 0.006})
+    starts = [i for i in range(1, len(used)) if used[i] == 1 and used[i - 1] == 2]  # where each trial of one thread began
+    assert [b - a for a, b in zip(starts, starts[1:])] == [20, 40, 40, 40, 40]  # twice as far apart each time, up to 4 x 10
+    used = _run(tuner, 20, 8, {1: 0.010, 2: 0.030})  # another process takes a core: two threads' steps stall
+    assert used[:5].count(1) >= 1 and tuner.choice(8) == 1 and used[-10:] == [1] * 10  # tried within a few steps, not 40

@@ -6,7 +6,11 @@ core and the step stalls. Measured on a 2-core Xeon (issue 42): the room's step 
 and 94 beside a process keeping half a core busy; with 1 thread 120 alone and 120 beside it. Which wins depends on
 the machine and on the load of the moment, so `ThreadTuner` keeps measuring: it runs most steps with the count that
 has been faster per token lately, for batches of about the same size, and now and then tries each other count for a
-few steps (`explore_every`, `trial`), so a change in load changes the choice within seconds.
+few steps (`trial`). Those trial steps cost: on 2 cores one thread's step is 1.3-1.5x two threads' when nothing else
+runs, so trying it for 4 steps in every 64 cost 2-3% of the loop. So the wait between trials of a batch size doubles
+each time a trial keeps the choice (`explore_every`, up to `backoff` times that), and a trial comes at once when the
+chosen count's own steps drift from what they were when the choice was last confirmed (`drift`: the load changed), so a
+change in load still changes the choice within seconds.
 
 Knows nothing about rows, models or the UI: only step times and batch sizes.
 """
@@ -27,16 +31,20 @@ class ThreadTuner:
     """Call `before(rows)` before each step (it sets torch's thread count) and `after(rows, seconds)` after it."""
 
     def __init__(self, choices: tuple[int, ...] | None = None, explore_every: int = 64, trial: int = 4, decay: float = 0.8,
-                 set_threads=torch.set_num_threads):
+                 backoff: int = 8, drift: float = 0.5, set_threads=torch.set_num_threads):
         cores = os.cpu_count() or 1
         self.choices = tuple(sorted(set(choices or (1, torch.get_num_threads()))))
         self.choices = tuple(c for c in self.choices if 1 <= c <= max(cores, 1)) or (1,)
-        self.explore_every, self.trial, self.decay = explore_every, trial, decay
+        self.explore_every, self.trial, self.decay, self.backoff, self.drift = explore_every, trial, decay, backoff, drift
         self._set = set_threads
         self.per_token: dict[tuple[int, int], float] = {}  # (bucket, threads) -> seconds per row, decayed average
         self.current: int | None = None
         self.steps = 0
         self._trying: list[int] = []  # counts still to try in this exploration, each for `trial` steps
+        self._exploring: tuple[int, int] | None = None  # (bucket, its choice before) of the exploration under way
+        self._every: dict[int, int] = {}  # bucket -> steps between its explorations now
+        self._since: dict[int, int] = {}  # bucket -> its steps since its last exploration began
+        self._settled: dict[int, tuple[int, float]] = {}  # bucket -> (choice, its seconds per row) as its last exploration ended
 
     def choice(self, rows: int) -> int:
         """The count with the lowest recorded seconds per row for batches of this size; one not yet measured first."""
@@ -47,14 +55,45 @@ class ThreadTuner:
         return min(self.choices, key=lambda c: self.per_token[(b, c)])
 
     def before(self, rows: int) -> int:
-        if len(self.choices) > 1 and self.steps and self.steps % self.explore_every == 0 and not self._trying:
+        b = _bucket(rows)
+        if self._exploring is not None and not self._trying:
+            self._settle()
+        if len(self.choices) > 1 and self._exploring is None and self._due(b):
             best = self.choice(rows)
             self._trying = [c for c in self.choices if c != best for _ in range(self.trial)]
+            self._exploring, self._since[b] = (b, best), 0
         threads = self._trying.pop(0) if self._trying else self.choice(rows)
         if threads != self.current:
             self._set(threads)
             self.current = threads
         return threads
+
+    def _due(self, b: int) -> bool:
+        """Whether batches of bucket `b` try the other counts now: every `_every[b]` of their steps, or sooner (after
+        half of `explore_every` at least) when the chosen count's seconds per row moved by more than `drift` since its
+        last exploration ended."""
+        since = self._since.get(b, 0)
+        if since >= self._every.get(b, self.explore_every):
+            return True
+        settled = self._settled.get(b)
+        if settled is None or since < self.explore_every // 2:
+            return False
+        now = self.per_token.get((b, settled[0]))
+        return now is not None and abs(now - settled[1]) > self.drift * settled[1]
+
+    def _settle(self) -> None:
+        """An exploration's trial steps are done: a bucket whose choice held waits twice as long for the next (up to
+        `backoff` x `explore_every`); one whose choice changed, or drifted, starts again at `explore_every`."""
+        b, before = self._exploring
+        self._exploring = None
+        best = min((c for c in self.choices if (b, c) in self.per_token), key=lambda c: self.per_token[(b, c)], default=None)
+        if best is None:
+            return
+        held = best == before and (b not in self._settled or self._settled[b][0] != best
+                                   or abs(self.per_token[(b, best)] - self._settled[b][1]) <= self.drift * self._settled[b][1])
+        every = self._every.get(b, self.explore_every)
+        self._every[b] = min(every * 2, self.explore_every * self.backoff) if held else self.explore_every
+        self._settled[b] = (best, self.per_token[(b, best)])
 
     def widest(self) -> int:
         """All the threads, for a forward over many tokens (a packed prefill or quality pass): its large products
@@ -70,6 +109,7 @@ class ThreadTuner:
         self.steps += 1
         if rows < 1 or seconds <= 0 or self.current is None:
             return
+        self._since[_bucket(rows)] = self._since.get(_bucket(rows), 0) + 1
         key = (_bucket(rows), self.current)
         value = seconds / rows
         old = self.per_token.get(key)
