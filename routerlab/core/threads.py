@@ -6,8 +6,8 @@ core and the step stalls. Measured on a 2-core Xeon (issue 42): the room's step 
 and 94 beside a process keeping half a core busy; with 1 thread 120 alone and 120 beside it. Which wins depends on
 the machine and on the load of the moment, so `ThreadTuner` keeps measuring: it runs most steps with the count that
 has been faster per token lately, for batches of about the same size, and now and then tries each other count for a
-few steps (`trial`). Those trial steps cost: on 2 cores one thread's step is 1.3-1.5x two threads' when nothing else
-runs, so trying it for 4 steps in every 64 cost 2-3% of the loop. So the wait between trials of a batch size doubles
+few steps (`trial`). Those trial steps cost: alone, one thread's step took 1.45x two threads' (above), so trying it
+for 4 steps in every 64 cost about 3% of the loop. So the wait between trials of a batch size doubles
 each time a trial keeps the choice (`explore_every`, up to `backoff` times that), and a trial comes at once when the
 chosen count's own steps drift from what they were when the choice was last confirmed (`drift`: the load changed), so a
 change in load still changes the choice within seconds.
