@@ -89,8 +89,9 @@ class ThreadTuner:
         best = min((c for c in self.choices if (b, c) in self.per_token), key=lambda c: self.per_token[(b, c)], default=None)
         if best is None:
             return
-        held = best == before and (b not in self._settled or self._settled[b][0] != best
-                                   or abs(self.per_token[(b, best)] - self._settled[b][1]) <= self.drift * self._settled[b][1])
+        settled = self._settled.get(b)
+        held = best == before and (settled is None or (settled[0] == best and
+                                                       abs(self.per_token[(b, best)] - settled[1]) <= self.drift * settled[1]))
         every = self._every.get(b, self.explore_every)
         self._every[b] = min(every * 2, self.explore_every * self.backoff) if held else self.explore_every
         self._settled[b] = (best, self.per_token[(b, best)])
