@@ -39,7 +39,6 @@ class ThreadTuner:
         self._set = set_threads
         self.per_token: dict[tuple[int, int], float] = {}  # (bucket, threads) -> seconds per row, decayed average
         self.current: int | None = None
-        self.steps = 0
         self._trying: list[int] = []  # counts still to try in this exploration, each for `trial` steps
         self._exploring: tuple[int, int] | None = None  # (bucket, its choice before) of the exploration under way
         self._every: dict[int, int] = {}  # bucket -> steps between its explorations now
@@ -107,11 +106,11 @@ class ThreadTuner:
         return threads
 
     def after(self, rows: int, seconds: float) -> None:
-        self.steps += 1
         if rows < 1 or seconds <= 0 or self.current is None:
             return
-        self._since[_bucket(rows)] = self._since.get(_bucket(rows), 0) + 1
-        key = (_bucket(rows), self.current)
+        b = _bucket(rows)
+        self._since[b] = self._since.get(b, 0) + 1
+        key = (b, self.current)
         value = seconds / rows
         old = self.per_token.get(key)
         self.per_token[key] = value if old is None else self.decay * old + (1 - self.decay) * value
