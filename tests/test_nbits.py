@@ -1,5 +1,5 @@
-"""bench nbits' graphs compute the file's own codes: Q4_1 (centred, plus the minima's block sums) and Q8_0 (zero point
-128), within the rounding of 8-bit activations per block of 32. Needs onnxruntime and onnx (`make bench-nbits`)."""
+"""core/nbits.py's graphs compute the file's own codes: Q4_1 (centred, plus the minima's block sums) and Q8_0 (zero
+point 128), within the rounding of 8-bit activations per block of 32 (onnxruntime and onnx: requirements.txt)."""
 
 import pytest
 import torch
@@ -11,9 +11,9 @@ pytest.importorskip("onnx")
 
 
 def _product(codes, x):
-    from routerlab.bench.nbits import NBits
+    from routerlab.core.nbits import NBits
 
-    return NBits(codes, "own-pools", 1).mm(x)
+    return NBits(codes, 1).mm(x)
 
 
 def test_q4_1_and_q8_0_codes_give_their_weights_product():

@@ -152,13 +152,15 @@ def test_speed_results_of_each_machine_kind_stand_side_by_side(tmp_path):
     assert "### On each machine kind" not in results_markdown(tmp_path)  # one kind: its section says it all
     speed = json.loads((tmp_path / "speed.json").read_text())
     amx = dict(speed, cpu_model="Xeon", cpu_flags=["avx2", "avx512f", "amx_bf16"], machine_kind="amx", engine_vs_llama_cpp=0.88,
-               long_context={"engine_vs_llama_cpp": 0.83}, ttft_seconds={"engine": 1.46, "generate": 1.19}, kernel_floor_vs_llama_cpp=1.59)
+               long_context={"engine_vs_llama_cpp": 0.83}, ttft_seconds={"engine": 1.46, "generate": 1.19}, kernel_floor_vs_llama_cpp=1.59,
+               kernels={"onnxruntime": ["head"], "one_row_ms": {"head": [1.36, 0.6]}, "skipped": None})
     (tmp_path / "speed-amx.json").write_text(json.dumps(amx))
     (tmp_path / "speed-broken.json").write_text("{")
     text = results_markdown(tmp_path)
     table = text.split("### On each machine kind", 1)[1]
     assert "| `speed-amx.json` | Xeon, 3 threads" in table and "**amx** (avx2 avx512f amx_bf16)" in table
-    assert "| 0.880 | 0.830 | 1.46 / 1.19 s |" in table and "| 1.590 |" in table
+    assert "| 0.880 | 0.830 | 1.46 / 1.19 s |" in table and "| 1.590 | head |" in table
+    assert "| `speed.json` |" in table and table.split("| `speed.json` |")[1].split("\n")[0].endswith("| - |")  # from before the choice
     assert "| `speed.json` |" in table and "| `speed-broken.json` | could not be read (JSONDecodeError)" in table
 
 

@@ -146,7 +146,7 @@ def kernels_benchmark(threads: int | None = None, rounds: int = 5, log=print) ->
 
     if threads:
         torch.set_num_threads(threads)
-    engine = Engine.from_loaded(load_model(device="cpu"))
+    engine = Engine.from_loaded(load_model(device="cpu"), choose_kernels=False)  # the int4 kernel is a candidate here
     result = measure(engine, rounds=rounds, log=log)
     result.update(model=engine.name, weights=engine.weights, dtype=str(engine.dtype).removeprefix("torch."),
                   cpu=cpu_vector_unit(), cpu_model=cpu_model(), threads=torch.get_num_threads(),

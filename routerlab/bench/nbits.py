@@ -20,8 +20,9 @@ under each way to share them, each in a process of its own (onnxruntime's global
 2-4x faster than the int4 kernel alone.
 
 Each mode decodes the same prompt greedily with the int4 kernel and with onnxruntime in alternating rounds and prints
-the ratio. Needs `onnxruntime` and `onnx` (`make bench-nbits` installs them into .venv); never a requirement of the
-app or its tests. Knows nothing about the UI.
+the ratio. The products are core/nbits.py's, which the engine takes where core/low_paths.py measures them faster
+(requirements.txt installs onnxruntime and onnx; `make bench-nbits` too, where they are missing). Knows nothing about
+the UI.
 """
 
 from __future__ import annotations
@@ -36,79 +37,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from routerlab.core.nbits import NBits
 
 MODES = ("own-pools", "shared-pool", "ort-cores")
 
 
-# -- the graphs: the file's codes as MatMulNBits inputs ------------------------------------------------------------
-def _graph(nodes, inits, k: int, n: int) -> bytes:
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(nodes, "product", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
-
-
-def nbits_graph(codes) -> bytes:
-    """The product x (M, K) -> (M, N) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit tiles), as an ONNX model."""
-    from onnx import helper, numpy_helper
-
-    c, d, m = codes.codes.numpy(), codes.scale.numpy(), codes.minimum.numpy()
-    n, k = codes.shape
-    blocks = k // codes.group
-    if codes.group != 32:
-        raise ValueError("the file's codes come in blocks of 32")
-    if codes.tiles == 2:  # Q8_0 split as 16 * hi + lo = q + 128 (weights.read_q8_0): joined again, zero point 128
-        u = (c[:, :k].astype(np.uint16) * 16 + c[:, k:]).astype(np.uint8).reshape(n, blocks, 32)
-        inits = [numpy_helper.from_array(u, "B"), numpy_helper.from_array(np.ascontiguousarray(d[:, blocks:]).reshape(-1), "S"),
-                 numpy_helper.from_array(np.full(n * blocks, 128, np.uint8), "Z")]
-        return _graph([helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["Y"], domain="com.microsoft", K=k, N=n,
-                                         bits=8, block_size=32, accuracy_level=4)], inits, k, n)
-    q = c.reshape(n, blocks, 32)
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # two codes a byte, the first in the low nibble
-    inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(d.reshape(-1).astype(np.float32), "S"),
-             numpy_helper.from_array(np.full(n * ((blocks + 1) // 2), 0x88, np.uint8), "Z"),  # zero point 8 in both nibbles
-             numpy_helper.from_array(np.ascontiguousarray((m + 8 * d).T).astype(np.float32), "MT"),  # (K/32, N): the rest
-             numpy_helper.from_array(np.array([-1, blocks, 32], np.int64), "shape"), numpy_helper.from_array(np.array([2], np.int64), "axis")]
-    nodes = [helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["P"], domain="com.microsoft", K=k, N=n, bits=4,
-                              block_size=32, accuracy_level=4),  # sum of d * (q - 8) * x
-             helper.make_node("Reshape", ["A", "shape"], ["blocks"]),
-             helper.make_node("ReduceSum", ["blocks", "axis"], ["sums"], keepdims=0),  # (M, K/32): each block's input sum
-             helper.make_node("MatMul", ["sums", "MT"], ["minima"]),  # sum of (m + 8 d) * x
-             helper.make_node("Add", ["P", "minima"], ["Y"])]
-    return _graph(nodes, inits, k, n)
-
-
-class NBits:
-    """A low-bit copy (the interface of weights.Int4) whose product runs in an onnxruntime session."""
-
-    def __init__(self, codes, mode: str, threads: int):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        if mode == "own-pools":
-            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        else:
-            options.use_per_session_threads = False
-        self.session = ort.InferenceSession(nbits_graph(codes), options, providers=["CPUExecutionProvider"])
-        self.n = codes.shape[0]
-        self.label = f"onnxruntime MatMulNBits ({codes.source})"
-        self.nbytes = 0
-
-    def mm(self, x: torch.Tensor) -> torch.Tensor:
-        """x (n, K) -> (n, N) in fp32; input and output bound to torch's memory, no copies through numpy."""
-        x = x.float().contiguous()
-        y = torch.empty(x.shape[0], self.n)
-        binding = self.session.io_binding()
-        binding.bind_input("A", "cpu", 0, np.float32, list(x.shape), x.data_ptr())
-        binding.bind_output("Y", "cpu", 0, np.float32, list(y.shape), y.data_ptr())
-        self.session.run_with_iobinding(binding)
-        return y
-
-
+# -- the file's codes, map by map ---------------------------------------------------------------------------------
 def map_codes(an, codes: dict) -> list[tuple[str, object, object]]:
     """(kind, Weight, its Codes) for every map a decode step multiplies, stacked as routed.Anatomy stacks them."""
     from routerlab.core.weights import Codes
@@ -207,11 +143,11 @@ def one_mode(mode: str, threads: int, rounds: int, prompt_tokens: int, new_token
         set_global_thread_pool_sizes(threads, 1)
     torch.set_num_threads(1 if mode == "ort-cores" else threads)
     loaded = load_model(device="cpu")
-    engine = Engine.from_loaded(loaded)
+    engine = Engine.from_loaded(loaded, choose_kernels=False)  # int4 throughout: the baseline
     if engine.anatomy.lowbit is None:
         raise SystemExit("bench nbits measures the embedded model's own codes on a CPU")
     maps = [m for m in map_codes(engine.anatomy, embedded_codes(loaded.model.config)) if m[0] in kinds]
-    lows = [NBits(codes, mode, threads) for _, _, codes in maps]
+    lows = [NBits(codes, threads, per_session=mode == "own-pools") for _, _, codes in maps]
     ids = bench_prompt(loaded.tokenizer, prompt_tokens)
     with products_through(maps, lows):
         _, theirs = decode_rate(engine, ids, 16)

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from routerlab.core import low_paths
 from routerlab.core.engine import Plan
 from routerlab.core.models import load_model
 from routerlab.core.precision import describe, dtype_name
@@ -94,6 +95,8 @@ def default_path(model, lowbit, reference, examples, routers_path, granularity: 
     """The bf16 model with its low-bit weights at decode, scored one decode step per response token,
     against the float32 model (teacher-forced: the same numbers a float32 generation computes)."""
     anatomy = Anatomy(model, lowbit)  # `reference`: the float32 model's full_depth figures
+    kernels = low_paths.tune(anatomy)  # each kind's one-row product as the app chooses it on this machine
+    weights = low_paths.weights_label(lowbit.label, anatomy)
     t0 = time.perf_counter()
     own = evaluate_examples(anatomy, examples, None, full=reference, stepwise=True)  # no routers: the model vs fp32
     routers, defaults = resolve_routers(routers_path, granularity, model)
@@ -102,7 +105,8 @@ def default_path(model, lowbit, reference, examples, routers_path, granularity: 
     runs = decisions(anatomy, routers, examples, threshold, policy, routed=True, stepwise=True)
     n = min(len(runs), len(fp32_routed))
     result = {
-        "weights": lowbit.label,
+        "weights": weights,
+        "kernels": kernels,
         "seconds": time.perf_counter() - t0,
         "perplexity_full": own["perplexity_routed"],
         "perplexity_full_fp32": own["perplexity_full"],
@@ -113,7 +117,7 @@ def default_path(model, lowbit, reference, examples, routers_path, granularity: 
                                   "skip_rate_all_layers", "tokens", "threshold")},
         "decisions_flipped_routed": float((runs[:n] != fp32_routed[:n]).float().mean()),
     }
-    log(f"default path ({lowbit.label}): full ppl {result['perplexity_full']:.4f} ({result['perplexity_full_vs_fp32']:+.2%} vs "
+    log(f"default path ({weights}): full ppl {result['perplexity_full']:.4f} ({result['perplexity_full_vs_fp32']:+.2%} vs "
         f"fp32), KL from fp32 {result['kl_from_fp32']:.4f}, routed ppl {result['perplexity_routed']:.4f} "
         f"({result['perplexity_increase']:+.2%}), decisions flipped {result['decisions_flipped_routed']:.2%}, {result['seconds']:.0f} s")
     return result

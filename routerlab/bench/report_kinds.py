@@ -21,9 +21,9 @@ def speed_kinds_markdown(folder: Path) -> list[str]:
                         f"| {r['tokens_per_second']['engine']:.1f} | {_num(r['tokens_per_second'].get('llama_cpp'), 1)} "
                         f"| {_num(r.get('engine_vs_llama_cpp'))} | {_num(lc.get('engine_vs_llama_cpp'))} "
                         f"| {_num(ttft.get('engine'), 2)} / {_num(ttft.get('generate'), 2)} s | {_num(r.get('routing'))} "
-                        f"| {_num(r.get('kernel_floor_vs_llama_cpp'))} |")
+                        f"| {_num(r.get('kernel_floor_vs_llama_cpp'))} | {_onnxruntime(r)} |")
         except (OSError, *READ_ERRORS) as err:
-            rows.append(f"| `{path.name}` | could not be read ({type(err).__name__}) | | | | | | | |")
+            rows.append(f"| `{path.name}` | could not be read ({type(err).__name__}) | | | | | | | | |")
     if len(rows) < 2:
         return []
     return ["### On each machine kind", "",
@@ -31,6 +31,15 @@ def speed_kinds_markdown(folder: Path) -> list[str]:
             "it names, 512-token prompt unless its section says otherwise: engine and llama.cpp tokens/s, their ratio at "
             "512 and at 2,048 tokens of context, time to first token of a 2,048-token prompt (engine / transformers "
             "`generate`), never-skip routing against the full model, and the kernel floor (products, attention and head "
-            "alone) against llama.cpp's whole step.", "",
-            "| file | machine | engine tok/s | llama.cpp tok/s | engine vs llama.cpp | at 2,048 | first token, 2,048 | never-skip | kernel floor vs llama.cpp |",
-            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "alone) against llama.cpp's whole step, and the maps whose one-row products went through onnxruntime "
+            "(core/low_paths.py measures that at start-up; \"-\": a result from before it did).", "",
+            "| file | machine | engine tok/s | llama.cpp tok/s | engine vs llama.cpp | at 2,048 | first token, 2,048 | never-skip | kernel floor vs llama.cpp | through onnxruntime |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def _onnxruntime(r: dict) -> str:
+    """The kinds of map a result's engine multiplied through onnxruntime: "none", "-" where it predates the choice."""
+    kernels = r.get("kernels")
+    if not kernels:
+        return "-"
+    return ", ".join(kernels.get("onnxruntime") or []) or "none"

@@ -19,7 +19,7 @@ import platform
 import statistics
 import time
 
-from routerlab.core import batch_paths
+from routerlab.core import batch_paths, low_paths
 from routerlab.core.config import GenerateConfig
 from routerlab.core.engine import Control, Engine
 from routerlab.core.room import Room
@@ -70,12 +70,16 @@ def main(argv: list[str] | None = None) -> int:
                    "standard input, one per line, printing one JSON line per run (make room runs it between its served rounds)")
     p.add_argument("--paths", action="store_true", help="instead: the app's way (shared) with the products batch_paths "
                    "chooses now against fp32 copies only (its rule before), alternating rounds")
+    p.add_argument("--kernels", action="store_true", help="instead: the app's way (shared) with the one-row kernels "
+                   "core/low_paths.py chooses against torch's int4 kernel for every map, alternating rounds")
     args = p.parse_args(argv)
-    engine = Engine.from_loaded(load_model(device=args.device))
+    engine = Engine.from_loaded(load_model(device=args.device), choose_kernels=not args.kernels)
     routers = load_routers(ROUTERS_DIR / args.router_set, engine.model)[0]
     prompts = load_prompts()
     if args.paths:
         return compare_paths(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
+    if args.kernels:
+        return compare_kernels(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
     print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
     if args.stdin:
         return serve_stdin(engine, routers, prompts)
@@ -152,6 +156,43 @@ def compare_paths(engine, routers, prompts: list[str], rows: list[int], rounds: 
         report["rows"][n] = {**med, "chosen_vs_fp32_only": round(med["chosen"] / med["fp32_only"], 3), "rounds": rates}
         print(f"== {n} rows: chosen {med['chosen']:.1f}, fp32 only {med['fp32_only']:.1f} tokens/s "
               f"({med['chosen'] / med['fp32_only']:.2f}x)", flush=True)
+    print(json.dumps(report))
+    return 0
+
+
+def compare_kernels(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:
+    """The room's loop (shared, the app's way) with the one-row kernels low_paths chooses against torch's int4 kernel
+    for every map (each way with its own batch_paths choice, as a room would make it), alternating rounds at each row
+    count; medians and their ratio. `engine` comes with torch's kernel throughout (`choose_kernels=False`)."""
+    an = engine.anatomy
+    maps = [w for ws in batch_paths.kinds(an).values() for w in ws]
+    lows = {"int4": [w.low for w in maps]}
+    print(low_paths.describe(low_paths.tune(an)), flush=True)
+    lows["chosen"] = [w.low for w in maps]
+    paths = {}
+    for name, low in lows.items():
+        for w, copy in zip(maps, low):
+            w.low = copy
+        paths[name] = batch_paths.choose(batch_paths.measure(an))[:2]
+
+    def use(name: str) -> None:
+        for w, copy in zip(maps, lows[name]):
+            w.low = copy
+        batch_paths.apply(an, *paths[name])
+
+    report = {"machine": platform.processor() or platform.machine(), "rows": {}}
+    for n in rows:
+        use("chosen")
+        run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
+        rates: dict[str, list[float]] = {name: [] for name in lows}
+        for r in range(rounds):
+            for name in (list(lows) if r % 2 == 0 else list(lows)[::-1]):
+                use(name)
+                rates[name].append(run(engine, routers, prompts, n, "shared")["tokens_per_s"])
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        report["rows"][n] = {**med, "chosen_vs_int4": round(med["chosen"] / med["int4"], 3), "rounds": rates}
+        print(f"== {n} rows: chosen {med['chosen']:.1f}, int4 throughout {med['int4']:.1f} tokens/s "
+              f"({med['chosen'] / med['int4']:.2f}x)", flush=True)
     print(json.dumps(report))
     return 0
 

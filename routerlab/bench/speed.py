@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from routerlab.core import low_paths
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.device import is_cuda, now
 from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
@@ -345,6 +346,7 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "dtype": dtype_name(engine.dtype),
         "precision": engine.precision,
         "weights": engine.weights,
+        "kernels": engine.kernels,  # low_paths.tune: each kind's one-row product, measured at start-up
         "cpu": cpu_vector_unit(),
         "cpu_model": cpu_model(),
         "cpu_flags": cpu_matrix_flags(),
@@ -418,6 +420,7 @@ def format_speed(r: dict) -> str:
         f"{'; machine kind ' + r['machine_kind'] + ': ' + ' '.join(r.get('cpu_flags') or []) if r.get('machine_kind') else ''}), "
         f"{r['precision']}; prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['rounds']} rounds (medians)",
         f"  weights at decode: {r['weights']}",
+        *([f"  {low_paths.describe(r['kernels'])}"] if r.get("kernels") else []),
         f"  engine, no routers (default path)       {tps['engine']:7.2f} tok/s   reads {b['engine'] / 1e6:5.0f} MB a step",
     ]
     if "engine_16bit" in tps:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from routerlab.core.cache import LayerCache
+from routerlab.core import low_paths
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.device import prepare
 from routerlab.core.errors import RouterLabError
@@ -229,16 +230,29 @@ class Engine:
         self.device, self.dtype = param.device, param.dtype
         prepare(self.device)  # e.g. CUDA's attention kernels chosen for a decode loop (core/device.py)
         self.precision = describe(self.dtype, str(self.device))  # e.g. "bfloat16 weights, long inputs computed in float32 ..."
-        # which weights a decode step reads: e.g. "the file's own Q4_1 and Q8_0 codes at decode (...)"
-        self.weights = self.anatomy.lowbit.label if self.anatomy.lowbit is not None else f"{dtype_name(self.dtype)} weights"
         self.max_context = int(getattr(self.anatomy.config, "max_position_embeddings", 0) or 1 << 30)
         self.eos_ids = self._eos_ids()
         self.room = None  # a core.room.Room serving this engine: generate_ids then hands requests to its loop
+        self.kernels: dict = {}  # what low_paths.tune measured and chose (from_loaded)
 
     @classmethod
-    def from_loaded(cls, loaded) -> Engine:
-        """The engine of a models.LoadedModel, with the low-bit weights it was loaded with."""
-        return cls(loaded.model, loaded.tokenizer, loaded.name, getattr(loaded, "lowbit", None))
+    def from_loaded(cls, loaded, choose_kernels: bool = True) -> Engine:
+        """The engine of a models.LoadedModel, with the low-bit weights it was loaded with, each kind of map
+        multiplying one row with the kernel measured fastest on this machine (core/low_paths.py; `choose_kernels`
+        False: torch's int4 kernel throughout, for benchmarks that compare kernels themselves)."""
+        engine = cls(loaded.model, loaded.tokenizer, loaded.name, getattr(loaded, "lowbit", None))
+        if choose_kernels:
+            engine.kernels = low_paths.tune(engine.anatomy)
+        return engine
+
+    @property
+    def weights(self) -> str:
+        """Which weights a decode step reads, and through which kernels: e.g. "the file's own Q4_1 + Q8_0 codes
+        (int4 kernel; the head through onnxruntime's MatMulNBits); 16-bit weights for prefill"."""
+        lowbit = self.anatomy.lowbit
+        if lowbit is None:
+            return f"{dtype_name(self.dtype)} weights"
+        return low_paths.weights_label(lowbit.label, self.anatomy)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

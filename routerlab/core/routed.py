@@ -11,7 +11,7 @@ attribute names, the `(output, weights)` return of attention, the `cache` keywor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -163,7 +163,7 @@ class Anatomy:
 
     def _weight(self, names: list[str], dense: torch.Tensor, bias: torch.Tensor | None = None) -> Weight:
         low = self.lowbit.low(names, dense) if self.lowbit is not None else None
-        return Weight(dense, None if bias is None else bias.detach(), low)
+        return Weight(dense, None if bias is None else bias.detach(), low, names=tuple(names) if low is not None else ())
 
     def _parts(self, layer: nn.Module, index: int) -> LayerParts:
         attn = base_of(layer.self_attn)
@@ -177,8 +177,8 @@ class Anatomy:
         q, kv = qkv.rows(0, q_size), qkv.rows(q_size, qkv_weight.shape[0])
         parts = AttentionParts(
             qkv=qkv,
-            q=replace(q, low=self._weight([q_name], q.dense).low),
-            kv=replace(kv, low=self._weight([k_name, v_name], kv.dense).low),
+            q=self._weight([q_name], q.dense, q.bias),
+            kv=self._weight([k_name, v_name], kv.dense, kv.bias),
             o=self._weight([o_name], attn.o_proj.weight.detach(), attn.o_proj.bias),
             q_size=q_size,
             kv_size=attn.k_proj.out_features,

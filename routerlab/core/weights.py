@@ -243,6 +243,9 @@ class Weight:
     # kernel on this machine (core/batch_paths.py); None: `batch` keeps the low-bit copy.
     wide: torch.Tensor | None = None
     wide_from: int | None = None
+    # The parameter names whose low-bit codes `low` stacks (a fused q|k|v: three), where it came from a file's codes:
+    # core/low_paths.py builds another kernel's copy of the same codes from them.
+    names: tuple[str, ...] = ()
 
     def __call__(self, x: torch.Tensor, upcast: bool = False) -> torch.Tensor:
         """x (..., T, K) -> (..., T, N): the low-bit copy for a decode step's few rows (x of shape (1, T, K),

@@ -1,0 +1,136 @@
+"""Which kernel each kind of linear map multiplies one row with (a decode step): torch's int4 kernel on the file's
+codes, or onnxruntime's `MatMulNBits` on the same codes (core/nbits.py); measured at start-up, never assumed.
+
+Issue 51: the best one-row kernel differs between machines. On a 2-core Xeon with AMX (2026-12-06) the head alone took
+1.40 ms a call with torch's int4 kernel and 0.64 ms with `MatMulNBits` on the file's Q8_0 codes, and decode ran 1.06x
+faster with the head through it (`python -m routerlab.bench.nbits --maps head`); the layers' maps were slower through
+it there (docs/method.md). On an AVX2-only CPU, where torch's int4 kernel is slow, other maps may win: `tune` finds out.
+
+`tune` times, for each kind of map (`batch_paths.kinds`: the head, q|k|v, q, k|v, the output map, gate|up, down), one
+row through every map of the kind as a step streams them, with each kernel, in alternating rounds, and gives a kind's
+maps onnxruntime's copy where it costs at most `MARGIN` of the int4 kernel's: a session's call has a fixed cost inside
+a step, beside torch's own pool, that timing the products alone does not show (the head's 0.76 ms saved alone were
+0.53 ms in whole steps). Decisions are unchanged by it (routers read the hidden states, which only the products of
+the kinds chosen touch, and both kernels compute the file's codes); the logits differ by the rounding of 8-bit
+activations (relative error 0.007 against int4's 0.003 on the head, from bf16 inputs).
+
+Applies only where the anatomy holds a file's own codes (the embedded model on a CPU) and onnxruntime and onnx are
+installed; `ENV` = "torch" keeps torch's kernel everywhere (the test suite sets it: its exact comparisons must not
+depend on a timing). Knows nothing about routers, caches or the UI: only the Anatomy's `Weight`s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+
+import torch
+
+from routerlab.core import nbits
+from routerlab.core.batch_paths import kinds
+from routerlab.core.weights import Codes, Int4, Weight
+
+log = logging.getLogger(__name__)
+
+ENV = "ROUTERLAB_KERNELS"  # "auto" (default): measure and choose; "torch": torch's int4 kernel for every map
+MARGIN = 0.8  # onnxruntime's copy is taken where one row through a kind's maps costs at most this share of int4's
+ROUNDS = 5
+NAMES = {"head": "the head", "qkv": "q|k|v", "q": "q", "kv": "k|v", "o": "the output maps", "gate_up": "gate|up",
+         "down": "down"}
+
+
+def why_not(an) -> str | None:
+    """Why the anatomy's maps keep torch's kernel without a measurement, or None where `tune` measures."""
+    if os.environ.get(ENV, "auto").strip().lower() == "torch":
+        return f"{ENV}=torch"
+    if an.lowbit is None or an.lowbit.codes is None:
+        return "no file codes (onnxruntime's copy is built from a GGUF file's own codes)"
+    if not nbits.available():
+        return "onnxruntime is not installed"
+    return None
+
+
+def _maps(an) -> dict[str, list[Weight]]:
+    """Each kind's maps whose low-bit copy is torch's int4 kernel on a file's codes."""
+    return {kind: ws for kind, ws in kinds(an).items() if all(isinstance(w.low, Int4) and w.names for w in ws)}
+
+
+def _pass(products: list, x: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    for mm in products:
+        mm(x)
+    return time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def measure(an, rounds: int = ROUNDS) -> tuple[dict[str, tuple[float, float]], dict[str, list]]:
+    """kind -> (seconds of one row through its maps with the int4 kernel, with onnxruntime's), medians of `rounds`
+    alternating after a warm-up of each; and kind -> onnxruntime's copies (one per map, in order)."""
+    threads = torch.get_num_threads()
+    codes = an.lowbit.codes
+    times, copies = {}, {}
+    for kind, maps in _maps(an).items():
+        theirs = [nbits.NBits(Codes.cat([codes[n] for n in w.names]), threads) for w in maps]
+        ways = [[w.low.mm for w in maps], [c.mm for c in theirs]]
+        x = torch.randn(1, maps[0].dense.shape[1], generator=torch.Generator().manual_seed(0)).to(an.dtype)
+        for way in ways:
+            _pass(way, x)
+        seconds: list[list[float]] = [[], []]
+        for r in range(rounds):
+            for i in (0, 1) if r % 2 == 0 else (1, 0):
+                seconds[i].append(_pass(ways[i], x))
+        times[kind] = (statistics.median(seconds[0]), statistics.median(seconds[1]))
+        copies[kind] = theirs
+    return times, copies
+
+
+def choose(times: dict[str, tuple[float, float]], margin: float = MARGIN) -> set[str]:
+    """The kinds whose maps take onnxruntime's copy: where it costs at most `margin` of the int4 kernel's time."""
+    return {kind for kind, (int4, theirs) in times.items() if theirs <= margin * int4}
+
+
+def tune(an, rounds: int = ROUNDS) -> dict:
+    """Measure, choose and apply (see the module docstring). Returns what was measured and chosen, for logs and
+    reports: {"onnxruntime": [kinds], "one_row_ms": {kind: [int4, onnxruntime]}, "skipped": reason or None}."""
+    reason = why_not(an)
+    if reason is not None:
+        return {"onnxruntime": [], "one_row_ms": {}, "skipped": reason}
+    start = time.perf_counter()
+    times, copies = measure(an, rounds)
+    chosen = choose(times)
+    for kind in chosen:
+        for w, copy in zip(_maps(an)[kind], copies[kind]):
+            w.low = copy
+    result = {"onnxruntime": sorted(chosen), "one_row_ms": {k: [round(1e3 * t, 3) for t in v] for k, v in times.items()},
+              "skipped": None, "seconds": round(time.perf_counter() - start, 2)}
+    log.info("%s", describe(result))
+    return result
+
+
+def chosen(an) -> list[str]:
+    """The kinds whose maps multiply through onnxruntime now."""
+    return [kind for kind, ws in kinds(an).items() if ws and all(isinstance(w.low, nbits.NBits) for w in ws)]
+
+
+def label(an) -> str:
+    """What `LowBitPlan.label` adds about the kernels: e.g. "; the head through onnxruntime's MatMulNBits"."""
+    ours = chosen(an)
+    return f"; {', '.join(NAMES.get(k, k) for k in ours)} through onnxruntime's MatMulNBits" if ours else ""
+
+
+def weights_label(lowbit_label: str, an) -> str:
+    """A `LowBitPlan.label` with the kinds that multiply through onnxruntime now, e.g. "the file's own Q4_1 + Q8_0
+    codes (int4 kernel; the head through onnxruntime's MatMulNBits); 16-bit weights for prefill"."""
+    return lowbit_label.replace(" (int4 kernel)", f" (int4 kernel{label(an)})")
+
+
+def describe(result: dict) -> str:
+    if result.get("skipped"):
+        return f"one-row products: torch's int4 kernel for every map ({result['skipped']})"
+    times = ", ".join(f"{NAMES.get(k, k)} {a:.2f} / {b:.2f}" for k, (a, b) in result["one_row_ms"].items())
+    ours = result["onnxruntime"]
+    which = ", ".join(NAMES.get(k, k) for k in ours) if ours else "no map"
+    return (f"one-row products through onnxruntime's MatMulNBits: {which} (ms a step's row with torch's int4 kernel / "
+            f"onnxruntime's: {times}; measured in {result['seconds']:.1f} s)")

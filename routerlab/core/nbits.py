@@ -1,0 +1,104 @@
+"""onnxruntime's `MatMulNBits` on a GGUF file's own codes: a low-bit copy with the interface of `weights.Int4`, for
+the maps whose one-row product it computes faster than torch's int4 kernel on the machine at hand (core/low_paths.py
+measures that at start-up; where onnxruntime or onnx is not installed, every map keeps torch's kernel).
+
+llama.cpp multiplies Q4_1 weights with activations quantised to 8 bits per block of 32 (integer dot products);
+`MatMulNBits` at accuracy level 4 does the same. Here it computes exactly the file's codes: Q4_1 (w = q * d + m) as
+(q - 8) * d, 4-bit codes with zero point 8, plus (m + 8 d) times each block's input sum (a small fp32 product in the
+same graph; centred codes, so the 8-bit activations' rounding is not amplified by a large minimum it no longer
+cancels against), Q8_0 (w = d * q) as 8-bit codes with zero point 128.
+
+Each map is a session of its own, with a pool of its own that does not spin while idle: measured on a 2-core Xeon
+(`python -m routerlab.bench.nbits`), sessions sharing onnxruntime's global pool made decode 0.37x as fast, and
+spinning pools on 2 cores far worse. Knows nothing about models, routers or the UI: only `weights.Codes`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import torch
+
+
+def available() -> bool:
+    """Whether onnxruntime and onnx are installed (the second builds the graphs)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+
+
+def _graph(nodes, inits, k: int, n: int) -> bytes:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "product", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+def nbits_graph(codes) -> bytes:
+    """The product x (M, K) -> (M, N) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit tiles), as an ONNX model."""
+    from onnx import helper, numpy_helper
+
+    c, d, m = codes.codes.numpy(), codes.scale.numpy(), codes.minimum.numpy()
+    n, k = codes.shape
+    blocks = k // codes.group
+    if codes.group != 32:
+        raise ValueError("the file's codes come in blocks of 32")
+    if codes.tiles == 2:  # Q8_0 split as 16 * hi + lo = q + 128 (weights.read_q8_0): joined again, zero point 128
+        u = (c[:, :k].astype(np.uint16) * 16 + c[:, k:]).astype(np.uint8).reshape(n, blocks, 32)
+        inits = [numpy_helper.from_array(u, "B"), numpy_helper.from_array(np.ascontiguousarray(d[:, blocks:]).reshape(-1), "S"),
+                 numpy_helper.from_array(np.full(n * blocks, 128, np.uint8), "Z")]
+        return _graph([helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["Y"], domain="com.microsoft", K=k, N=n,
+                                         bits=8, block_size=32, accuracy_level=4)], inits, k, n)
+    q = c.reshape(n, blocks, 32)
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # two codes a byte, the first in the low nibble
+    inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(d.reshape(-1).astype(np.float32), "S"),
+             numpy_helper.from_array(np.full(n * ((blocks + 1) // 2), 0x88, np.uint8), "Z"),  # zero point 8 in both nibbles
+             numpy_helper.from_array(np.ascontiguousarray((m + 8 * d).T).astype(np.float32), "MT"),  # (K/32, N): the rest
+             numpy_helper.from_array(np.array([-1, blocks, 32], np.int64), "shape"), numpy_helper.from_array(np.array([2], np.int64), "axis")]
+    nodes = [helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["P"], domain="com.microsoft", K=k, N=n, bits=4,
+                              block_size=32, accuracy_level=4),  # sum of d * (q - 8) * x
+             helper.make_node("Reshape", ["A", "shape"], ["blocks"]),
+             helper.make_node("ReduceSum", ["blocks", "axis"], ["sums"], keepdims=0),  # (M, K/32): each block's input sum
+             helper.make_node("MatMul", ["sums", "MT"], ["minima"]),  # sum of (m + 8 d) * x
+             helper.make_node("Add", ["P", "minima"], ["Y"])]
+    return _graph(nodes, inits, k, n)
+
+
+def _bytes(codes) -> int:
+    """Bytes a product reads: the codes (4 or 8 bits a weight) and a scale per block (and Q4_1's minima)."""
+    n, k = codes.shape
+    blocks = n * k // codes.group
+    return n * k * (8 if codes.tiles == 2 else 4) // 8 + 4 * blocks * (1 if codes.tiles == 2 else 2)
+
+
+class NBits:
+    """A low-bit copy (the interface of weights.Int4) whose product runs in an onnxruntime session.
+
+    `per_session`: the session has a pool of its own (`threads`, not spinning while idle); False: it uses the
+    process's global pool (bench/nbits.py measures both ways)."""
+
+    def __init__(self, codes, threads: int, per_session: bool = True):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # warnings about unused initializers and the like are not the user's concern
+        if per_session:
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        else:
+            options.use_per_session_threads = False
+        self.session = ort.InferenceSession(nbits_graph(codes), options, providers=["CPUExecutionProvider"])
+        self.n = codes.shape[0]
+        self.label = f"onnxruntime MatMulNBits ({codes.source})"
+        self.nbytes = _bytes(codes)
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        """x (n, K) -> (n, N) in fp32; input and output bound to torch's memory, no copies through numpy. A binding
+        per call: sessions may run on several threads at once."""
+        x = x.float().contiguous()
+        y = torch.empty(x.shape[0], self.n)
+        binding = self.session.io_binding()
+        binding.bind_input("A", "cpu", 0, np.float32, list(x.shape), x.data_ptr())
+        binding.bind_output("Y", "cpu", 0, np.float32, list(y.shape), y.data_ptr())
+        self.session.run_with_iobinding(binding)
+        return y

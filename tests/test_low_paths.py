@@ -1,0 +1,83 @@
+"""core/low_paths.py: which kernel each kind of map multiplies one row with. The choice rule, when it does not measure,
+and the embedded model's decode with the head through onnxruntime's copy of the file's own Q8_0 codes (a fixed
+choice, so the test does not depend on a timing): the same products to the rounding of 8-bit activations, the same
+greedy tokens, rows of a batch the same as a row alone, and the label that says so."""
+
+import pytest
+import torch
+
+from routerlab.core import low_paths
+from routerlab.core.engine import Engine, Plan, forward
+from routerlab.core.models import tiny_model
+from routerlab.core.nbits import NBits
+
+
+def test_choose_takes_onnxruntime_only_where_it_wins_by_the_margin():
+    times = {"head": (1.40, 0.60), "qkv": (0.58, 1.11), "down": (1.0, 0.81), "o": (1.0, 0.80)}
+    assert low_paths.choose(times) == {"head", "o"}
+    assert low_paths.choose(times, margin=1.0) == {"head", "o", "down"}
+
+
+def test_no_measurement_without_file_codes_or_when_told_not_to(monkeypatch):
+    engine = Engine(tiny_model("llama", 0))
+    monkeypatch.setenv(low_paths.ENV, "auto")
+    assert "no file codes" in low_paths.tune(engine.anatomy)["skipped"]
+    monkeypatch.setenv(low_paths.ENV, "torch")
+    result = low_paths.tune(engine.anatomy)
+    assert result["skipped"] == f"{low_paths.ENV}=torch" and "torch's int4 kernel for every map" in low_paths.describe(result)
+
+
+@pytest.fixture(scope="module")
+def head_through_onnxruntime(embedded):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    mp = pytest.MonkeyPatch()
+    mp.setenv(low_paths.ENV, "auto")
+    mp.setattr(low_paths, "choose", lambda times, margin=low_paths.MARGIN: {"head"})  # fixed: no timing decides
+    try:
+        engine = Engine.from_loaded(embedded)
+    finally:
+        mp.undo()
+    return engine
+
+
+@torch.inference_mode()
+def _logits(engine, ids, fed):
+    """The next-token logits after each token of `fed` (decode steps, one token each, after a prefill of `ids`)."""
+    caches = engine.new_caches(len(ids) + len(fed) + 1)
+    forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
+    out = []
+    for k, token in enumerate(fed):
+        position = len(ids) + k
+        logits, _ = forward(engine.anatomy, torch.tensor([[token]]), torch.tensor([position]), caches, Plan(None), top=position)
+        out.append(logits[0, -1].float())
+    return out
+
+
+def test_the_head_through_onnxruntime_computes_the_same_logits_and_tokens(embedded, head_through_onnxruntime):
+    ours = head_through_onnxruntime
+    assert low_paths.chosen(ours.anatomy) == ["head"] and isinstance(ours.anatomy.head.low, NBits)
+    assert "the head through onnxruntime's MatMulNBits" in ours.weights and "Q8_0" in ours.anatomy.head.low.label
+    assert set(ours.kernels["one_row_ms"]) >= {"head", "qkv", "gate_up", "down"}  # every kind measured, the choice fixed
+    theirs = Engine(embedded.model, embedded.tokenizer, embedded.name, embedded.lowbit)  # torch's int4 kernel throughout
+    assert low_paths.chosen(theirs.anatomy) == [] and "onnxruntime" not in theirs.weights
+    tok = embedded.tokenizer
+    ids = tok("The history of computing is a story of", add_special_tokens=False)["input_ids"]
+    fed = tok(" layers. Early machines were wired by hand for each problem; stored programs turned wiring into data",
+              add_special_tokens=False)["input_ids"]
+    clear = 0
+    for x, y in zip(_logits(ours, ids, fed), _logits(theirs, ids, fed)):
+        assert float((x - y).norm() / y.norm()) < 0.02  # 8-bit activations per block of 32 against bf16 ones
+        top2 = y.topk(2).values
+        if top2[0] - top2[1] > 0.25:  # not a near tie: the same greedy token
+            clear += 1
+            assert int(x.argmax()) == int(y.argmax())
+    assert clear >= len(fed) // 2
+
+
+def test_a_batch_of_rows_through_the_head_gives_each_row_its_own_product(head_through_onnxruntime):
+    head = head_through_onnxruntime.anatomy.head
+    x = torch.randn(8, head.dense.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    together = head.batch(x)
+    for i in (0, 3, 7):
+        assert torch.equal(together[i], head.one(x[i : i + 1])[0])  # a room's row decodes as it would alone
