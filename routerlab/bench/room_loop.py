@@ -162,31 +162,25 @@ def compare_paths(engine, routers, prompts: list[str], rows: list[int], rounds: 
 
 def compare_kernels(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:
     """The room's loop (shared, the app's way) with the one-row kernels low_paths chooses against torch's int4 kernel
-    for every map (each way with its own batch_paths choice, as a room would make it), alternating rounds at each row
-    count; medians and their ratio. `engine` comes with torch's kernel throughout (`choose_kernels=False`)."""
+    for every map, alternating rounds at each row count (the products of more rows as batch_paths chooses them, the
+    same both ways); medians and their ratio. `engine` comes with torch's kernel throughout (`choose_kernels=False`)."""
     an = engine.anatomy
     maps = [w for ws in batch_paths.kinds(an).values() for w in ws]
-    lows = {"int4": [w.low for w in maps]}
+    print(batch_paths.describe(batch_paths.tune(an)), flush=True)  # as a served room does before serving
     print(low_paths.describe(low_paths.tune(an)), flush=True)
-    lows["chosen"] = [w.low for w in maps]
-    paths = {}
-    for name, low in lows.items():
-        for w, copy in zip(maps, low):
-            w.low = copy
-        paths[name] = batch_paths.choose(batch_paths.measure(an))[:2]
+    ones = {"int4": [None] * len(maps), "chosen": [w.one_low for w in maps]}
 
     def use(name: str) -> None:
-        for w, copy in zip(maps, lows[name]):
-            w.low = copy
-        batch_paths.apply(an, *paths[name])
+        for w, copy in zip(maps, ones[name]):
+            w.one_low = copy
 
     report = {"machine": platform.processor() or platform.machine(), "rows": {}}
     for n in rows:
         use("chosen")
         run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
-        rates: dict[str, list[float]] = {name: [] for name in lows}
+        rates: dict[str, list[float]] = {name: [] for name in ones}
         for r in range(rounds):
-            for name in (list(lows) if r % 2 == 0 else list(lows)[::-1]):
+            for name in (list(ones) if r % 2 == 0 else list(ones)[::-1]):
                 use(name)
                 rates[name].append(run(engine, routers, prompts, n, "shared")["tokens_per_s"])
         med = {k: statistics.median(v) for k, v in rates.items()}

@@ -8,9 +8,13 @@ it there (docs/method.md). On an AVX2-only CPU, where torch's int4 kernel is slo
 
 `tune` times, for each kind of map (`batch_paths.kinds`: the head, q|k|v, q, k|v, the output map, gate|up, down), one
 row through every map of the kind as a step streams them, with each kernel, in alternating rounds, and gives a kind's
-maps onnxruntime's copy where it costs at most `MARGIN` of the int4 kernel's: a session's call has a fixed cost inside
+maps onnxruntime's copy for one row (`Weight.one_low`: a decode step, a room's batch of one) where it costs at most
+`MARGIN` of the int4 kernel's: a session's call has a fixed cost inside
 a step, beside torch's own pool, that timing the products alone does not show (the head's 0.76 ms saved alone were
-0.53 ms in whole steps). Decisions are unchanged by it (routers read the hidden states, which only the products of
+0.53 ms in whole steps). Batches of more rows keep torch's kernel (or batch_paths' dense product): through
+onnxruntime the head made the room's loop at 8 rows 0.93x as fast (`python -m routerlab.bench.room_loop --kernels`),
+while a row alone gained 1.12x. A row's logits may so differ with the rows beside it by the rounding below, as they
+already did where batch_paths takes dense products from some batch size on. Decisions are unchanged by it (routers read the hidden states, which only the products of
 the kinds chosen touch, and both kernels compute the file's codes); the logits differ by the rounding of 8-bit
 activations (relative error 0.007 against int4's 0.003 on the head, from bf16 inputs).
 
@@ -99,25 +103,25 @@ def tune(an, rounds: int = ROUNDS) -> dict:
         return {"onnxruntime": [], "one_row_ms": {}, "skipped": reason}
     start = time.perf_counter()
     times, copies = measure(an, rounds)
-    chosen = choose(times)
-    for kind in chosen:
+    ours = choose(times)
+    for kind in ours:
         for w, copy in zip(_maps(an)[kind], copies[kind]):
-            w.low = copy
-    result = {"onnxruntime": sorted(chosen), "one_row_ms": {k: [round(1e3 * t, 3) for t in v] for k, v in times.items()},
+            w.one_low = copy
+    result = {"onnxruntime": sorted(ours), "one_row_ms": {k: [round(1e3 * t, 3) for t in v] for k, v in times.items()},
               "skipped": None, "seconds": round(time.perf_counter() - start, 2)}
     log.info("%s", describe(result))
     return result
 
 
 def chosen(an) -> list[str]:
-    """The kinds whose maps multiply through onnxruntime now."""
-    return [kind for kind, ws in kinds(an).items() if ws and all(isinstance(w.low, nbits.NBits) for w in ws)]
+    """The kinds whose maps multiply one row through onnxruntime now."""
+    return [kind for kind, ws in kinds(an).items() if ws and all(isinstance(w.one_low, nbits.NBits) for w in ws)]
 
 
 def label(an) -> str:
-    """What `LowBitPlan.label` adds about the kernels: e.g. "; the head through onnxruntime's MatMulNBits"."""
+    """What `LowBitPlan.label` adds about the kernels: e.g. "; one row of the head through onnxruntime's MatMulNBits"."""
     ours = chosen(an)
-    return f"; {', '.join(NAMES.get(k, k) for k in ours)} through onnxruntime's MatMulNBits" if ours else ""
+    return f"; one row of {', '.join(NAMES.get(k, k) for k in ours)} through onnxruntime's MatMulNBits" if ours else ""
 
 
 def weights_label(lowbit_label: str, an) -> str:

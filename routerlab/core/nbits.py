@@ -65,10 +65,11 @@ def nbits_graph(codes) -> bytes:
 
 
 def _bytes(codes) -> int:
-    """Bytes a product reads: the codes (4 or 8 bits a weight) and a scale per block (and Q4_1's minima)."""
+    """Bytes a product reads, as `nbits_graph` stores them: Q8_0, a byte a weight and per block an fp32 scale and a
+    zero point; Q4_1, half a byte a weight and per block an fp32 scale, half a byte of zero point and an fp32 rest."""
     n, k = codes.shape
     blocks = n * k // codes.group
-    return n * k * (8 if codes.tiles == 2 else 4) // 8 + 4 * blocks * (1 if codes.tiles == 2 else 2)
+    return n * k + 5 * blocks if codes.tiles == 2 else n * k // 2 + 8 * blocks + (blocks + 1) // 2
 
 
 class NBits:

@@ -246,6 +246,9 @@ class Weight:
     # The parameter names whose low-bit codes `low` stacks (a fused q|k|v: three), where it came from a file's codes:
     # core/low_paths.py builds another kernel's copy of the same codes from them.
     names: tuple[str, ...] = ()
+    # Another kernel's copy of the same codes for products of one row (a decode step, a batch of one), where
+    # core/low_paths.py measured it faster than `low`'s at one row; more rows keep `low` (or `wide`).
+    one_low: object | None = None
 
     def __call__(self, x: torch.Tensor, upcast: bool = False) -> torch.Tensor:
         """x (..., T, K) -> (..., T, N): the low-bit copy for a decode step's few rows (x of shape (1, T, K),
@@ -281,8 +284,9 @@ class Weight:
         return y.to(x.dtype)
 
     def _low_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x (n, K) -> (n, N) through the low-bit copy, in x's dtype, plus the bias."""
-        y = self.low.mm(x)  # (n, N) in the kernel's dtype
+        """x (n, K) -> (n, N) through the low-bit copy (one row: `one_low`, where it has one), in x's dtype, plus the bias."""
+        low = self.one_low if self.one_low is not None and x.shape[0] == 1 else self.low
+        y = low.mm(x)  # (n, N) in the kernel's dtype
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias
@@ -298,9 +302,10 @@ class Weight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a decode step reads for this map: the low-bit copy where there is one."""
+        """Bytes a decode step reads for this map: its one-row copy or the low-bit copy, where it has one."""
         dense = self.dense.numel() * self.dense.element_size()
-        return (self.low.nbytes if self.low is not None else dense) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        low = self.one_low if self.one_low is not None else self.low
+        return (low.nbytes if low is not None else dense) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
 
 # -- which low-bit copies a model gets ---------------------------------------------------------------
