@@ -135,35 +135,41 @@ def input_line() -> str | None:
             return line
 
 
-def compare_paths(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:
-    """The room's loop (shared, the app's way) with batch_paths' choice against its fp32-copies-only choice, from one
-    measurement, alternating rounds at each row count; medians and their ratio."""
-    an = engine.anatomy
-    measured = batch_paths.measure(an)
-    choices = {"fp32_only": batch_paths.choose(measured, dense=False)[:2], "chosen": batch_paths.choose(measured)[:2]}
-    for name, (choice, own) in choices.items():
-        print(f"{name}: " + ", ".join(f"{k} from {v}{' (own dtype)' if k in own else ''}" for k, v in choice.items() if v), flush=True)
+def alternate(engine, routers, prompts: list[str], rows: list[int], rounds: int, use, names: tuple[str, str]) -> int:
+    """The room's loop (shared, the app's way) under two settings, `use(name)` switching to one (names: the setting
+    measured, then its baseline), alternating rounds at each row count; prints medians, their ratio and a JSON report."""
+    ours, base = names
     report = {"machine": platform.processor() or platform.machine(), "rows": {}}
     for n in rows:
-        batch_paths.apply(an, *choices["chosen"])
+        use(ours)
         run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
-        rates: dict[str, list[float]] = {name: [] for name in choices}
+        rates: dict[str, list[float]] = {name: [] for name in names}
         for r in range(rounds):
-            for name in (list(choices) if r % 2 == 0 else list(choices)[::-1]):
-                batch_paths.apply(an, *choices[name])
+            for name in (names if r % 2 == 0 else names[::-1]):
+                use(name)
                 rates[name].append(run(engine, routers, prompts, n, "shared")["tokens_per_s"])
         med = {k: statistics.median(v) for k, v in rates.items()}
-        report["rows"][n] = {**med, "chosen_vs_fp32_only": round(med["chosen"] / med["fp32_only"], 3), "rounds": rates}
-        print(f"== {n} rows: chosen {med['chosen']:.1f}, fp32 only {med['fp32_only']:.1f} tokens/s "
-              f"({med['chosen'] / med['fp32_only']:.2f}x)", flush=True)
+        report["rows"][n] = {**med, f"{ours}_vs_{base}": round(med[ours] / med[base], 3), "rounds": rates}
+        print(f"== {n} rows: {ours} {med[ours]:.1f}, {base} {med[base]:.1f} tokens/s ({med[ours] / med[base]:.2f}x)", flush=True)
     print(json.dumps(report))
     return 0
 
 
+def compare_paths(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:
+    """The room's loop with batch_paths' choice against its fp32-copies-only choice, from one measurement."""
+    an = engine.anatomy
+    measured = batch_paths.measure(an)
+    choices = {"chosen": batch_paths.choose(measured)[:2], "fp32_only": batch_paths.choose(measured, dense=False)[:2]}
+    for name, (choice, own) in choices.items():
+        print(f"{name}: " + ", ".join(f"{k} from {v}{' (own dtype)' if k in own else ''}" for k, v in choice.items() if v), flush=True)
+    return alternate(engine, routers, prompts, rows, rounds, lambda name: batch_paths.apply(an, *choices[name]),
+                     ("chosen", "fp32_only"))
+
+
 def compare_kernels(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:
-    """The room's loop (shared, the app's way) with the one-row kernels low_paths chooses against torch's int4 kernel
-    for every map, alternating rounds at each row count (the products of more rows as batch_paths chooses them, the
-    same both ways); medians and their ratio. `engine` comes with torch's kernel throughout (`choose_kernels=False`)."""
+    """The room's loop with the one-row kernels low_paths chooses against torch's int4 kernel for every map (the
+    products of more rows as batch_paths chooses them, the same both ways). `engine` comes with torch's kernel
+    throughout (`choose_kernels=False`)."""
     an = engine.anatomy
     maps = [w for ws in batch_paths.kinds(an).values() for w in ws]
     print(batch_paths.describe(batch_paths.tune(an)), flush=True)  # as a served room does before serving
@@ -174,21 +180,7 @@ def compare_kernels(engine, routers, prompts: list[str], rows: list[int], rounds
         for w, copy in zip(maps, ones[name]):
             w.one_low = copy
 
-    report = {"machine": platform.processor() or platform.machine(), "rows": {}}
-    for n in rows:
-        use("chosen")
-        run(engine, routers, prompts, n, "shared", new_tokens=8)  # warm-up
-        rates: dict[str, list[float]] = {name: [] for name in ones}
-        for r in range(rounds):
-            for name in (list(ones) if r % 2 == 0 else list(ones)[::-1]):
-                use(name)
-                rates[name].append(run(engine, routers, prompts, n, "shared")["tokens_per_s"])
-        med = {k: statistics.median(v) for k, v in rates.items()}
-        report["rows"][n] = {**med, "chosen_vs_int4": round(med["chosen"] / med["int4"], 3), "rounds": rates}
-        print(f"== {n} rows: chosen {med['chosen']:.1f}, int4 throughout {med['int4']:.1f} tokens/s "
-              f"({med['chosen'] / med['int4']:.2f}x)", flush=True)
-    print(json.dumps(report))
-    return 0
+    return alternate(engine, routers, prompts, rows, rounds, use, ("chosen", "int4"))
 
 
 if __name__ == "__main__":
