@@ -34,6 +34,7 @@ def head_through_onnxruntime(embedded):
     mp = pytest.MonkeyPatch()
     mp.setenv(low_paths.ENV, "auto")
     mp.setattr(low_paths, "choose", lambda times, margin=low_paths.MARGIN: {"head"})  # fixed: no timing decides
+    mp.setattr(low_paths, "confirm", lambda an, shortlist, copies, times, rounds=0: (set(shortlist), {}))
     try:
         engine = Engine.from_loaded(embedded)
     finally:
@@ -87,3 +88,24 @@ def test_one_row_takes_onnxruntime_and_a_batch_keeps_the_int4_kernel(embedded, h
     assert torch.equal(head.batch(x[:1]), one)  # a room's batch of one is a decode step alone
     assert torch.equal(one, head_through_onnxruntime.anatomy.head.one_low.mm(x[:1]).to(one.dtype))
     assert not torch.equal(one, theirs.one(x[:1]))  # really the other kernel
+
+
+def test_confirm_keeps_a_candidate_only_where_a_steps_products_gain(embedded, monkeypatch):
+    """`confirm` on made-up costs (no timing decides): through onnxruntime the head saves most of its cost, q|k|v less
+    than STEP_MARGIN of a step; only the head stays. And a layer map's copy gives a row the same product alone as
+    among others, the reason a kept layer kind serves batches too."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    an = Engine(embedded.model, embedded.tokenizer, embedded.name, embedded.lowbit).anatomy
+    codes, maps = an.lowbit.codes, low_paths._maps(an)
+    copies = {kind: [NBits(low_paths.Codes.cat([codes[n] for n in w.names]), 1) for w in maps[kind]] for kind in ("head", "qkv")}
+    cost = {("head", False): 1.0, ("head", True): 0.4, ("qkv", False): 0.02, ("qkv", True): 0.0199}
+    owner = {id(c): kind for kind, cs in copies.items() for c in cs} | {id(w.low): kind for kind, ws in maps.items() for w in ws}
+    monkeypatch.setattr(low_paths, "_run", lambda products: sum(
+        cost.get((owner[id(mm.__self__)], isinstance(mm.__self__, NBits)), 0.01) for mm, _ in products))
+    times = {"head": (1.0, 0.4), "qkv": (0.6, 0.5)}
+    ours, steps = low_paths.confirm(an, {"head", "qkv"}, copies, times)
+    assert ours == {"head"} and steps["chosen"] < steps["int4"]
+    x = torch.randn(8, maps["qkv"][0].dense.shape[1], generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    together = copies["qkv"][0].mm(x)
+    assert all(torch.equal(together[i], copies["qkv"][0].mm(x[i : i + 1])[0]) for i in (0, 5))

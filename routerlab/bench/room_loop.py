@@ -173,12 +173,13 @@ def compare_kernels(engine, routers, prompts: list[str], rows: list[int], rounds
     an = engine.anatomy
     maps = [w for ws in batch_paths.kinds(an).values() for w in ws]
     print(batch_paths.describe(batch_paths.tune(an)), flush=True)  # as a served room does before serving
+    copies = {"int4": [(w.low, w.one_low) for w in maps]}
     print(low_paths.describe(low_paths.tune(an)), flush=True)
-    ones = {"int4": [None] * len(maps), "chosen": [w.one_low for w in maps]}
+    copies["chosen"] = [(w.low, w.one_low) for w in maps]
 
     def use(name: str) -> None:
-        for w, copy in zip(maps, ones[name]):
-            w.one_low = copy
+        for w, (low, one_low) in zip(maps, copies[name]):
+            w.low, w.one_low = low, one_low
 
     return alternate(engine, routers, prompts, rows, rounds, use, ("chosen", "int4"))
 
