@@ -131,6 +131,9 @@ def test_layer_views_have_one_entry_per_layer():
     z = np.asarray(hist.data[0].z, float)
     assert z.shape == (8, 20)
     np.testing.assert_allclose(np.nansum(z[1:7], axis=1), 1.0)
+    # a small share reads light, a layer crowding one bin dark, on one scale for every run (0 to 100%)
+    scale = hist.data[0].colorscale
+    assert (hist.data[0].zmin, hist.data[0].zmax) == (0.0, 1.0) and scale[0][1] == "#f7fbff" and scale[-1][1] == "#08306b"
     what_if = plots.layer_skip_bar(trace, threshold=0.9)
     assert sum(what_if.data[0].y) > sum(bar.data[0].y)
     # an unrouted layer's bar has height 0 (nothing grey to see): the title names those layers

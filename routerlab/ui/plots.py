@@ -387,6 +387,11 @@ def _layer_names(layers: list[int]) -> str:
     return f"layers {', '.join(map(str, layers[:-1]))} and {layers[-1]} have"
 
 
+# Light where a layer has few of its tokens' scores, dark where it has many; most cells hold a few percent (20 bins), so
+# the scale changes fastest there: a uniform layer (5% a bin) reads mid-light, a layer whose tokens crowd one bin dark.
+SHARE_SCALE = [[0.0, "#f7fbff"], [0.02, "#deebf7"], [0.05, "#9ecae1"], [0.15, "#4292c6"], [0.4, "#08519c"], [1.0, "#08306b"]]
+
+
 def score_histogram(trace: Trace | None, bins: int = 20, threshold: float | None = None) -> go.Figure:
     """Per-layer score distributions as one layers x score-bins heatmap (share of that layer's tokens)."""
     parts = _histogram_parts(trace, bins, threshold)
@@ -428,8 +433,9 @@ def _histogram_parts(trace: Trace | None, bins: int, threshold: float | None, ca
         z=counts.astype(np.float32),
         x=centers,
         y=list(range(trace.n_layers)),
-        colorscale="Blues",
+        colorscale=SHARE_SCALE,
         zmin=0.0,
+        zmax=1.0,
         hoverongaps=False,
         colorbar=dict(title=dict(text="share", side="right"), thickness=10, tickformat=".0%"),
         hovertemplate="layer %{y}<br>score ≈ %{x:.2f}<br>%{z:.1%} of tokens<extra></extra>",
