@@ -18,6 +18,20 @@ def test_choose_takes_onnxruntime_only_where_it_wins_by_the_margin():
     assert low_paths.choose(times, margin=1.0) == {"head", "o", "down"}
 
 
+def test_an_onnxruntime_that_fails_leaves_torchs_kernel_and_says_why(embedded, monkeypatch):
+    engine = Engine(embedded.model, embedded.tokenizer, embedded.name, embedded.lowbit)
+    monkeypatch.setenv(low_paths.ENV, "auto")
+    monkeypatch.setattr(low_paths.nbits, "available", lambda: True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no MatMulNBits in this build")
+
+    monkeypatch.setattr(low_paths.nbits, "NBits", broken)
+    result = low_paths.tune(engine.anatomy)
+    assert result["onnxruntime"] == [] and "onnxruntime failed (RuntimeError: no MatMulNBits in this build)" in result["skipped"]
+    assert low_paths.chosen(engine.anatomy) == [] and "onnxruntime" not in engine.weights
+
+
 def test_no_measurement_without_file_codes_or_when_told_not_to(monkeypatch):
     engine = Engine(tiny_model("llama", 0))
     monkeypatch.setenv(low_paths.ENV, "auto")

@@ -26,8 +26,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from routerlab.core.cache import LayerCache
 from routerlab.core import low_paths
+from routerlab.core.cache import LayerCache
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.device import prepare
 from routerlab.core.errors import RouterLabError

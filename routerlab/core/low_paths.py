@@ -159,8 +159,13 @@ def tune(an, rounds: int = ROUNDS) -> dict:
     if reason is not None:
         return {"onnxruntime": [], "one_row_ms": {}, "skipped": reason}
     start = time.perf_counter()
-    times, copies = measure(an, rounds)
-    ours, steps = confirm(an, choose(times), copies, times)
+    try:
+        times, copies = measure(an, rounds)
+        ours, steps = confirm(an, choose(times), copies, times)
+    except Exception as err:  # an onnxruntime that fails to build or run a graph: torch's kernel, said so; never a failed start
+        result = {"onnxruntime": [], "one_row_ms": {}, "skipped": f"onnxruntime failed ({type(err).__name__}: {err})"}
+        log.warning("%s", describe(result))
+        return result
     maps = _maps(an)
     for kind in ours:
         for w, copy in zip(maps[kind], copies[kind]):
