@@ -23,10 +23,11 @@ def test_an_onnxruntime_that_fails_leaves_torchs_kernel_and_says_why(embedded, m
     monkeypatch.setenv(low_paths.ENV, "auto")
     monkeypatch.setattr(low_paths.nbits, "available", lambda: True)
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("no MatMulNBits in this build")
+    class Broken(NBits):
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("no MatMulNBits in this build")
 
-    monkeypatch.setattr(low_paths.nbits, "NBits", broken)
+    monkeypatch.setattr(low_paths.nbits, "NBits", Broken)
     result = low_paths.tune(engine.anatomy)
     assert result["onnxruntime"] == [] and "onnxruntime failed (RuntimeError: no MatMulNBits in this build)" in result["skipped"]
     assert low_paths.chosen(engine.anatomy) == [] and "onnxruntime" not in engine.weights
