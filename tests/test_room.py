@@ -361,12 +361,25 @@ def test_the_embedded_model_in_a_room_writes_what_it_writes_alone(embedded, caps
     identical, departing at gaps of at most 0.5; on a 2-core Xeon with AMX 2 of 6, at gaps of 0.125 (one bf16 step of
     these logits), 0.125, 0.125 and 1.125. So: some run is identical, and every departure is at a gap of a few bf16
     steps at most (MAX_GAP): a near-tie, where a rounding decides, not a wrong computation."""
+    engine = Engine.from_loaded(embedded)
+    requests, _, same, margins, room = examples_alone_and_in_a_room(engine, 32)
+    with capsys.disabled():
+        print(f"\n[room] embedded model, {len(requests)} example prompts in one room (largest batch {room.largest}): "
+              f"runs identical to alone: {same} of {len(requests)}; where one departs, the alone run's logit gap between "
+              f"the two tokens: {[round(m, 3) for m in margins]}")
+    assert room.largest == len(requests) and same >= 1
+    assert all(m <= MAX_GAP for m in margins)
+
+
+def examples_alone_and_in_a_room(engine, new_tokens: int) -> tuple[list, list, int, list[float], Room]:
+    """The page's example prompts, greedy with the shipped attention-token routers, alone and as rows of one room:
+    the requests, the tokens each wrote alone, how many runs are identical, and where a run departs from its run alone, the alone run's own logit
+    gap between the two tokens (its argmax checked to be the token it wrote)."""
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.ui.resources import ROUTERS_DIR, load_prompts
 
-    engine = Engine.from_loaded(embedded)
     routers = load_routers(ROUTERS_DIR / "attention-token", engine.model)[0]
-    config = GenerateConfig(max_new_tokens=32, ignore_eos=True)
+    config = GenerateConfig(max_new_tokens=new_tokens, ignore_eos=True)
     requests = [(engine.encode(p, config), routers, config) for p in load_prompts()]
     alone = [[s.token_id for s in _alone(engine, r).generated_steps] for r in requests]
     shared, room = _in_room(engine, requests)
@@ -378,13 +391,7 @@ def test_the_embedded_model_in_a_room_writes_what_it_writes_alone(embedded, caps
             row = _alone_logits(engine, ids, r, c)[k]
             assert int(row.argmax()) == x[k]
             margins.append(float(row[x[k]] - row[y[k]]))
-    same = sum(x == y for x, y in zip(alone, together))
-    with capsys.disabled():
-        print(f"\n[room] embedded model, {len(requests)} example prompts in one room (largest batch {room.largest}): "
-              f"runs identical to alone: {same} of {len(requests)}; where one departs, the alone run's logit gap between "
-              f"the two tokens: {[round(m, 3) for m in margins]}")
-    assert room.largest == len(requests) and same >= 1
-    assert all(m <= MAX_GAP for m in margins)
+    return requests, alone, sum(x == y for x, y in zip(alone, together)), margins, room
 
 
 def _alone_logits(engine, ids, routers, config) -> list[torch.Tensor]:

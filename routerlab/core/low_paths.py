@@ -72,13 +72,6 @@ def _maps(an) -> dict[str, list[Weight]]:
     return {kind: ws for kind, ws in kinds(an).items() if all(isinstance(w.low, Int4) and w.names for w in ws)}
 
 
-def _pass(products: list, x: torch.Tensor) -> float:
-    t0 = time.perf_counter()
-    for mm in products:
-        mm(x)
-    return time.perf_counter() - t0
-
-
 @torch.inference_mode()
 def measure(an, rounds: int = ROUNDS) -> tuple[dict[str, tuple[float, float]], dict[str, list]]:
     """kind -> (seconds of one row through its maps with the int4 kernel, with onnxruntime's), medians of `rounds`
@@ -88,15 +81,8 @@ def measure(an, rounds: int = ROUNDS) -> tuple[dict[str, tuple[float, float]], d
     times, copies = {}, {}
     for kind, maps in _maps(an).items():
         theirs = [nbits.NBits(Codes.cat([codes[n] for n in w.names]), threads) for w in maps]
-        ways = [[w.low.mm for w in maps], [c.mm for c in theirs]]
         x = torch.randn(1, maps[0].dense.shape[1], generator=torch.Generator().manual_seed(0)).to(an.dtype)
-        for way in ways:
-            _pass(way, x)
-        seconds: list[list[float]] = [[], []]
-        for r in range(rounds):
-            for i in (0, 1) if r % 2 == 0 else (1, 0):
-                seconds[i].append(_pass(ways[i], x))
-        times[kind] = (statistics.median(seconds[0]), statistics.median(seconds[1]))
+        times[kind] = _alternating([(w.low.mm, x) for w in maps], [(c.mm, x) for c in theirs], rounds)
         copies[kind] = theirs
     return times, copies
 
@@ -127,6 +113,16 @@ def _run(products: list[tuple]) -> float:
     return time.perf_counter() - t0
 
 
+def _alternating(a: list[tuple], b: list[tuple], rounds: int) -> tuple[float, float]:
+    """Medians of `rounds` runs of two lists of (product, input), alternating which goes first, after a warm-up of each."""
+    _run(a), _run(b)
+    seconds: list[list[float]] = [[], []]
+    for r in range(rounds):
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
+            seconds[i].append(_run((a, b)[i]))
+    return statistics.median(seconds[0]), statistics.median(seconds[1])
+
+
 @torch.inference_mode()
 def confirm(an, shortlist: set[str], copies: dict[str, list], times: dict, rounds: int = STEP_ROUNDS) -> tuple[set[str], dict]:
     """The kinds of `shortlist` that also make a step's products faster, tried one at a time, the largest saving
@@ -136,14 +132,7 @@ def confirm(an, shortlist: set[str], copies: dict[str, list], times: dict, round
     ours: set[str] = set()
     steps = {"int4": None, "chosen": None}
     for kind in sorted(shortlist, key=lambda k: times[k][1] - times[k][0]):
-        ways = [_step(an, copies, ours), _step(an, copies, ours | {kind})]
-        for way in ways:
-            _run(way)
-        seconds: list[list[float]] = [[], []]
-        for r in range(rounds):
-            for i in (0, 1) if r % 2 == 0 else (1, 0):
-                seconds[i].append(_run(ways[i]))
-        without, with_it = statistics.median(seconds[0]), statistics.median(seconds[1])
+        without, with_it = _alternating(_step(an, copies, ours), _step(an, copies, ours | {kind}), rounds)
         steps["int4"] = steps["int4"] or without
         if with_it <= STEP_MARGIN * without:
             ours.add(kind)
