@@ -12,12 +12,21 @@ each time a trial keeps the choice (`explore_every`, up to `backoff` times that)
 chosen count's own steps drift from what they were when the choice was last confirmed (`drift`: the load changed), so a
 change in load still changes the choice within seconds.
 
+A count's record is the median of its last `window` steps at that batch size, and a trial measures the counts it tries
+afresh (their older steps dropped), so one stalled step, or a step from minutes ago, decides nothing. A batch size
+starts with every thread (torch's own default, the fastest on a quiet machine) and tries the others at once. Before,
+a count's first single step set its record and later steps were averaged into it: a first two-thread step that met
+the web server drawing the first token made one visitor's whole run decode on one thread (13.5 ms a step against
+7.6, `app_vs_cli` on a 2-core Xeon, 2026-12-06), and a 4-step trial could not outvote it.
+
 Knows nothing about rows, models or the UI: only step times and batch sizes.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+from collections import deque
 
 import torch
 
@@ -30,36 +39,42 @@ def _bucket(rows: int) -> int:
 class ThreadTuner:
     """Call `before(rows)` before each step (it sets torch's thread count) and `after(rows, seconds)` after it."""
 
-    def __init__(self, choices: tuple[int, ...] | None = None, explore_every: int = 64, trial: int = 4, decay: float = 0.8,
+    def __init__(self, choices: tuple[int, ...] | None = None, explore_every: int = 64, trial: int = 4, window: int = 5,
                  backoff: int = 8, drift: float = 0.5, set_threads=torch.set_num_threads):
         cores = os.cpu_count() or 1
         self.choices = tuple(sorted(set(choices or (1, torch.get_num_threads()))))
         self.choices = tuple(c for c in self.choices if 1 <= c <= max(cores, 1)) or (1,)
-        self.explore_every, self.trial, self.decay, self.backoff, self.drift = explore_every, trial, decay, backoff, drift
+        self.explore_every, self.trial, self.window, self.backoff, self.drift = explore_every, trial, window, backoff, drift
         self._set = set_threads
-        self.per_token: dict[tuple[int, int], float] = {}  # (bucket, threads) -> seconds per row, decayed average
+        self.per_token: dict[tuple[int, int], float] = {}  # (bucket, threads) -> seconds per row, median of `_recent`
+        self._recent: dict[tuple[int, int], deque] = {}  # (bucket, threads) -> its last `window` steps' seconds per row
         self.current: int | None = None
         self._trying: list[int] = []  # counts still to try in this exploration, each for `trial` steps
         self._exploring: tuple[int, int] | None = None  # (bucket, its choice before) of the exploration under way
         self._every: dict[int, int] = {}  # bucket -> steps between its explorations now
         self._since: dict[int, int] = {}  # bucket -> its steps since its last exploration began
         self._settled: dict[int, tuple[int, float]] = {}  # bucket -> (choice, its seconds per row) as its last exploration ended
+        self._last: dict[int, int] = {}  # bucket -> the count its last step ran with
 
     def choice(self, rows: int) -> int:
-        """The count with the lowest recorded seconds per row for batches of this size; one not yet measured first."""
+        """The count with the lowest recorded seconds per row for batches of this size (every thread while none is)."""
         b = _bucket(rows)
-        unmeasured = [c for c in self.choices if (b, c) not in self.per_token]
-        if unmeasured:
-            return unmeasured[0]
-        return min(self.choices, key=lambda c: self.per_token[(b, c)])
+        measured = [c for c in self.choices if (b, c) in self.per_token]
+        if not measured:
+            return max(self.choices)
+        return min(measured, key=lambda c: self.per_token[(b, c)])
 
     def before(self, rows: int) -> int:
         b = _bucket(rows)
         if self._exploring is not None and not self._trying:
             self._settle()
         if len(self.choices) > 1 and self._exploring is None and self._due(b):
-            best = self.choice(rows)
-            self._trying = [c for c in self.choices if c != best for _ in range(self.trial)]
+            best = self._last.get(b, self.choice(rows))  # the count these batches ran last: its record is current
+            tried = [c for c in self.choices if c != best]
+            for c in tried:  # measured afresh: a trial's own steps are its record
+                self._recent.pop((b, c), None)
+                self.per_token.pop((b, c), None)
+            self._trying = [c for c in tried for _ in range(self.trial)]
             self._exploring, self._since[b] = (b, best), 0
         threads = self._trying.pop(0) if self._trying else self.choice(rows)
         if threads != self.current:
@@ -68,9 +83,13 @@ class ThreadTuner:
         return threads
 
     def _due(self, b: int) -> bool:
-        """Whether batches of bucket `b` try the other counts now: every `_every[b]` of their steps, or sooner (after
-        half of `explore_every` at least) when the chosen count's seconds per row moved by more than `drift` since its
-        last exploration ended."""
+        """Whether batches of bucket `b` try the other counts now: at once while a count has no record, then every
+        `_every[b]` of their steps, or sooner (after half of `explore_every` at least) when the chosen count's seconds
+        per row moved by more than `drift` since its last exploration ended."""
+        missing = [c for c in self.choices if (b, c) not in self.per_token]
+        if missing:  # every thread first, for a trial's worth of steps (or at once, where another count ran first)
+            widest = max(self.choices)
+            return len(missing) < len(self.choices) if widest in missing else len(self._recent[(b, widest)]) >= self.trial
         since = self._since.get(b, 0)
         if since >= self._every.get(b, self.explore_every):
             return True
@@ -111,9 +130,10 @@ class ThreadTuner:
         b = _bucket(rows)
         self._since[b] = self._since.get(b, 0) + 1
         key = (b, self.current)
-        value = seconds / rows
-        old = self.per_token.get(key)
-        self.per_token[key] = value if old is None else self.decay * old + (1 - self.decay) * value
+        self._last[b] = self.current
+        recent = self._recent.setdefault(key, deque(maxlen=self.window))
+        recent.append(seconds / rows)
+        self.per_token[key] = statistics.median(recent)
 
     def summary(self) -> dict:
         """For logs and reports: per batch size, each count's recent milliseconds per row."""
