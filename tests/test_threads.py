@@ -21,12 +21,12 @@ def _run(tuner, steps: int, rows: int, cost: dict[int, float]) -> list[int]:
     return used
 
 
-def test_every_thread_first_then_a_trial_of_the_other_then_the_faster_with_short_trials_of_the_other():
+def test_both_counts_in_turns_first_then_the_faster_with_short_trials_side_by_side():
     tuner, calls = _tuner(explore_every=20, trial=2)
     used = _run(tuner, 100, 8, {1: 0.010, 2: 0.006})
-    assert used[:5] == [2, 2, 1, 1, 2]  # torch's default first (two steps: a trial's worth), then the other count's trial
+    assert used[:5] == [1, 2, 1, 2, 2]  # the two counts in turns from the first step (measured side by side), then the faster
     assert used.count(2) >= 90 and 1 in used[20:]  # mostly the faster, the other tried again later
-    assert calls[0] == 2 and len(calls) < 20  # the count is set only when it changes
+    assert calls[:2] == [1, 2] and len(calls) < 30  # the count is set only when it changes
 
 
 def test_one_stalled_step_decides_nothing():
@@ -84,8 +84,9 @@ def test_long_forwards_get_every_thread_and_the_step_its_own_choice_back():
 def test_trials_come_less_often_while_they_keep_the_choice_and_at_once_when_the_load_changes():
     tuner, _ = _tuner(explore_every=10, trial=2, backoff=4)
     used = _run(tuner, 200, 8, {1: 0.010, 2: 0.006})
-    starts = [i for i in range(1, len(used)) if used[i] == 1 and used[i - 1] == 2]  # where each trial of one thread began
+    starts = [i for i in range(len(used)) if used[i] == 1 and (i == 0 or used[i - 3:i] == [2, 2, 2])]  # where each trial began
     assert [b - a for a, b in zip(starts, starts[1:])] == [20, 40, 40, 40, 40]  # twice as far apart each time, up to 4 x 10
     used = _run(tuner, 20, 8, {1: 0.010, 2: 0.030})  # another process takes a core: two threads' steps stall
     assert 1 in used[:5] and tuner.choice(8) == 1  # tried within a few steps, not after the 40-step wait
-    assert used[5:].count(2) == 2  # the choice changed: its next trial comes after the shortest wait again (10)
+    assert used[3:7] == [1, 2, 1, 2] and used[7:13] == [1] * 6  # side by side, then the new choice
+    assert used[13:17] == [2, 1, 2, 1]  # the choice changed: its next trial comes after the shortest wait again (10)

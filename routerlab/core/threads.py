@@ -12,12 +12,14 @@ each time a trial keeps the choice (`explore_every`, up to `backoff` times that)
 chosen count's own steps drift from what they were when the choice was last confirmed (`drift`: the load changed), so a
 change in load still changes the choice within seconds.
 
-A count's record is the median of its last `window` steps at that batch size, and a trial measures the counts it tries
-afresh (their older steps dropped), so one stalled step, or a step from minutes ago, decides nothing. A batch size
-starts with every thread (torch's own default, the fastest on a quiet machine) and tries the others at once. Before,
-a count's first single step set its record and later steps were averaged into it: a first two-thread step that met
-the web server drawing the first token made one visitor's whole run decode on one thread (13.5 ms a step against
-7.6, `app_vs_cli` on a 2-core Xeon, 2026-12-06), and a 4-step trial could not outvote it.
+A trial runs every count in turns (the others, then the count that ran, `trial` times), each measured afresh by the
+median of its own turns, so the counts are compared under the same load, side by side; between trials a count's
+record is the median of its last `window` steps at that batch size, so one stalled step decides nothing. Before, a
+count's first single step set its record and later steps were averaged into it, and a trial's steps were compared
+with the other count's from minutes before: a first two-thread step that met the web server drawing the first token
+made one visitor's whole run decode on one thread (13.5 ms a step against 7.6, `app_vs_cli` on a 2-core Xeon,
+2026-12-06); with trials measured afresh but not side by side, one visitor's runs in a `make room` still came at
+0.72-1.13x the command line's.
 
 Knows nothing about rows, models or the UI: only step times and batch sizes.
 """
@@ -57,7 +59,7 @@ class ThreadTuner:
         self._last: dict[int, int] = {}  # bucket -> the count its last step ran with
 
     def choice(self, rows: int) -> int:
-        """The count with the lowest recorded seconds per row for batches of this size (every thread while none is)."""
+        """The count with the lowest recorded seconds per row for batches of this size (every thread while none has one)."""
         b = _bucket(rows)
         measured = [c for c in self.choices if (b, c) in self.per_token]
         if not measured:
@@ -69,12 +71,12 @@ class ThreadTuner:
         if self._exploring is not None and not self._trying:
             self._settle()
         if len(self.choices) > 1 and self._exploring is None and self._due(b):
-            best = self._last.get(b, self.choice(rows))  # the count these batches ran last: its record is current
-            tried = [c for c in self.choices if c != best]
-            for c in tried:  # measured afresh: a trial's own steps are its record
+            best = self._last.get(b, self.choice(rows))  # the count these batches ran last
+            for c in self.choices:  # every count measured afresh, side by side: a trial's own steps are its record
                 self._recent.pop((b, c), None)
                 self.per_token.pop((b, c), None)
-            self._trying = [c for c in tried for _ in range(self.trial)]
+            turn = [c for c in self.choices if c != best] + [best]  # the others, then the count that ran, in turns
+            self._trying = turn * self.trial
             self._exploring, self._since[b] = (b, best), 0
         threads = self._trying.pop(0) if self._trying else self.choice(rows)
         if threads != self.current:
@@ -86,10 +88,8 @@ class ThreadTuner:
         """Whether batches of bucket `b` try the other counts now: at once while a count has no record, then every
         `_every[b]` of their steps, or sooner (after half of `explore_every` at least) when the chosen count's seconds
         per row moved by more than `drift` since its last exploration ended."""
-        missing = [c for c in self.choices if (b, c) not in self.per_token]
-        if missing:  # every thread first, for a trial's worth of steps (or at once, where another count ran first)
-            widest = max(self.choices)
-            return len(missing) < len(self.choices) if widest in missing else len(self._recent[(b, widest)]) >= self.trial
+        if any((b, c) not in self.per_token for c in self.choices):  # a batch size new here: at once
+            return True
         since = self._since.get(b, 0)
         if since >= self._every.get(b, self.explore_every):
             return True
