@@ -429,6 +429,66 @@ def test_what_if_redraw_latency_for_300_tokens(browser, long_run_url, capsys):
               f"{[round(t) for t in server]}")
 
 
+# Every trace of a plotly figure as plain arrays (binary arrays decoded), for comparing what two figures draw.
+FIGURE_DATA_JS = """(fig) => {
+    const gd = fig || document.querySelector('#rl-heatmap .js-plotly-plot');
+    const types = {f8: Float64Array, f4: Float32Array, i4: Int32Array, u4: Uint32Array, i2: Int16Array, u2: Uint16Array,
+                   i1: Int8Array, u1: Uint8Array};
+    const plain = (v) => {
+        if (v && v.bdata !== undefined) {
+            const bytes = Uint8Array.from(atob(v.bdata), (ch) => ch.charCodeAt(0));
+            return Array.from(new types[v.dtype](bytes.buffer)).map((x) => Number.isNaN(x) ? 'NaN' : x);
+        }
+        if (Array.isArray(v) || ArrayBuffer.isView(v)) return Array.from(v, (x) => plain(x));
+        return (typeof v === 'number' && Number.isNaN(v)) ? 'NaN' : (v === undefined ? null : v);
+    };
+    return gd.data.map((t) => ({name: t.name || '', type: t.type, x: plain(t.x), y: plain(t.y), z: plain(t.z),
+                                text: plain(t.text), customdata: plain(t.customdata)}));
+}"""
+SHOWN_AS_JS = """(html) => { const div = document.createElement('div'); div.style.position = 'absolute';
+    div.className = 'gradio-container'; div.innerHTML = html; document.body.appendChild(div);
+    const text = div.innerText; div.remove(); return text; }"""
+
+
+def test_a_long_documents_final_view_shows_what_its_trace_says(browser, long_run_url):
+    """A document of 700 tokens (read ahead in chunks, quality measured) and 120 new tokens, streamed: at the run's
+    end the page's text, heatmap (decisions, quality strip and its colours), and stats are the final view built from
+    the run's own downloaded trace, value for value: the streamed frames left nothing of theirs behind."""
+    from routerlab.core.trace import Trace
+    from routerlab.ui import plots
+
+    document = " ".join(f"Line {k}: the tide table for the harbour says high water at {k % 12 + 1} o'clock." for k in range(12))[:700]
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(120_000)
+    try:
+        page.goto(long_run_url)
+        page.locator("#rl-prompt textarea").fill(document)
+        page.locator("#rl-max-new input[type=number]").fill("120")
+        page.locator("#rl-max-new input[type=number]").press("Enter")
+        page.evaluate(WATCH_BUSY)
+        page.get_by_role("button", name="Generate", exact=True).click()
+        page.wait_for_function(DONE_AFTER_BUSY, arg="")
+        page.locator("#rl-heatmap .gtitle", has_text="Recorded run").wait_for()
+        with page.expect_download() as got:
+            page.locator("#rl-dl-trace").click()
+        trace = Trace.from_json(Path(got.value.path()).read_text())
+        assert len(trace.prompt_steps) >= 512 and len(trace.generated_steps) == 120
+        assert all(s.kl_full is not None for s in trace.generated_steps), "every token's quality cost measured"
+
+        expected = json.loads(plots.heatmap_json(trace))
+        shown = page.evaluate(FIGURE_DATA_JS)
+        assert [t["name"] for t in shown] == [t.get("name", "") for t in expected["data"]]
+        drawn = page.evaluate(f"() => ({FIGURE_DATA_JS})({{data: {json.dumps(expected['data'])}}})")
+        for got_trace, want in zip(shown, drawn):
+            assert got_trace == want, f"the page's {want['name'] or want['type']} differs from the trace's"
+        assert page.locator("#rl-text").inner_text() == page.evaluate(SHOWN_AS_JS, plots.token_html(trace))
+        stats = page.evaluate(SHOWN_AS_JS, plots.stats_html(plots.live_stats(trace)))
+        assert page.locator("#rl-stats").inner_text() == stats
+        assert "mean KL" in stats and f"{len(trace.generated_steps)} generated + {len(trace.prompt_steps)} prompt tokens" in stats
+    finally:
+        page.close()
+
+
 OVERHEAD_PROMPT = "Write a long story about a dragon who learns to read. Describe every chapter in detail."
 OVERHEAD_TOKENS = 96
 # A run is over when the status says Done: after the Generate button was seen busy. Comparing the status with
