@@ -450,6 +450,15 @@ SHOWN_AS_JS = """(html) => { const div = document.createElement('div'); div.styl
     const text = div.innerText; div.remove(); return text; }"""
 
 
+def _press_generate(page, prompt: str, max_new: int) -> None:
+    """Type a prompt and the max new tokens, watch the Generate button (DONE_AFTER_BUSY), and press it."""
+    page.locator("#rl-prompt textarea").fill(prompt)
+    page.locator("#rl-max-new input[type=number]").fill(str(max_new))
+    page.locator("#rl-max-new input[type=number]").press("Enter")
+    page.evaluate(WATCH_BUSY)
+    page.get_by_role("button", name="Generate", exact=True).click()
+
+
 def test_a_long_documents_final_view_shows_what_its_trace_says(browser, long_run_url):
     """A document of 700 tokens (read ahead in chunks, quality measured) and 120 new tokens, streamed: at the run's
     end the page's text, heatmap (decisions, quality strip and its colours), and stats are the final view built from
@@ -462,11 +471,7 @@ def test_a_long_documents_final_view_shows_what_its_trace_says(browser, long_run
     page.set_default_timeout(120_000)
     try:
         page.goto(long_run_url)
-        page.locator("#rl-prompt textarea").fill(document)
-        page.locator("#rl-max-new input[type=number]").fill("120")
-        page.locator("#rl-max-new input[type=number]").press("Enter")
-        page.evaluate(WATCH_BUSY)
-        page.get_by_role("button", name="Generate", exact=True).click()
+        _press_generate(page, document, 120)
         page.wait_for_function(DONE_AFTER_BUSY, arg="")
         page.locator("#rl-heatmap .gtitle", has_text="Recorded run").wait_for()
         with page.expect_download() as got:
@@ -824,11 +829,7 @@ def test_several_pages_generate_at_once_in_one_room(browser, room_app):
     try:
         for page, prompt in zip(pages, prompts):
             page.goto(url)
-            page.locator("#rl-prompt textarea").fill(prompt)
-            page.locator("#rl-max-new input[type=number]").fill("60")
-            page.locator("#rl-max-new input[type=number]").press("Enter")
-            page.evaluate(WATCH_BUSY)
-            page.get_by_role("button", name="Generate", exact=True).click()
+            _press_generate(page, prompt, 60)
         deadline = time.time() + 60
         while room.busy["waiting"] < 3:  # every page's request is in the room before its loop starts
             assert time.time() < deadline, f"the pages' requests did not reach the room: {room.busy}"
