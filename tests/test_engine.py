@@ -237,6 +237,22 @@ def test_a_small_temperature_samples_without_overflow():
     assert sample(logits, config, torch.Generator().manual_seed(0)) == 0
 
 
+def test_greedy_takes_the_first_largest_logit_in_the_logits_own_dtype():
+    """Greedy sampling is argmax's answer (the first of tied largest logits; a NaN wins, as with argmax), read in
+    bf16 or fp32 without a copy."""
+    from routerlab.core.generation import sample
+
+    config = GenerateConfig(temperature=0.0)
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        for _ in range(50):
+            logits = torch.randint(0, 4, (1, 2, 300), generator=g).to(dtype)  # many ties
+            assert sample(logits, config, None) == int(logits[0, -1].argmax())
+        logits = torch.zeros(1, 1, 40, dtype=dtype)
+        logits[0, 0, [7, 30]] = float("nan")
+        assert sample(logits, config, None) == int(logits[0, -1].argmax()) == 7
+
+
 @pytest.mark.parametrize(
     "config, ids, message",
     [

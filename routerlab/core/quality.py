@@ -208,7 +208,8 @@ class QualityMeter:
         routed = torch.log_softmax(torch.stack([r for _, r in batch]).to(full.device).float(), dim=-1)  # (n, V)
         top_logp, top_ids = full.topk(min(self.top, full.shape[-1]), dim=-1)  # (n, k)
         kl = kl_top_k(top_logp, top_ids, routed).tolist()
-        tops = torch.stack([full.argmax(-1), routed.argmax(-1)]).cpu().tolist()  # (2, n): one host copy
+        # (2, n): one host copy; `max`'s index is argmax's (the first largest) at 0.6x its time on CPU (generation.sample)
+        tops = torch.stack([full.max(-1).indices, routed.max(-1).indices]).cpu().tolist()
         for step, k, f, r in zip(steps, kl, *tops):
             if f != r:
                 step.full_top_token, step.full_top_text = f, self.token_text(f)
