@@ -31,3 +31,33 @@ def test_q4_1_and_q8_0_codes_give_their_weights_product():
     assert float((_product(q80, x) - ref).norm() / ref.norm()) < 0.02
     wrong = Codes(q80.codes, q80.scale * 2, q80.minimum * 2, 32, tiles=2)
     assert float((_product(wrong, x) - ref).norm() / ref.norm()) > 0.5
+
+
+def test_a_rows_product_is_its_own_tensor_on_every_thread_in_and_out_of_inference_mode():
+    """One row reuses its thread's bound buffers: each call still returns a tensor of its own (an earlier result is
+    not overwritten), in the input's dtype, the same as that row among others, whichever thread calls."""
+    import threading
+
+    from routerlab.core.nbits import NBits
+
+    g = torch.Generator().manual_seed(1)
+    product = NBits(quantize_int4(torch.randn(64, 96, generator=g) * 0.05), 1)
+    x = torch.randn(4, 96, generator=g)
+    first = product.mm(x[:1])
+    with torch.inference_mode():
+        second = product.mm(x[1:2].to(torch.bfloat16))
+    assert first.dtype == torch.float32 and second.dtype == torch.bfloat16
+    assert torch.equal(first, product.mm(x)[:1]) and torch.equal(product.mm(x[:1]), first)  # not overwritten since
+    assert torch.equal(second, product.mm(x[:2].to(torch.bfloat16))[1:])
+    seen = {}
+
+    def worker(i):
+        seen[i] = [product.mm(x[i : i + 1]) for _ in range(50)]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    together = product.mm(x)
+    assert all(torch.equal(r, together[i : i + 1]) for i in range(4) for r in seen[i])
