@@ -35,11 +35,20 @@ def _graph(nodes, inits, k: int, n: int) -> bytes:
 
     graph = helper.make_graph(nodes, "product", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+    return helper.make_model(graph, opset_imports=opsets()).SerializeToString()
 
 
-def nbits_graph(codes) -> bytes:
-    """The product x (M, K) -> (M, N) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit tiles), as an ONNX model."""
+def opsets() -> list:
+    """The operator sets the graphs use: ONNX's and onnxruntime's contrib ops (MatMulNBits and the like)."""
+    from onnx import helper
+
+    return [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+
+
+def product_nodes(codes, x: str, y: str, prefix: str = "", sums: dict | None = None) -> tuple[list, list]:
+    """ONNX nodes and initializers that compute y = x (..., K) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit
+    tiles) -> (..., N), names prefixed by `prefix`. `sums` (input name -> its block sums' name) shares one input's
+    block sums between the Q4_1 products that read it (core/step_graph.py: q|k|v and the like)."""
     from onnx import helper, numpy_helper
 
     c, d, m = codes.codes.numpy(), codes.scale.numpy(), codes.minimum.numpy()
@@ -49,23 +58,33 @@ def nbits_graph(codes) -> bytes:
         raise ValueError("the file's codes come in blocks of 32")
     if codes.tiles == 2:  # Q8_0 split as 16 * hi + lo = q + 128 (weights.read_q8_0): joined again, zero point 128
         u = (c[:, :k].astype(np.uint16) * 16 + c[:, k:]).astype(np.uint8).reshape(n, blocks, 32)
-        inits = [numpy_helper.from_array(u, "B"), numpy_helper.from_array(np.ascontiguousarray(d[:, blocks:]).reshape(-1), "S"),
-                 numpy_helper.from_array(np.full(n * blocks, 128, np.uint8), "Z")]
-        return _graph([helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["Y"], domain="com.microsoft", K=k, N=n,
-                                         bits=8, block_size=32, accuracy_level=4)], inits, k, n)
+        inits = [numpy_helper.from_array(u, prefix + "B"), numpy_helper.from_array(np.ascontiguousarray(d[:, blocks:]).reshape(-1), prefix + "S"),
+                 numpy_helper.from_array(np.full(n * blocks, 128, np.uint8), prefix + "Z")]
+        return [helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [y], domain="com.microsoft", K=k, N=n,
+                                 bits=8, block_size=32, accuracy_level=4)], inits
     q = c.reshape(n, blocks, 32)
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # two codes a byte, the first in the low nibble
-    inits = [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(d.reshape(-1).astype(np.float32), "S"),
-             numpy_helper.from_array(np.full(n * ((blocks + 1) // 2), 0x88, np.uint8), "Z"),  # zero point 8 in both nibbles
-             numpy_helper.from_array(np.ascontiguousarray((m + 8 * d).T).astype(np.float32), "MT"),  # (K/32, N): the rest
-             numpy_helper.from_array(np.array([-1, blocks, 32], np.int64), "shape"), numpy_helper.from_array(np.array([2], np.int64), "axis")]
-    nodes = [helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["P"], domain="com.microsoft", K=k, N=n, bits=4,
-                              block_size=32, accuracy_level=4),  # sum of d * (q - 8) * x
-             helper.make_node("Reshape", ["A", "shape"], ["blocks"]),
-             helper.make_node("ReduceSum", ["blocks", "axis"], ["sums"], keepdims=0),  # (M, K/32): each block's input sum
-             helper.make_node("MatMul", ["sums", "MT"], ["minima"]),  # sum of (m + 8 d) * x
-             helper.make_node("Add", ["P", "minima"], ["Y"])]
-    return _graph(nodes, inits, k, n)
+    inits = [numpy_helper.from_array(packed, prefix + "B"), numpy_helper.from_array(d.reshape(-1).astype(np.float32), prefix + "S"),
+             numpy_helper.from_array(np.full(n * ((blocks + 1) // 2), 0x88, np.uint8), prefix + "Z"),  # zero point 8 in both nibbles
+             numpy_helper.from_array(np.ascontiguousarray((m + 8 * d).T).astype(np.float32), prefix + "MT")]  # (K/32, N): the rest
+    nodes = [helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [prefix + "P"], domain="com.microsoft",
+                              K=k, N=n, bits=4, block_size=32, accuracy_level=4)]  # sum of d * (q - 8) * x
+    sums = {} if sums is None else sums
+    if x not in sums:  # (M, K/32): each block's input sum
+        sums[x] = f"{x}.sums"
+        inits += [numpy_helper.from_array(np.array([-1, blocks, 32], np.int64), f"{x}.shape"),
+                  numpy_helper.from_array(np.array([2], np.int64), f"{x}.axis")]
+        nodes += [helper.make_node("Reshape", [x, f"{x}.shape"], [f"{x}.blocks"]),
+                  helper.make_node("ReduceSum", [f"{x}.blocks", f"{x}.axis"], [sums[x]], keepdims=0)]
+    nodes += [helper.make_node("MatMul", [sums[x], prefix + "MT"], [prefix + "minima"]),  # sum of (m + 8 d) * x
+              helper.make_node("Add", [prefix + "P", prefix + "minima"], [y])]
+    return nodes, inits
+
+
+def nbits_graph(codes) -> bytes:
+    """The product x (M, K) -> (M, N) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit tiles), as an ONNX model."""
+    nodes, inits = product_nodes(codes, "A", "Y")
+    return _graph(nodes, inits, *codes.shape[::-1])
 
 
 def _bytes(codes) -> int:

@@ -1,0 +1,133 @@
+"""`python -m routerlab.bench.step_graph`: the whole decode step as one onnxruntime graph (core/step_graph.py) against
+the engine's step and llama.cpp on the same GGUF, side by side in one run.
+
+For each context length: the engine prefills the prompt; the graph takes over that prefill's KV cache and decodes
+greedily; the engine decodes from its own copy of the same prefill; llama.cpp (when `make bench-peers` built it)
+decodes the same ids in its child process. Rounds alternate the order; medians are reported, with how many of the
+first greedy tokens the graph and the engine share (the graph's activations are fp32 with 8-bit products, the engine's
+bf16: a near tie may go either way). The full model only: routing is not in the graph yet. Knows nothing about the UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
+    """The engine's greedy decode of `n` tokens after a prefill of `ids`: seconds a token (decode only), the tokens."""
+    from routerlab.core.engine import Plan, forward
+
+    an = engine.anatomy
+    caches = engine.new_caches(len(ids) + n + 1)
+    with torch.inference_mode():
+        logits, _ = forward(an, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
+        token, position, out = int(logits[0, -1].max(0).indices), len(ids), []
+        start = time.perf_counter()
+        for _ in range(n):
+            out.append(token)
+            logits, _ = forward(an, torch.tensor([[token]]), torch.tensor([position]), caches, Plan(None), top=position, scores_on="cpu")
+            token, position = int(logits[0, -1].max(0).indices), position + 1
+        return (time.perf_counter() - start) / n, out
+
+
+def _graph_decode(engine, graph, ids: list[int], n: int) -> tuple[float, list[int]]:
+    """The same through the step graph: the engine's prefill, its caches loaded, then `n` greedy steps."""
+    from routerlab.core.engine import Plan, forward
+
+    caches = engine.new_caches(len(ids) + 1)
+    with torch.inference_mode():
+        logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
+        graph.load(caches)
+        token, out = int(logits[0, -1].max(0).indices), []
+        start = time.perf_counter()
+        for _ in range(n):
+            out.append(token)
+            token = int(graph.step(token).max(0).indices)
+        return (time.perf_counter() - start) / n, out
+
+
+def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, log=print) -> dict:
+    from routerlab.bench.speed import _llama_cpp, bench_prompt, cpu_model
+    from routerlab.core.engine import Engine
+    from routerlab.core.models import load_model
+    from routerlab.core.precision import cpu_matrix_flags, machine_kind
+    from routerlab.core.step_graph import StepGraph, why_not
+
+    loaded = load_model(device="cpu")
+    engine = Engine.from_loaded(loaded)
+    reason = why_not(engine)
+    if reason is not None:
+        raise SystemExit(f"bench step_graph: {reason}")
+    capacity = max(contexts) + new_tokens + 1
+    start = time.perf_counter()
+    graph = StepGraph(engine, capacity)
+    built = time.perf_counter() - start
+    peer = _llama_cpp(loaded, capacity + 8, log) if peers else None
+    result = {"model": loaded.name, "cpu_model": cpu_model(), "machine_kind": machine_kind(), "cpu_flags": cpu_matrix_flags(),
+              "threads": torch.get_num_threads(), "new_tokens": new_tokens, "rounds": rounds, "graph_seconds_to_build": round(built, 2),
+              "engine_weights": engine.weights, "contexts": {}}
+    for context in contexts:
+        ids = bench_prompt(loaded.tokenizer, context)
+        _engine_decode(engine, ids[:64], 8), _graph_decode(engine, graph, ids[:64], 8)  # warm-up
+        rates: dict[str, list[float]] = {"graph": [], "engine": [], "llama_cpp": []}
+        same = None
+        for r in range(rounds):
+            order = ("graph", "engine", "llama_cpp") if r % 2 == 0 else ("llama_cpp", "engine", "graph")
+            tokens = {}
+            for name in order:
+                if name == "llama_cpp":
+                    rate = peer.decode_rate(ids, new_tokens) if peer is not None else None
+                    if rate is not None:
+                        rates[name].append(rate)
+                    continue
+                seconds, tokens[name] = (_graph_decode(engine, graph, ids, new_tokens) if name == "graph" else _engine_decode(engine, ids, new_tokens))
+                rates[name].append(1.0 / seconds)
+            if same is None:
+                same = next((i for i, (a, b) in enumerate(zip(tokens["graph"], tokens["engine"])) if a != b), new_tokens)
+        med = {k: statistics.median(v) if v else None for k, v in rates.items()}
+        entry = {"tokens_per_second": med, "rounds_tokens_per_second": rates, "first_tokens_the_same": same,
+                 "graph_vs_engine": med["graph"] / med["engine"]}
+        if med["llama_cpp"]:
+            entry["graph_vs_llama_cpp"] = med["graph"] / med["llama_cpp"]
+            entry["engine_vs_llama_cpp"] = med["engine"] / med["llama_cpp"]
+        result["contexts"][str(context)] = entry
+        peer_text = (f", llama.cpp {med['llama_cpp']:.1f}: graph {entry['graph_vs_llama_cpp']:.3f}x, engine "
+                     f"{entry['engine_vs_llama_cpp']:.3f}x llama.cpp" if med["llama_cpp"] else " (no llama.cpp)")
+        log(f"{context} tokens of context: step graph {med['graph']:.1f} tok/s, engine {med['engine']:.1f}{peer_text}; "
+            f"graph {entry['graph_vs_engine']:.2f}x the engine; first {same} of {new_tokens} greedy tokens the same")
+    if peer is not None:
+        peer.close()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m routerlab.bench.step_graph", description=__doc__.split("\n\n")[0])
+    p.add_argument("--contexts", default="512,2048", help="comma-separated prompt lengths in tokens")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=6, help="alternating rounds (medians)")
+    p.add_argument("--no-peers", action="store_true", help="skip llama.cpp")
+    p.add_argument("--save", default=None, help="write the JSON result here")
+    args = p.parse_args(argv)
+    try:
+        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--contexts takes whole numbers separated by commas, e.g. 512,2048, not {args.contexts!r}")
+    if not contexts or min(contexts) < 1:
+        p.error("--contexts needs at least one length of 1 token or more")
+    result = run(contexts, args.new_tokens, args.rounds, peers=not args.no_peers)
+    print(f"machine: {result['cpu_model']} ({result['machine_kind']}: {' '.join(result['cpu_flags'])}), {result['threads']} threads; "
+          f"graph built in {result['graph_seconds_to_build']:.1f} s")
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"saved {args.save}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
