@@ -70,7 +70,7 @@ def build(engine, capacity: int) -> bytes:
     nodes, inits, sums = [], [], {}
 
     def product(name: str, x: str, c) -> str:
-        more_nodes, more_inits = nbits.product_nodes(c, x, name, prefix=name + ".", sums=sums)
+        more_nodes, more_inits = nbits.product_nodes(c, x, name, prefix=name + ".", sums=sums, one_row=True)
         nodes.extend(more_nodes)
         inits.extend(more_inits)
         return name
