@@ -23,11 +23,11 @@ def test_the_graph_decodes_the_engines_logits_and_tokens_after_its_prefill(engin
     ids = tok("Explain in three sentences why the sky is blue.", add_special_tokens=False)["input_ids"]
     fed = tok(" Sunlight is made of many colours, and the air scatters the short blue waves far more than the red",
               add_special_tokens=False)["input_ids"]
-    graph = StepGraph(engine, len(ids) + len(fed) + 4)
+    graph = StepGraph(engine, 256)
     caches = engine.new_caches(len(ids) + len(fed) + 1)
     with torch.inference_mode():
         forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
-        graph.load(caches)
+        graph.load(caches, len(fed))
         clear, kl = 0, []
         for k, token in enumerate(fed):  # teacher-forced: both read the same tokens
             position = len(ids) + k
@@ -52,15 +52,16 @@ def test_the_graph_decodes_the_engines_logits_and_tokens_after_its_prefill(engin
 def test_a_wrong_cache_or_a_full_graph_is_refused_with_a_reason(engine, embedded):
     from routerlab.core.step_graph import StepGraph
 
-    graph = StepGraph(engine, 8)
+    graph = StepGraph(engine, 16)
     caches = engine.new_caches(16)
     with torch.inference_mode():
         forward(engine.anatomy, torch.tensor([list(range(100, 110))]), torch.arange(10), caches, Plan(None))
-    with pytest.raises(ValueError, match="does not fit"):
-        graph.load(caches)
-    for _ in range(8):
+    with pytest.raises(ValueError, match="10 tokens and 7 new ones do not fit a step graph of 16"):
+        graph.load(caches, 7)
+    graph.load(caches, 3)
+    for _ in range(3):
         graph.step(5)
-    with pytest.raises(ValueError, match="holds 8 tokens"):
+    with pytest.raises(ValueError, match="holds 13 tokens for this request"):
         graph.step(5)
 
 

@@ -42,7 +42,7 @@ def _graph_decode(engine, graph, ids: list[int], n: int) -> tuple[float, list[in
     caches = engine.new_caches(len(ids) + 1)
     with torch.inference_mode():
         logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
-        graph.load(caches)
+        graph.load(caches, n)
         token, out = int(logits[0, -1].max(0).indices), []
         start = time.perf_counter()
         for _ in range(n):

@@ -1,23 +1,26 @@
 """A whole decode step of the model as one onnxruntime graph on a GGUF file's own codes (issue 51): every layer's
-norms, products (`MatMulNBits`, core/nbits.py), rotary, attention with its KV cache and residual adds, then the head,
+norms, products (`MatMulNBits`, core/nbits.py), rotary, attention over its KV cache, residual adds, then the head,
 in one `run`, so no tensor op a step is dispatched from Python.
 
 Why: the engine's step is torch ops called from Python, ~20 a layer besides the products, each a few microseconds of
 dispatch (more inside a step, as every layer's weights stream through the caches). On a 2-core Xeon with AMX
-(2026-12-06, `python -m routerlab.bench.step_graph`), the products, attention and head alone are ~1.1x llama.cpp's
-whole step, and the engine's other ops bring it to ~0.7x; this graph decodes as fast as llama.cpp on the same file.
+(2026-12-06, `python -m routerlab.bench.step_graph`, assets/bench/step-graph-amx.json) the engine decodes at 0.75x
+llama.cpp on the same file at 512 tokens of context; this graph at 1.00x (0.91x at 2,048, the engine 0.86x).
 
 What it is today: the full model (no routers), one request, after the engine's own prefill (`load` copies the
 prefill's KV cache in). Its activations are fp32 (the products quantise them to 8 bits per block of 32, as llama.cpp
-does) where the engine's are bf16, so its logits differ from the engine's by that rounding (tested: the same greedy
-tokens where the top two are not a near tie). Routing inside it (a router's score in the graph, the sub-layer under
-an `If`) is the next step; until then the engine does not decode through it.
+does) where the engine's are bf16, so its logits differ from the engine's by that rounding (tested: KL per token, the
+same greedy tokens where the top two are not a near tie). The engine does not decode through it yet: routing needs a
+router's score and a decision per routed sub-layer inside the step (measured, one-off: one session a layer instead of
+one a step, the host deciding between them, decoded 0.94x as fast as the whole graph).
 
 Covers Llama-family anatomies whose every map has the file's codes (the embedded SmolLM2): `why_not` says what else
 keeps it off. Knows nothing about routers, sampling or the UI.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -55,10 +58,11 @@ def _layer_names(i: int) -> list[str]:
     return [f"{pre}.self_attn.{x}_proj.weight" for x in "qkvo"] + [f"{pre}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
 
 
-def build(engine, capacity: int) -> bytes:
-    """The step graph as an ONNX model: inputs h (1, 1, D) fp32, seqlens_k (1,) int32 (the new token's position),
-    total_len () int32 and each layer's keys and values (1, Hkv, capacity, hd) fp32; outputs the logits (1, 1, V) and
-    the caches again (bound to the same buffers: GroupQueryAttention writes the new token's key and value in place)."""
+def build(engine, max_positions: int) -> bytes:
+    """The step graph as an ONNX model: inputs h (1, 1, D) fp32 (the token's embedding), position (1, 1) int64, slot
+    (Hkv, 3) int64 (the cache row each KV head's new key and value go to), mask (1, 1, 1, capacity) fp32 and each
+    layer's keys and values (1, Hkv, capacity, hd) fp32; outputs the logits (1, 1, V) and the caches again (bound to
+    the same buffers, so the new rows are written in place)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from routerlab.core.weights import Codes
@@ -87,12 +91,16 @@ def build(engine, capacity: int) -> bytes:
         nodes.append(helper.make_node(op, ins, outs, **kw))
 
     inv = 1.0 / (float(_rope(cfg)["rope_theta"]) ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
-    angles = np.arange(capacity)[:, None] * inv[None]  # (capacity, hd / 2)
+    angles = np.arange(max_positions)[:, None] * inv[None]  # (max_positions, hd / 2)
     inits += [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"), numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")]
-    cache = [1, a.n_kv_heads, capacity, a.head_dim]
+    cache = [1, a.n_kv_heads, "capacity", a.head_dim]
     inputs = [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, d]),
-              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
-              helper.make_tensor_value_info("total_len", TensorProto.INT32, [])]
+              helper.make_tensor_value_info("position", TensorProto.INT64, [1, 1]),
+              helper.make_tensor_value_info("slot", TensorProto.INT64, [a.n_kv_heads, 3]),
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, 1, "capacity"])]
+    constant("qk.shape", [1, a.n_kv_heads, a.n_heads // a.n_kv_heads, a.head_dim], np.int64)
+    constant("row.shape", [a.n_kv_heads, a.head_dim], np.int64)
+    constant("att.shape", [1, 1, a.q_size], np.int64)
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, cfg.vocab_size])]
     ms = {"domain": "com.microsoft", "epsilon": eps}
     residual, update = "h", None  # the residual stream, and the update a SkipSimplifiedLayerNormalization adds to it
@@ -106,13 +114,10 @@ def build(engine, capacity: int) -> bytes:
             node("SkipSimplifiedLayerNormalization", [update, residual, weight(f"{pre}.input_layernorm.weight")], [x, "", "", f"l{i}.h"], **ms)
             residual = f"l{i}.h"
         qkv = product(f"l{i}.qkv", x, Codes.cat([codes[n] for n in names[:3]]))
-        node("Split", [qkv, constant(f"l{i}.qkv.sizes", [at.q_size, at.kv_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k", f"l{i}.v"], axis=-1)
         for kind in ("keys", "values"):
             inputs.append(helper.make_tensor_value_info(f"l{i}.{kind}", TensorProto.FLOAT, cache))
             outputs.append(helper.make_tensor_value_info(f"l{i}.{kind}.out", TensorProto.FLOAT, cache))
-        node("GroupQueryAttention", [f"l{i}.q", f"l{i}.k", f"l{i}.v", f"l{i}.keys", f"l{i}.values", "seqlens_k", "total_len", "cos", "sin"],
-             [f"l{i}.att", f"l{i}.keys.out", f"l{i}.values.out"], domain="com.microsoft", num_heads=at.n_heads,
-             kv_num_heads=at.n_kv_heads, scale=float(at.scaling), do_rotary=1)
+        _attention(node, constant, i, at, qkv)
         o = product(f"l{i}.o", f"l{i}.att", codes[names[3]])
         x = f"l{i}.xm"
         node("SkipSimplifiedLayerNormalization", [o, residual, weight(f"{pre}.post_attention_layernorm.weight")], [x, "", "", f"l{i}.hm"], **ms)
@@ -129,13 +134,36 @@ def build(engine, capacity: int) -> bytes:
     return helper.make_model(graph, opset_imports=nbits.opsets()).SerializeToString()
 
 
+def _attention(node, constant, i: int, at, qkv: str) -> None:
+    """One token's attention at layer i from its q|k|v product, in plain ops: q and k rotated in one pass
+    (RotaryEmbedding at the input `position`), k and v written into the layer's cache buffers in place (ScatterND at
+    `slot`, the cache's inputs and outputs bound to the same memory), then each KV head's group of queries against
+    every key (one FusedMatMul, so a head's keys are read once for its group), the `mask` (0 up to the token, -inf
+    after), softmax and the values. (onnxruntime's GroupQueryAttention, one node, read each head's keys once per
+    query head and in fp32: 0.82x as fast at 2,048 tokens of context, 1.03x at 512; one-off, AMX Xeon.)"""
+    ms = {"domain": "com.microsoft"}
+    qk_size = at.q_size + at.kv_size
+    node("Split", [qkv, constant(f"l{i}.qkv.sizes", [qk_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
+    node("RotaryEmbedding", [f"l{i}.qk", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
+    node("Split", [f"l{i}.qk.r", constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
+    for part, t in (("keys", "k"), ("values", "v")):
+        node("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"])
+        node("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
+    node("Reshape", [f"l{i}.q", "qk.shape"], [f"l{i}.q.groups"])  # (1, Hkv, G, hd): each KV head's queries
+    node("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=float(at.scaling), **ms)
+    node("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
+    node("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
+    node("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
+    node("Reshape", [f"l{i}.att.groups", "att.shape"], [f"l{i}.att"])
+
+
 class StepGraph:
-    """One request's decode steps through the graph: its KV cache in fp32 buffers of `capacity` tokens, bound once.
+    """Decode steps through the graph, one request at a time: `load` takes a request's prefill caches into fp32
+    buffers of its own capacity (its prompt and the tokens it may add), bound to the session; `step(token)` runs one
+    token at the next position and returns its logits (V,) in fp32, a view of the bound output (valid until the next
+    step). `max_positions`: the longest request (prompt and new tokens) it takes."""
 
-    `load` takes the engine's prefill caches; `step(token)` runs one token at the next position and returns its
-    logits (V,) in fp32, a view of the bound output (valid until the next step)."""
-
-    def __init__(self, engine, capacity: int, threads: int | None = None):
+    def __init__(self, engine, max_positions: int, threads: int | None = None):
         import onnxruntime as ort
 
         reason = why_not(engine)
@@ -146,46 +174,59 @@ class StepGraph:
         options.log_severity_level = 3
         options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # torch's pool shares the cores
-        self.session = ort.InferenceSession(build(engine, capacity), options, providers=["CPUExecutionProvider"])
-        self.capacity, self.n, self.embed = capacity, 0, an.embed
-        a = an.layers[0].attn
+        self.session = ort.InferenceSession(build(engine, max_positions), options, providers=["CPUExecutionProvider"])
+        self.max_positions, self.capacity, self.n = max_positions, 0, 0
+        self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode
             self.h = torch.zeros(1, 1, an.config.hidden_size)
             self.logits = torch.empty(1, 1, an.config.vocab_size)
-            self.position = torch.zeros(1, dtype=torch.int32)
-            self.total = torch.zeros((), dtype=torch.int32)
-            self.caches = [(torch.zeros(1, a.n_kv_heads, capacity, a.head_dim), torch.zeros(1, a.n_kv_heads, capacity, a.head_dim))
-                           for _ in range(an.n_layers)]
+            self.where = torch.zeros(1, 1, dtype=torch.int64)  # the token's position (rotary)
+            self.slot = torch.tensor([[0, h, 0] for h in range(self.kv_shape[0])], dtype=torch.int64)  # its cache row, each KV head
+        self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.mask = torch.empty(0)
+        self.binding = None
+
+    def _bind(self, capacity: int) -> None:
+        """Buffers of `capacity` tokens (keys and values of every layer, the mask), bound as inputs and outputs."""
+        heads, dim = self.kv_shape
+        with torch.inference_mode(False):
+            self.mask = torch.full((1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
+            self.caches = [(torch.zeros(1, heads, capacity, dim), torch.zeros(1, heads, capacity, dim)) for _ in range(self.layers)]
         b = self.binding = self.session.io_binding()
-        for name, t in (("h", self.h), ("seqlens_k", self.position), ("total_len", self.total)):
-            b.bind_input(name, "cpu", 0, np.float32 if t.dtype == torch.float32 else np.int32, list(t.shape), t.data_ptr())
+        for name, t in (("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)):
+            b.bind_input(name, "cpu", 0, np.float32 if t.dtype == torch.float32 else np.int64, list(t.shape), t.data_ptr())
         b.bind_output("logits", "cpu", 0, np.float32, list(self.logits.shape), self.logits.data_ptr())
         for i, pair in enumerate(self.caches):
             for kind, t in zip(("keys", "values"), pair):
                 b.bind_input(f"l{i}.{kind}", "cpu", 0, np.float32, list(t.shape), t.data_ptr())
                 b.bind_output(f"l{i}.{kind}.out", "cpu", 0, np.float32, list(t.shape), t.data_ptr())
+        self.capacity = capacity
 
-    def load(self, caches) -> None:
-        """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill: every layer holds
-        the same positions 0..n-1 (the full model writes every token at every layer)."""
+    def load(self, caches, new_tokens: int) -> None:
+        """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill, with room for
+        `new_tokens` more: every layer holds the same positions 0..n-1 (the full model writes every token at every
+        layer)."""
         n = caches[0].n
-        if n > self.capacity:
-            raise ValueError(f"a cache of {n} tokens does not fit a step graph of {self.capacity}")
-        for cache, (keys, values) in zip(caches, self.caches):
+        if n + new_tokens > self.max_positions:
+            raise ValueError(f"{n} tokens and {new_tokens} new ones do not fit a step graph of {self.max_positions}")
+        for cache in caches:
             if cache.n != n or not torch.equal(cache.pos[:n].cpu(), torch.arange(n)):
                 raise ValueError("the step graph takes caches that hold every position from 0 (a full-model prefill)")
+        self._bind(n + new_tokens)
+        for cache, (keys, values) in zip(caches, self.caches):
             keys[:, :, :n] = cache.k[:, :, :n]
             values[:, :, :n] = cache.v[:, :, :n]
+        self.mask[..., :n] = 0
         self.n = n
 
     def step(self, token: int) -> torch.Tensor:
         """Token `token` at position `n` through every layer: its logits (V,) in fp32."""
         if self.n >= self.capacity:
-            raise ValueError(f"the step graph holds {self.capacity} tokens")
+            raise ValueError(f"the step graph holds {self.capacity} tokens for this request")
         self.h.copy_(self.embed.weight[token])
-        self.position.fill_(self.n)
-        self.total.fill_(self.n + 1)
+        self.where.fill_(self.n)
+        self.slot[:, 2] = self.n
+        self.mask[..., self.n] = 0
         self.session.run_with_iobinding(self.binding)
         self.n += 1
         return self.logits.view(-1)
-
