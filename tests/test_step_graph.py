@@ -23,7 +23,7 @@ def test_the_graph_decodes_the_engines_logits_and_tokens_after_its_prefill(engin
     ids = tok("Explain in three sentences why the sky is blue.", add_special_tokens=False)["input_ids"]
     fed = tok(" Sunlight is made of many colours, and the air scatters the short blue waves far more than the red",
               add_special_tokens=False)["input_ids"]
-    graph = StepGraph(engine, 256)
+    graph = StepGraph(engine.anatomy, 256)
     caches = engine.new_caches(len(ids) + len(fed) + 1)
     with torch.inference_mode():
         forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
@@ -52,7 +52,7 @@ def test_the_graph_decodes_the_engines_logits_and_tokens_after_its_prefill(engin
 def test_a_wrong_cache_or_a_full_graph_is_refused_with_a_reason(engine, embedded):
     from routerlab.core.step_graph import StepGraph
 
-    graph = StepGraph(engine, 16)
+    graph = StepGraph(engine.anatomy, 16)
     caches = engine.new_caches(16)
     with torch.inference_mode():
         forward(engine.anatomy, torch.tensor([list(range(100, 110))]), torch.arange(10), caches, Plan(None))
@@ -70,6 +70,6 @@ def test_models_without_file_codes_or_of_another_family_say_why():
     from routerlab.core.step_graph import StepGraph, why_not
 
     plain = Engine(tiny_model("llama"))  # random weights, no GGUF file: no codes to multiply
-    assert "no file codes" in why_not(plain)
+    assert "no file codes" in why_not(plain.anatomy)
     with pytest.raises(ValueError, match="no step graph for this model: no file codes"):
-        StepGraph(plain, 8)
+        StepGraph(plain.anatomy, 8)

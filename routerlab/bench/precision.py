@@ -117,9 +117,42 @@ def default_path(model, lowbit, reference, examples, routers_path, granularity: 
                                   "skip_rate_all_layers", "tokens", "threshold")},
         "decisions_flipped_routed": float((runs[:n] != fp32_routed[:n]).float().mean()),
     }
+    result["step_graph"] = step_graph_path(anatomy, examples, reference, log)
     log(f"default path ({weights}): full ppl {result['perplexity_full']:.4f} ({result['perplexity_full_vs_fp32']:+.2%} vs "
         f"fp32), KL from fp32 {result['kl_from_fp32']:.4f}, routed ppl {result['perplexity_routed']:.4f} "
         f"({result['perplexity_increase']:+.2%}), decisions flipped {result['decisions_flipped_routed']:.2%}, {result['seconds']:.0f} s")
+    return result
+
+
+def step_graph_path(anatomy, examples, reference, log) -> dict:
+    """The full model decoding through the step graph (core/step_graph.py: the whole step as one onnxruntime graph,
+    fp32 activations, 8-bit products) after the default path's own prefill, teacher-forced, against the float32 model;
+    {"skipped": reason} where it cannot run."""
+    from routerlab.core import step_graph
+    from routerlab.core.cache import LayerCache
+    from routerlab.core.engine import forward
+
+    reason = step_graph.why_not(anatomy)
+    if reason is not None:
+        return {"skipped": reason}
+    graph = step_graph.StepGraph(anatomy, max(len(ex.ids) for ex in examples) + 1)
+
+    def through_graph(an, ids, start, plan, logits=True):
+        t = ids.shape[1]
+        caches = [LayerCache(p.attn, t, an.dtype, ids.device) for p in an.layers]
+        out, _ = forward(an, ids[:, :start], torch.arange(start), caches, plan)  # the prompt; predicts ids[start]
+        graph.load(caches, t - start)
+        rows = [out[0, -1].float()] + [graph.step(int(ids[0, p])).clone() for p in range(start, t - 1)]
+        return torch.stack(rows)[None], torch.full((t, an.n_layers), float("nan"))
+
+    t0 = time.perf_counter()
+    own = evaluate_examples(anatomy, examples, None, full=reference, run=through_graph)
+    result = {"seconds": time.perf_counter() - t0, "perplexity_full": own["perplexity_routed"],
+              "perplexity_full_vs_fp32": own["perplexity_routed"] / own["perplexity_full"] - 1.0,
+              "kl_from_fp32": own["kl_full"], "agreement_with_fp32": own["agreement"]}
+    log(f"step graph (the full model, one onnxruntime graph a step): ppl {result['perplexity_full']:.4f} "
+        f"({result['perplexity_full_vs_fp32']:+.2%} vs fp32), KL from fp32 {result['kl_from_fp32']:.4f}, "
+        f"top-1 agreement {result['agreement_with_fp32']:.2%}, {result['seconds']:.0f} s")
     return result
 
 
@@ -139,4 +172,11 @@ def format_precision(r: dict) -> str:
                      f"({d['perplexity_full_vs_fp32']:+.2%} vs float32), KL from float32 {d['kl_from_fp32']:.4f}, top-1 agreement "
                      f"{d['agreement_with_fp32']:.2%}; routed ppl {d['perplexity_routed']:.4f} ({d['perplexity_increase']:+.2%}), "
                      f"skip {d['skip_rate_all_layers']:.2%} of all layers; decisions flipped vs float32 {d['decisions_flipped_routed']:.2%} (as routed)")
+        g = d.get("step_graph") or {}
+        if g.get("skipped"):
+            lines.append(f"  step graph: not measured ({g['skipped']})")
+        elif g:
+            lines.append(f"  step graph (the full model, the whole decode step as one onnxruntime graph; not yet the engine's path): "
+                         f"ppl {g['perplexity_full']:.4f} ({g['perplexity_full_vs_fp32']:+.2%} vs float32), KL from float32 "
+                         f"{g['kl_from_fp32']:.4f}, top-1 agreement {g['agreement_with_fp32']:.2%}")
     return "\n".join(lines)

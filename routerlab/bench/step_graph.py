@@ -60,12 +60,12 @@ def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, l
 
     loaded = load_model(device="cpu")
     engine = Engine.from_loaded(loaded)
-    reason = why_not(engine)
+    reason = why_not(engine.anatomy)
     if reason is not None:
         raise SystemExit(f"bench step_graph: {reason}")
     capacity = max(contexts) + new_tokens + 1
     start = time.perf_counter()
-    graph = StepGraph(engine, capacity)
+    graph = StepGraph(engine.anatomy, capacity)
     built = time.perf_counter() - start
     peer = _llama_cpp(loaded, capacity + 8, log) if peers else None
     result = {"model": loaded.name, "cpu_model": cpu_model(), "machine_kind": machine_kind(), "cpu_flags": cpu_matrix_flags(),

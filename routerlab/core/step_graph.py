@@ -28,9 +28,8 @@ import torch
 from routerlab.core import nbits
 
 
-def why_not(engine) -> str | None:
-    """Why `engine`'s model cannot decode through a step graph, or None where it can."""
-    an = engine.anatomy
+def why_not(an) -> str | None:
+    """Why an anatomy (core/routed.Anatomy, an engine's `anatomy`) cannot decode through a step graph, or None."""
     if not nbits.available():
         return "onnxruntime is not installed"
     if an.lowbit is None or an.lowbit.codes is None:
@@ -58,7 +57,7 @@ def _layer_names(i: int) -> list[str]:
     return [f"{pre}.self_attn.{x}_proj.weight" for x in "qkvo"] + [f"{pre}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
 
 
-def build(engine, max_positions: int) -> bytes:
+def build(an, max_positions: int) -> bytes:
     """The step graph as an ONNX model: inputs h (1, 1, D) fp32 (the token's embedding), position (1, 1) int64, slot
     (Hkv, 3) int64 (the cache row each KV head's new key and value go to), mask (1, 1, 1, capacity) fp32 and each
     layer's keys and values (1, Hkv, capacity, hd) fp32; outputs the logits (1, 1, V) and the caches again (bound to
@@ -67,7 +66,7 @@ def build(engine, max_positions: int) -> bytes:
 
     from routerlab.core.weights import Codes
 
-    an, params = engine.anatomy, dict(engine.model.named_parameters())
+    params = dict(an.model.named_parameters())
     codes, cfg = an.lowbit.codes, an.config
     a = an.layers[0].attn
     d, inner, eps = cfg.hidden_size, cfg.intermediate_size, float(cfg.rms_norm_eps)
@@ -163,18 +162,17 @@ class StepGraph:
     token at the next position and returns its logits (V,) in fp32, a view of the bound output (valid until the next
     step). `max_positions`: the longest request (prompt and new tokens) it takes."""
 
-    def __init__(self, engine, max_positions: int, threads: int | None = None):
+    def __init__(self, an, max_positions: int, threads: int | None = None):
         import onnxruntime as ort
 
-        reason = why_not(engine)
+        reason = why_not(an)
         if reason is not None:
             raise ValueError(f"no step graph for this model: {reason}")
-        an = engine.anatomy
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # torch's pool shares the cores
-        self.session = ort.InferenceSession(build(engine, max_positions), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(build(an, max_positions), options, providers=["CPUExecutionProvider"])
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode

@@ -186,17 +186,18 @@ def full_depth(anatomy, examples, top: int = KL_TOP, stepwise: bool = False) -> 
 
 @torch.no_grad()
 def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_policy: str = "kv",
-                      full: list[_Full] | None = None, stepwise: bool = False) -> dict:
+                      full: list[_Full] | None = None, stepwise: bool = False, run=None) -> dict:
     """Full vs routed on tokenized examples. `routers` may be a RouterSet, a baseline set, or None.
     `stepwise`: every response token as its own decode step, as generation computes it (the low-bit
-    weights, where the model has them); else one teacher-forced forward per example."""
+    weights, where the model has them); else one teacher-forced forward per example. `run`: another
+    forward with `student_forward`'s signature and outputs (e.g. bench precision's step graph)."""
     from routerlab.core.engine import Plan
     from routerlab.tuning.forward import stepwise_forward, student_forward
 
     check_threshold(threshold)
     check_kv_policy(kv_policy)
     full = full if full is not None else full_depth(anatomy, examples, stepwise=stepwise)
-    run = stepwise_forward if stepwise else student_forward
+    run = run or (stepwise_forward if stepwise else student_forward)
     nll_full = nll_routed = kl = 0.0
     agree = tokens = skipped = routed_cells = prompt_skipped = prompt_cells = 0
     per_layer_skip = torch.zeros(anatomy.n_layers, dtype=torch.float64)
