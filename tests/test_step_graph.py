@@ -73,3 +73,82 @@ def test_models_without_file_codes_or_of_another_family_say_why():
     assert "no file codes" in why_not(plain.anatomy)
     with pytest.raises(ValueError, match="no step graph for this model: no file codes"):
         StepGraph(plain.anatomy, 8)
+
+
+@pytest.fixture(scope="module")
+def routers(embedded):
+    from routerlab.tuning.checkpoint import resolve_routers
+
+    return resolve_routers(None, "attention-token", embedded.model)[0]
+
+
+def _graph_logits(engine, graph, ids, fed, plan, threshold):
+    """Teacher-forced logits of `fed` through the graph after the engine's prefill of `ids` under `plan`, with each
+    step's router scores."""
+    caches = engine.new_caches(len(ids) + 1)
+    with torch.inference_mode():
+        forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
+        graph.load(caches, len(fed), threshold)
+        out = []
+        for token in fed:
+            out.append((graph.step(token).clone(), graph.scores()))
+    return out
+
+
+def _engine_logits(engine, ids, fed, plan):
+    caches = engine.new_caches(len(ids) + len(fed) + 1)
+    out = []
+    with torch.inference_mode():
+        forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
+        for k, token in enumerate(fed):
+            position = len(ids) + k
+            logits, scores = forward(engine.anatomy, torch.tensor([[token]]), torch.tensor([position]), caches, plan, top=position)
+            out.append((logits[0, -1].float(), scores[0]))
+    return out
+
+
+def test_routers_in_the_graph_decide_as_the_engine_and_never_skipping_is_the_full_graph(engine, embedded, routers):
+    from routerlab.core.step_graph import StepGraph
+
+    tok = embedded.tokenizer
+    ids = tok("Write a short poem about a lighthouse keeper.", add_special_tokens=False)["input_ids"]
+    fed = tok(" The keeper climbs the winding stair each night to light the lamp for ships", add_special_tokens=False)["input_ids"]
+    full, routed = StepGraph(engine.anatomy, 128), StepGraph(engine.anatomy, 128, routers=routers)
+    plain = _graph_logits(engine, full, ids, fed, Plan(None), 0.5)
+    never = _graph_logits(engine, routed, ids, fed, Plan(routers, 0.0, "kv"), 0.0)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(plain, never))  # threshold 0: the full model's numbers
+    theirs = _engine_logits(engine, ids, fed, Plan(routers, 0.0, "kv"))
+    for (_, ours), (_, scores) in zip(never, theirs):  # the same scores, up to fp32 against bf16 router inputs
+        assert sorted(ours) == list(routers.config.layers)
+        assert max(abs(ours[i] - float(scores[i])) for i in ours) < 0.02
+    # threshold 0.7 (about a third of the routed cells skip): where the graph and the engine make the same decisions
+    # at every layer, the same numbers up to the rounding of fp32 activations and 8-bit products against bf16
+    ours, theirs = _graph_logits(engine, routed, ids, fed, Plan(routers, 0.7, "kv"), 0.7), _engine_logits(engine, ids, fed, Plan(routers, 0.7, "kv"))
+    agreed, skipped, moved = [], 0, []
+    for (a, ours_scores), (b, scores), (c, _) in zip(ours, theirs, plain):
+        decisions = [(ours_scores[i] >= 0.7, float(scores[i]) >= 0.7) for i in ours_scores]
+        skipped += sum(not mine for mine, _ in decisions)
+        if all(mine == its for mine, its in decisions):
+            agreed.append(_kl(b, a))
+        moved.append(_kl(c, a))
+    assert skipped > len(fed) * 26 // 10 and len(agreed) >= len(fed) // 2
+    assert sum(agreed) / len(agreed) < 0.03
+    assert sum(moved) / len(moved) > 3 * sum(agreed) / len(agreed)  # skipping really changed the numbers
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    p = torch.log_softmax(p_logits, -1)
+    return float((p.exp() * (p - torch.log_softmax(q_logits, -1))).sum())
+
+
+def test_routing_it_cannot_do_is_refused_with_a_reason(engine, embedded):
+    from routerlab.core.config import RoutingConfig
+    from routerlab.core.router import RouterSet
+    from routerlab.core.step_graph import StepGraph, routing_why_not
+
+    mlp = RouterSet.zeros(embedded.model, RoutingConfig.from_granularity("mlp-token", (2, 3)))
+    assert "mlp-token routers" in routing_why_not(mlp)
+    attention = RouterSet.zeros(embedded.model, RoutingConfig.from_granularity("attention-token", (2, 3)))
+    assert routing_why_not(attention) is None and "drop policy" in routing_why_not(attention, "drop")
+    with pytest.raises(ValueError, match="mlp-token routers"):
+        StepGraph(engine.anatomy, 16, routers=mlp)

@@ -5,7 +5,9 @@ For each context length: the engine prefills the prompt; the graph takes over th
 greedily; the engine decodes from its own copy of the same prefill; llama.cpp (when `make bench-peers` built it)
 decodes the same ids in its child process. Rounds alternate the order; medians are reported, with how many of the
 first greedy tokens the graph and the engine share (the graph's activations are fp32 with 8-bit products, the engine's
-bf16: a near tie may go either way). The full model only: routing is not in the graph yet. Knows nothing about the UI.
+bf16: a near tie may go either way). Then the shipped attention-token routers inside the graph (`routing`): never
+skipping (what routing costs) and at their default threshold, against the full graph, on the app's first example
+prompt and the passage. Knows nothing about the UI beyond its example prompts.
 """
 
 from __future__ import annotations
@@ -35,20 +37,56 @@ def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
         return (time.perf_counter() - start) / n, out
 
 
-def _graph_decode(engine, graph, ids: list[int], n: int) -> tuple[float, list[int]]:
-    """The same through the step graph: the engine's prefill, its caches loaded, then `n` greedy steps."""
+def _graph_decode(engine, graph, ids: list[int], n: int, routers=None, threshold: float = 0.5) -> tuple[float, list[int], float]:
+    """The same through the step graph: the engine's prefill (under the routers where given), its caches loaded, then
+    `n` greedy steps; seconds a token, the tokens, and the share of routed cells skipped."""
     from routerlab.core.engine import Plan, forward
 
     caches = engine.new_caches(len(ids) + 1)
+    plan = Plan(routers, threshold, "kv") if routers is not None else Plan(None)
     with torch.inference_mode():
-        logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
-        graph.load(caches, n)
-        token, out = int(logits[0, -1].max(0).indices), []
+        logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
+        graph.load(caches, n, threshold)
+        token, out, scores = int(logits[0, -1].max(0).indices), [], []
         start = time.perf_counter()
         for _ in range(n):
             out.append(token)
             token = int(graph.step(token).max(0).indices)
-        return (time.perf_counter() - start) / n, out
+            if graph.routed:
+                scores.append(graph.logits_of_routers[graph.routed].clone())  # read after the clock stops
+        seconds = (time.perf_counter() - start) / n
+    skipped = float((torch.stack(scores) < graph.threshold).float().mean()) if scores else 0.0
+    return seconds, out, skipped
+
+
+def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, rounds: int, log=print) -> dict:
+    """The shipped attention-token routers inside the graph against the full graph, in alternating rounds: never
+    skipping (threshold 0: the cost of routing) and at the set's default threshold, per prompt."""
+    from routerlab.core.step_graph import StepGraph
+    from routerlab.tuning.checkpoint import resolve_routers
+
+    routers, defaults = resolve_routers(None, "attention-token", loaded.model)
+    threshold = float(defaults["threshold"])
+    longest = max(len(ids) for ids in prompts.values()) + new_tokens + 1
+    full, routed = StepGraph(engine.anatomy, longest), StepGraph(engine.anatomy, longest, routers=routers)
+    out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {}}
+    for label, ids in prompts.items():
+        runs = {"full": (full, None, 0.0), "never_skip": (routed, routers, 0.0), "default": (routed, routers, threshold)}
+        rates: dict[str, list[float]] = {k: [] for k in runs}
+        skipped: dict[str, float] = {}
+        for r in range(rounds):
+            for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                graph, rs, t = runs[name]
+                seconds, _, skipped[name] = _graph_decode(engine, graph, ids, new_tokens, rs, t)
+                rates[name].append(1.0 / seconds)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        entry = {"prompt_tokens": len(ids), "tokens_per_second": med, "never_skip_vs_full": med["never_skip"] / med["full"],
+                 "default_vs_full": med["default"] / med["full"], "skipped_at_default": skipped["default"]}
+        out["prompts"][label] = entry
+        log(f"routers in the graph, {label} ({len(ids)} tokens): full {med['full']:.1f} tok/s, never skip {med['never_skip']:.1f} "
+            f"({entry['never_skip_vs_full']:.3f}x), threshold {threshold} {med['default']:.1f} ({entry['default_vs_full']:.3f}x, "
+            f"{entry['skipped_at_default']:.1%} of routed cells skipped)")
+    return out
 
 
 def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, log=print) -> dict:
@@ -85,7 +123,7 @@ def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, l
                     if rate is not None:
                         rates[name].append(rate)
                     continue
-                seconds, tokens[name] = (_graph_decode(engine, graph, ids, new_tokens) if name == "graph" else _engine_decode(engine, ids, new_tokens))
+                seconds, tokens[name] = (_graph_decode(engine, graph, ids, new_tokens)[:2] if name == "graph" else _engine_decode(engine, ids, new_tokens))
                 rates[name].append(1.0 / seconds)
             if same is None:
                 same = next((i for i, (a, b) in enumerate(zip(tokens["graph"], tokens["engine"])) if a != b), new_tokens)
@@ -102,6 +140,12 @@ def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, l
             f"graph {entry['graph_vs_engine']:.2f}x the engine; first {same} of {new_tokens} greedy tokens the same")
     if peer is not None:
         peer.close()
+    from routerlab.ui.resources import load_prompts
+
+    first = loaded.tokenizer.apply_chat_template([{"role": "user", "content": load_prompts()[0]}], add_generation_prompt=True, tokenize=True)
+    first = list(first["input_ids"] if hasattr(first, "keys") else first)
+    result["routing"] = routing(engine, loaded, {"first example": first, f"{min(contexts)}-token passage": bench_prompt(loaded.tokenizer, min(contexts))},
+                                64, rounds, log)
     return result
 
 

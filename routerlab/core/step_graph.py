@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from routerlab.core import nbits
+from routerlab.core.router import logit, sigmoid
 
 
 def why_not(an) -> str | None:
@@ -44,6 +45,21 @@ def why_not(an) -> str | None:
     return f"no file codes for {len(missing)} maps" if missing else None
 
 
+def routing_why_not(routers, policy: str = "kv") -> str | None:
+    """Why a router set cannot route inside the step graph, or None: it routes attention token by token under `kv`
+    (a skipped token still writes its key and value), without stand-ins."""
+    if routers is None:
+        return None
+    config = routers.config
+    if config.target != "attention" or config.level != "token":
+        return f"{config.granularity} routers (the graph routes attention, token by token)"
+    if policy != "kv":
+        return f"the {policy} policy (the graph skips under kv)"
+    if routers.standin_rank:
+        return "stand-ins"
+    return None
+
+
 def _rope(config) -> dict:
     return getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta, "rope_type": "default"}
 
@@ -57,11 +73,42 @@ def _layer_names(i: int) -> list[str]:
     return [f"{pre}.self_attn.{x}_proj.weight" for x in "qkvo"] + [f"{pre}.mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
 
 
-def build(an, max_positions: int) -> bytes:
+class _Nodes:
+    """The nodes of one graph being built (the step's, or a branch of an `If`); initializers all go to the step's
+    graph, which every branch sees. `sums`: each input's block sums, computed once (nbits.product_nodes)."""
+
+    def __init__(self, inits: list, sums: dict):
+        self.nodes, self.inits, self.sums = [], inits, sums
+
+    def __call__(self, op: str, ins: list[str], outs: list[str], **kw) -> str:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, ins, outs, **kw))
+        return outs[0]
+
+    def product(self, name: str, x: str, codes) -> str:
+        nodes, inits = nbits.product_nodes(codes, x, name, prefix=name + ".", sums=self.sums, one_row=True)
+        self.nodes += nodes
+        self.inits += inits
+        return name
+
+    def constant(self, name: str, values, dtype) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.array(values, dtype), name))
+        return name
+
+
+def build(an, max_positions: int, routers=None) -> bytes:
     """The step graph as an ONNX model: inputs h (1, 1, D) fp32 (the token's embedding), position (1, 1) int64, slot
     (Hkv, 3) int64 (the cache row each KV head's new key and value go to), mask (1, 1, 1, capacity) fp32 and each
-    layer's keys and values (1, Hkv, capacity, hd) fp32; outputs the logits (1, 1, V) and the caches again (bound to
-    the same buffers, so the new rows are written in place)."""
+    layer's keys and values (1, Hkv, capacity, hd) fp32, capacity a request's own (symbolic here, so attention reads
+    only what a request may fill; rotary tables for `max_positions`); outputs the logits (1, 1, V) and the caches
+    again (bound to the same buffers, so the new rows are written in place).
+
+    With `routers` (attention-token, `kv`: `routing_why_not`), input threshold () fp32 too (the threshold's raw logit),
+    and each routed layer outputs its router's raw logit (1, 1, 1): the decision is made in the graph, the attention
+    sub-layer runs under an `If` (the token's key and value are written either way, as `kv` does)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from routerlab.core.weights import Codes
@@ -70,24 +117,12 @@ def build(an, max_positions: int) -> bytes:
     codes, cfg = an.lowbit.codes, an.config
     a = an.layers[0].attn
     d, inner, eps = cfg.hidden_size, cfg.intermediate_size, float(cfg.rms_norm_eps)
-    nodes, inits, sums = [], [], {}
-
-    def product(name: str, x: str, c) -> str:
-        more_nodes, more_inits = nbits.product_nodes(c, x, name, prefix=name + ".", sums=sums, one_row=True)
-        nodes.extend(more_nodes)
-        inits.extend(more_inits)
-        return name
+    inits: list = []
+    step = _Nodes(inits, {})
 
     def weight(name: str) -> str:
         inits.append(numpy_helper.from_array(params[name].detach().float().numpy(), name))
         return name
-
-    def constant(name: str, values, dtype) -> str:
-        inits.append(numpy_helper.from_array(np.array(values, dtype), name))
-        return name
-
-    def node(op: str, ins: list[str], outs: list[str], **kw):
-        nodes.append(helper.make_node(op, ins, outs, **kw))
 
     inv = 1.0 / (float(_rope(cfg)["rope_theta"]) ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
     angles = np.arange(max_positions)[:, None] * inv[None]  # (max_positions, hd / 2)
@@ -97,10 +132,13 @@ def build(an, max_positions: int) -> bytes:
               helper.make_tensor_value_info("position", TensorProto.INT64, [1, 1]),
               helper.make_tensor_value_info("slot", TensorProto.INT64, [a.n_kv_heads, 3]),
               helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, 1, "capacity"])]
-    constant("qk.shape", [1, a.n_kv_heads, a.n_heads // a.n_kv_heads, a.head_dim], np.int64)
-    constant("row.shape", [a.n_kv_heads, a.head_dim], np.int64)
-    constant("att.shape", [1, 1, a.q_size], np.int64)
+    step.constant("qk.shape", [1, a.n_kv_heads, a.n_heads // a.n_kv_heads, a.head_dim], np.int64)
+    step.constant("row.shape", [a.n_kv_heads, a.head_dim], np.int64)
+    step.constant("att.shape", [1, 1, a.q_size], np.int64)
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, cfg.vocab_size])]
+    if routers is not None:
+        inputs.append(helper.make_tensor_value_info("threshold", TensorProto.FLOAT, []))
+        step.constant("no.update", np.zeros((1, 1, d)), np.float32)
     ms = {"domain": "com.microsoft", "epsilon": eps}
     residual, update = "h", None  # the residual stream, and the update a SkipSimplifiedLayerNormalization adds to it
     for i in range(an.n_layers):
@@ -108,53 +146,95 @@ def build(an, max_positions: int) -> bytes:
         names = _layer_names(i)
         x = f"l{i}.x"
         if update is None:
-            node("SimplifiedLayerNormalization", [residual, weight(f"{pre}.input_layernorm.weight")], [x], axis=-1, epsilon=eps)
+            step("SimplifiedLayerNormalization", [residual, weight(f"{pre}.input_layernorm.weight")], [x], axis=-1, epsilon=eps)
         else:  # the last MLP's update added to the stream, and the sum normed, in one op
-            node("SkipSimplifiedLayerNormalization", [update, residual, weight(f"{pre}.input_layernorm.weight")], [x, "", "", f"l{i}.h"], **ms)
+            step("SkipSimplifiedLayerNormalization", [update, residual, weight(f"{pre}.input_layernorm.weight")], [x, "", "", f"l{i}.h"], **ms)
             residual = f"l{i}.h"
-        qkv = product(f"l{i}.qkv", x, Codes.cat([codes[n] for n in names[:3]]))
         for kind in ("keys", "values"):
             inputs.append(helper.make_tensor_value_info(f"l{i}.{kind}", TensorProto.FLOAT, cache))
             outputs.append(helper.make_tensor_value_info(f"l{i}.{kind}.out", TensorProto.FLOAT, cache))
-        _attention(node, constant, i, at, qkv)
-        o = product(f"l{i}.o", f"l{i}.att", codes[names[3]])
+        router = routers.get(i) if routers is not None else None
+        if router is None:
+            qkv = step.product(f"l{i}.qkv", x, Codes.cat([codes[n] for n in names[:3]]))
+            _attention(step, i, at, qkv)
+            o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
+        else:
+            o = _routed_attention(step, i, at, x, router, [codes[n] for n in names[:4]], d)
+            outputs.append(helper.make_tensor_value_info(f"l{i}.score", TensorProto.FLOAT, [1, 1, 1]))
         x = f"l{i}.xm"
-        node("SkipSimplifiedLayerNormalization", [o, residual, weight(f"{pre}.post_attention_layernorm.weight")], [x, "", "", f"l{i}.hm"], **ms)
+        step("SkipSimplifiedLayerNormalization", [o, residual, weight(f"{pre}.post_attention_layernorm.weight")], [x, "", "", f"l{i}.hm"], **ms)
         residual = f"l{i}.hm"
-        gate_up = product(f"l{i}.gate_up", x, Codes.cat([codes[names[4]], codes[names[5]]]))
-        node("Split", [gate_up, constant(f"l{i}.gate_up.sizes", [inner, inner], np.int64)], [f"l{i}.gate", f"l{i}.up"], axis=-1)
-        node("Sigmoid", [f"l{i}.gate"], [f"l{i}.sigmoid"])
-        node("Mul", [f"l{i}.gate", f"l{i}.sigmoid"], [f"l{i}.silu"])
-        node("Mul", [f"l{i}.silu", f"l{i}.up"], [f"l{i}.act"])
-        update = product(f"l{i}.down", f"l{i}.act", codes[names[6]])
-    node("SkipSimplifiedLayerNormalization", [update, residual, weight("model.norm.weight")], ["final", "", "", "final.h"], **ms)
-    product("logits", "final", codes[_head_name(codes)])
-    graph = helper.make_graph(nodes, "decode_step", inputs, outputs, inits)
+        gate_up = step.product(f"l{i}.gate_up", x, Codes.cat([codes[names[4]], codes[names[5]]]))
+        step("Split", [gate_up, step.constant(f"l{i}.gate_up.sizes", [inner, inner], np.int64)], [f"l{i}.gate", f"l{i}.up"], axis=-1)
+        step("Sigmoid", [f"l{i}.gate"], [f"l{i}.sigmoid"])
+        step("Mul", [f"l{i}.gate", f"l{i}.sigmoid"], [f"l{i}.silu"])
+        step("Mul", [f"l{i}.silu", f"l{i}.up"], [f"l{i}.act"])
+        update = step.product(f"l{i}.down", f"l{i}.act", codes[names[6]])
+    step("SkipSimplifiedLayerNormalization", [update, residual, weight("model.norm.weight")], ["final", "", "", "final.h"], **ms)
+    step.product("logits", "final", codes[_head_name(codes)])
+    graph = helper.make_graph(step.nodes, "decode_step", inputs, outputs, inits)
     return helper.make_model(graph, opset_imports=nbits.opsets()).SerializeToString()
 
 
-def _attention(node, constant, i: int, at, qkv: str) -> None:
+def _attention(step: _Nodes, i: int, at, qkv: str) -> None:
     """One token's attention at layer i from its q|k|v product, in plain ops: q and k rotated in one pass
     (RotaryEmbedding at the input `position`), k and v written into the layer's cache buffers in place (ScatterND at
-    `slot`, the cache's inputs and outputs bound to the same memory), then each KV head's group of queries against
-    every key (one FusedMatMul, so a head's keys are read once for its group), the `mask` (0 up to the token, -inf
-    after), softmax and the values. (onnxruntime's GroupQueryAttention, one node, read each head's keys once per
-    query head and in fp32: 0.82x as fast at 2,048 tokens of context, 1.03x at 512; one-off, AMX Xeon.)"""
+    `slot`, the cache's inputs and outputs bound to the same memory), then `_attend`. (onnxruntime's
+    GroupQueryAttention, one node, read each head's keys once per query head and in fp32: 0.82x as fast at 2,048
+    tokens of context, 1.03x at 512; one-off, AMX Xeon.)"""
     ms = {"domain": "com.microsoft"}
-    qk_size = at.q_size + at.kv_size
-    node("Split", [qkv, constant(f"l{i}.qkv.sizes", [qk_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
-    node("RotaryEmbedding", [f"l{i}.qk", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
-    node("Split", [f"l{i}.qk.r", constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
-    for part, t in (("keys", "k"), ("values", "v")):
-        node("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"])
-        node("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
-    node("Reshape", [f"l{i}.q", "qk.shape"], [f"l{i}.q.groups"])  # (1, Hkv, G, hd): each KV head's queries
-    node("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=float(at.scaling), **ms)
-    node("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
-    node("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
-    node("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
-    node("Reshape", [f"l{i}.att.groups", "att.shape"], [f"l{i}.att"])
+    step("Split", [qkv, step.constant(f"l{i}.qkv.sizes", [at.q_size + at.kv_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
+    step("RotaryEmbedding", [f"l{i}.qk", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
+    step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
+    _write(step, i)
+    _attend(step, i, at, f"l{i}.q", f"l{i}.att")
 
+
+def _write(step: _Nodes, i: int) -> None:
+    """Layer i's new key l{i}.k (rotated) and value l{i}.v into its cache buffers, in place."""
+    for part, t in (("keys", "k"), ("values", "v")):
+        step("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"])
+        step("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
+
+
+def _attend(nodes: _Nodes, i: int, at, q: str, out: str) -> None:
+    """The rotated queries q (1, 1, q_size) against layer i's cache: each KV head's group of queries in one
+    FusedMatMul (a head's keys read once for its group), the `mask` (0 up to the token, -inf after), softmax, values."""
+    nodes("Reshape", [q, "qk.shape"], [f"l{i}.q.groups"])  # (1, Hkv, G, hd)
+    nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=float(at.scaling), domain="com.microsoft")
+    nodes("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
+    nodes("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
+    nodes("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
+    nodes("Reshape", [f"l{i}.att.groups", "att.shape"], [out])
+
+
+def _routed_attention(step: _Nodes, i: int, at, x: str, router, codes: list, d: int) -> str:
+    """Layer i's attention under its router, `kv` policy: the router's raw logit (output l{i}.score; the calibration
+    and the sigmoid are monotone, so the host compares the logit with the threshold's raw logit, input threshold,
+    and computes the score from it) and the decision in the graph; q|k|v, rotary and the cache write always, the
+    attention and the output map only under `If` the logit clears the threshold, else no update. Returns the update's
+    name."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from routerlab.core.weights import Codes
+
+    step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
+    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])
+    step("GreaterOrEqual", [f"l{i}.score", "threshold"], [f"l{i}.runs"])
+    qkv = step.product(f"l{i}.qkv", x, Codes.cat(codes[:3]))
+    step("Split", [qkv, step.constant(f"l{i}.qkv.sizes", [at.q_size + at.kv_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
+    step("RotaryEmbedding", [f"l{i}.qk", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, domain="com.microsoft")
+    step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
+    _write(step, i)
+    runs = _Nodes(step.inits, step.sums)
+    _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
+    runs.product(f"l{i}.ran", f"l{i}.att", codes[3])
+    skips = _Nodes(step.inits, step.sums)
+    skips("Identity", ["no.update"], [f"l{i}.skipped"])
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, d]) for n in (f"l{i}.ran", f"l{i}.skipped")]
+    step("If", [f"l{i}.runs"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
+         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
+    return f"l{i}.o"
 
 class StepGraph:
     """Decode steps through the graph, one request at a time: `load` takes a request's prefill caches into fp32
@@ -162,17 +242,17 @@ class StepGraph:
     token at the next position and returns its logits (V,) in fp32, a view of the bound output (valid until the next
     step). `max_positions`: the longest request (prompt and new tokens) it takes."""
 
-    def __init__(self, an, max_positions: int, threads: int | None = None):
+    def __init__(self, an, max_positions: int, threads: int | None = None, routers=None):
         import onnxruntime as ort
 
-        reason = why_not(an)
+        reason = why_not(an) or routing_why_not(routers)
         if reason is not None:
             raise ValueError(f"no step graph for this model: {reason}")
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # torch's pool shares the cores
-        self.session = ort.InferenceSession(build(an, max_positions), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(build(an, max_positions, routers), options, providers=["CPUExecutionProvider"])
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode
@@ -180,6 +260,10 @@ class StepGraph:
             self.logits = torch.empty(1, 1, an.config.vocab_size)
             self.where = torch.zeros(1, 1, dtype=torch.int64)  # the token's position (rotary)
             self.slot = torch.tensor([[0, h, 0] for h in range(self.kv_shape[0])], dtype=torch.int64)  # its cache row, each KV head
+            self.threshold = torch.tensor(0.5)
+            self.logits_of_routers = torch.full((an.n_layers,), math.nan)  # the token's routers' raw logits (NaN: not routed)
+        self.routed = [i for i in range(an.n_layers) if routers is not None and routers.get(i) is not None]
+        self.calibration = routers.calibration if routers is not None else None
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mask = torch.empty(0)
         self.binding = None
@@ -191,8 +275,11 @@ class StepGraph:
             self.mask = torch.full((1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
             self.caches = [(torch.zeros(1, heads, capacity, dim), torch.zeros(1, heads, capacity, dim)) for _ in range(self.layers)]
         b = self.binding = self.session.io_binding()
-        for name, t in (("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)):
+        bound = [("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)]
+        for name, t in bound + ([("threshold", self.threshold)] if self.routed else []):
             b.bind_input(name, "cpu", 0, np.float32 if t.dtype == torch.float32 else np.int64, list(t.shape), t.data_ptr())
+        for i in self.routed:
+            b.bind_output(f"l{i}.score", "cpu", 0, np.float32, [1, 1, 1], self.logits_of_routers[i : i + 1].data_ptr())
         b.bind_output("logits", "cpu", 0, np.float32, list(self.logits.shape), self.logits.data_ptr())
         for i, pair in enumerate(self.caches):
             for kind, t in zip(("keys", "values"), pair):
@@ -200,10 +287,10 @@ class StepGraph:
                 b.bind_output(f"l{i}.{kind}.out", "cpu", 0, np.float32, list(t.shape), t.data_ptr())
         self.capacity = capacity
 
-    def load(self, caches, new_tokens: int) -> None:
+    def load(self, caches, new_tokens: int, threshold: float = 0.5) -> None:
         """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill, with room for
-        `new_tokens` more: every layer holds the same positions 0..n-1 (the full model writes every token at every
-        layer)."""
+        `new_tokens` more: every layer holds the same positions 0..n-1 (the full model, and `kv`, write every token
+        at every layer). `threshold`: where a routed layer's score runs its attention (routers given)."""
         n = caches[0].n
         if n + new_tokens > self.max_positions:
             raise ValueError(f"{n} tokens and {new_tokens} new ones do not fit a step graph of {self.max_positions}")
@@ -215,7 +302,15 @@ class StepGraph:
             keys[:, :, :n] = cache.k[:, :, :n]
             values[:, :, :n] = cache.v[:, :, :n]
         self.mask[..., :n] = 0
+        if self.calibration is not None:  # the raw logit where the calibrated score reaches the threshold
+            raw = self.calibration.raw_threshold(threshold)
+            self.threshold.fill_(-math.inf if raw <= 0.0 else math.inf if raw >= 1.0 else logit(raw))
         self.n = n
+
+    def scores(self) -> dict[int, float]:
+        """The last token's calibrated router scores, routed layer -> score, as the engine's traces hold them."""
+        c = self.calibration
+        return {i: sigmoid(c.scale * float(self.logits_of_routers[i]) + c.shift) for i in self.routed}
 
     def step(self, token: int) -> torch.Tensor:
         """Token `token` at position `n` through every layer: its logits (V,) in fp32."""
