@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and the per-token trace")
     g.add_argument("--no-quality", action="store_true", help="skip the per-token quality cost (KL to the full model, "
                    "its top token): a full-depth pass over the generated tokens, which slows decoding")
+    g.add_argument("--decode", choices=("torch", "graph"), default="torch",
+                   help="graph: decode through the whole step as one onnxruntime graph (the embedded model on a CPU; the "
+                   "full model or attention-token routers under kv; docs/method.md), else torch's ops as the app does")
     g.set_defaults(func=_generate)
 
     bench = sub.add_parser("bench", help="measured benchmarks").add_subparsers(dest="bench", required=True)
@@ -360,6 +363,7 @@ def _generate(args) -> int:
         quality_refresh=None,  # no live view here: score in full chunks (cheapest) and at the end
     )
     engine = Engine.from_loaded(loaded)
+    engine.decode = args.decode
     stream = not args.json
     control = Control(config.threshold)
     for step in engine.generate(args.prompt, routers, config, control):
@@ -373,7 +377,8 @@ def _generate(args) -> int:
                    f"mean KL to full {mean_kl:.4f} nats, top-1 agreement with full {agreement:.1%}")
         print(f"[{len(trace.generated_steps)} tokens, skip rate {trace.skip_rate():.1%}, "
               f"{trace.decode_tokens_per_second():.1f} tokens/s, {quality}, {trace.meta['granularity']}, "
-              f"kv policy {config.kv_policy}, threshold {config.threshold}]", file=sys.stderr)
+              f"kv policy {config.kv_policy}, threshold {config.threshold}"
+              f"{', decoded by ' + trace.meta['decode'] if 'decode' in trace.meta else ''}]", file=sys.stderr)
         return 0
     out = {
         "text": trace.text,
@@ -386,6 +391,7 @@ def _generate(args) -> int:
         "decode_tokens_per_second": trace.decode_tokens_per_second(),
         "prefill_seconds": trace.meta["prefill_seconds"],
         "stop_reason": trace.meta["stop_reason"],
+        "decode": trace.meta.get("decode", "torch ops"),
         "quality": config.quality,
         "mean_kl": trace.mean_kl(),  # over generated tokens, nats; null with --no-quality
         "agreement": trace.agreement(),  # top-1 agreement with the full model; null with --no-quality

@@ -152,3 +152,35 @@ def test_routing_it_cannot_do_is_refused_with_a_reason(engine, embedded):
     assert routing_why_not(attention) is None and "drop policy" in routing_why_not(attention, "drop")
     with pytest.raises(ValueError, match="mlp-token routers"):
         StepGraph(engine.anatomy, 16, routers=mlp)
+
+
+def test_an_engine_set_to_decode_through_the_graph_streams_steps_as_torchs_path_does(embedded, routers):
+    """`Engine.decode = "graph"`: a request alone decodes through the graph (its trace says so), its Steps carry the
+    routers' scores and decisions, a live threshold takes effect between tokens, and the request's caches hold every
+    row it wrote at the end; what the graph cannot take (the drop policy) decodes through torch's ops, said why."""
+    from routerlab.core.config import GenerateConfig
+    from routerlab.core.engine import Control
+
+    engine = Engine.from_loaded(embedded, choose_kernels=False)
+    engine.decode = "graph"
+    control = Control(0.5)
+    config = GenerateConfig(max_new_tokens=16, threshold=0.5, kv_policy="kv", quality=False, ignore_eos=True)
+    seen = []
+    for step in engine.generate("Write a short poem about a lighthouse keeper.", routers, config, control):
+        if not step.is_prompt:
+            seen.append(step)
+            if len(seen) == 6:
+                control.threshold = 0.99  # the slider moved: nearly every routed attention skips from here
+    meta = control.trace.meta
+    assert meta["decode"].startswith("the step graph") and len(seen) == 16
+    routed = set(routers.config.layers)
+    for step in seen[:-1]:  # the last token is never fed back: no scores
+        assert {i for i, s in enumerate(step.scores) if s is not None} == routed
+        assert all(step.executed[i] == (step.scores[i] >= step.threshold) for i in routed)
+    assert seen[3].threshold == 0.5 and seen[8].threshold == 0.99
+    assert sum(not seen[8].executed[i] for i in routed) > len(routed) // 2
+    assert meta["kv_bytes_held"] == meta["kv_bytes_full"]  # kv: every fed row at every layer, given back to the caches
+    control = Control(0.5)
+    drop = GenerateConfig(max_new_tokens=4, threshold=0.5, kv_policy="drop", quality=False)
+    assert len([s for s in engine.generate("Hello", routers, drop, control) if not s.is_prompt]) >= 1
+    assert control.trace.meta["decode"] == "torch ops (not the step graph: the drop policy (the graph skips under kv))"

@@ -234,6 +234,9 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.room = None  # a core.room.Room serving this engine: generate_ids then hands requests to its loop
         self.kernels: dict = {}  # what low_paths.tune measured and chose (from_loaded)
+        self.decode = "torch"  # "graph": a request alone decodes through one onnxruntime graph a step (core/step_graph.py)
+        self._graphs: list = []  # (router set, its StepGraph), built on first use
+        self._graph_lock = threading.Lock()
 
     @classmethod
     def from_loaded(cls, loaded, choose_kernels: bool = True) -> Engine:
@@ -370,15 +373,60 @@ class Engine:
             gen.close()
 
     def _steps(self, gen: Generation) -> Iterator[Step]:
-        """The request alone: its own one-token forward for each token it feeds."""
+        """The request alone: its own one-token forward for each token it feeds (or, with `decode` = "graph", one
+        run of the step graph, which then gives the rows it decoded back to the request's caches)."""
         yield from gen.prefill()
-        while True:
-            yield from gen.begin()
-            if gen.feed is None:
-                return
-            token, position = gen.feed
-            logits, scores = self._forward([token], position, gen.caches, gen.plan)
-            yield gen.end(logits, scores[0])
+        graph = self._step_graph(gen)
+        try:
+            while True:
+                yield from gen.begin()
+                if gen.feed is None:
+                    return
+                token, position = gen.feed
+                if graph is None:
+                    logits, scores = self._forward([token], position, gen.caches, gen.plan)
+                    yield gen.end(logits, scores[0])
+                else:
+                    graph.set_threshold(gen.plan.threshold)
+                    logits = graph.step(token).view(1, 1, -1).clone()  # the graph's buffer is the next step's too
+                    yield gen.end(logits, graph.score_row())
+        finally:
+            if graph is not None:
+                graph.store(gen.caches)
+                graph.busy = False
+
+    def _step_graph(self, gen: Generation):
+        """The step graph loaded with the request's prefill, where `decode` asks for it and it can take the request
+        (the trace's meta says which path decoded and, if not the graph, why); else None."""
+        if self.decode != "graph":
+            return None
+        from routerlab.core import step_graph
+
+        routers, meta = gen.plan.routers, gen.trace.meta
+        reason = step_graph.why_not(self.anatomy) or step_graph.routing_why_not(routers, gen.plan.policy)
+        if reason is None and gen.positions + gen.config.max_new_tokens > self.max_context:
+            reason = "longer than the model's context"
+        if reason is None and gen.positions < len(gen.ids):
+            reason = "the prompt's reading was stopped"
+        if reason is not None:
+            meta["decode"] = f"torch ops (not the step graph: {reason})"
+            return None
+        with self._graph_lock:  # a graph holds one request's cache: another request at the same time takes torch's ops
+            graph = next((g for r, g in self._graphs if r is routers), None)
+            if graph is None:
+                graph = step_graph.StepGraph(self.anatomy, self.max_context, routers=routers)
+                self._graphs = [*self._graphs[-3:], (routers, graph)]  # a few router sets' graphs, the newest kept
+            elif graph.busy:
+                meta["decode"] = "torch ops (not the step graph: another request is decoding through it)"
+                return None
+            graph.busy = True
+        try:
+            graph.load(gen.caches, gen.config.max_new_tokens, gen.plan.threshold)
+        except BaseException:
+            graph.busy = False
+            raise
+        meta["decode"] = "the step graph (one onnxruntime run a step)"
+        return graph
 
     def _piece(self, generated: list[int]) -> str:
         """Text the last token adds, decoded with a few tokens of context (multi-byte characters, spaces)."""

@@ -254,6 +254,7 @@ class StepGraph:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # torch's pool shares the cores
         self.session = ort.InferenceSession(build(an, max_positions, routers), options, providers=["CPUExecutionProvider"])
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
+        self.busy = False  # a request is decoding through it (core/engine.Engine._step_graph)
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode
             self.h = torch.zeros(1, 1, an.config.hidden_size)
@@ -302,10 +303,37 @@ class StepGraph:
             keys[:, :, :n] = cache.k[:, :, :n]
             values[:, :, :n] = cache.v[:, :, :n]
         self.mask[..., :n] = 0
-        if self.calibration is not None:  # the raw logit where the calibrated score reaches the threshold
+        self._threshold = None
+        self.set_threshold(threshold)  # as the raw logit where the calibrated score reaches it
+        self.n = self.loaded = n
+
+    def set_threshold(self, threshold: float) -> None:
+        """The threshold in force from the next step (a live slider): its raw logit, where routers are in the graph."""
+        if self.calibration is not None and threshold != self._threshold:
             raw = self.calibration.raw_threshold(threshold)
             self.threshold.fill_(-math.inf if raw <= 0.0 else math.inf if raw >= 1.0 else logit(raw))
-        self.n = n
+        self._threshold = threshold
+
+    def score_row(self) -> list[float]:
+        """The last token's scores as the engine's forward returns a decode step's: one float per layer, NaN where a
+        layer is not routed."""
+        row = [math.nan] * self.layers
+        for i, s in self.scores().items():
+            row[i] = s
+        return row
+
+    def store(self, caches) -> None:
+        """Give the rows decoded since `load` back to the engine's caches (core/cache.LayerCache, in their dtype), so
+        they hold what the request wrote, as if the engine had decoded it."""
+        first, n = self.loaded, self.n
+        if n > first:
+            with torch.inference_mode():  # the engine's caches are inference tensors
+                self._store(caches, first, n)
+
+    def _store(self, caches, first: int, n: int) -> None:
+        positions = torch.arange(first, n)
+        for cache, (keys, values) in zip(caches, self.caches):
+            cache.append(keys[:, :, first:n].to(cache.dtype), values[:, :, first:n].to(cache.dtype), positions)
 
     def scores(self) -> dict[int, float]:
         """The last token's calibrated router scores, routed layer -> score, as the engine's traces hold them."""
