@@ -138,7 +138,6 @@ def build(an, max_positions: int, routers=None) -> bytes:
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, cfg.vocab_size])]
     if routers is not None:
         inputs.append(helper.make_tensor_value_info("threshold", TensorProto.FLOAT, []))
-        step.constant("no.update", np.zeros((1, 1, d)), np.float32)
     ms = {"domain": "com.microsoft", "epsilon": eps}
     residual, update = "h", None  # the residual stream, and the update a SkipSimplifiedLayerNormalization adds to it
     for i in range(an.n_layers):
@@ -197,15 +196,15 @@ def _write(step: _Nodes, i: int) -> None:
         step("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
 
 
-def _attend(nodes: _Nodes, i: int, at, q: str, out: str) -> None:
+def _attend(nodes: _Nodes, i: int, at, q: str, out: str, shapes: tuple[str, str] = ("qk.shape", "att.shape")) -> None:
     """The rotated queries q (1, 1, q_size) against layer i's cache: each KV head's group of queries in one
     FusedMatMul (a head's keys read once for its group), the `mask` (0 up to the token, -inf after), softmax, values."""
-    nodes("Reshape", [q, "qk.shape"], [f"l{i}.q.groups"])  # (1, Hkv, G, hd)
+    nodes("Reshape", [q, shapes[0]], [f"l{i}.q.groups"])  # (1, Hkv, G, hd)
     nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=float(at.scaling), domain="com.microsoft")
     nodes("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
     nodes("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
     nodes("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
-    nodes("Reshape", [f"l{i}.att.groups", "att.shape"], [out])
+    nodes("Reshape", [f"l{i}.att.groups", shapes[1]], [out])
 
 
 def _routed_attention(step: _Nodes, i: int, at, x: str, router, codes: list, d: int) -> str:
@@ -226,14 +225,17 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, codes: list, d: 
     step("RotaryEmbedding", [f"l{i}.qk", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, domain="com.microsoft")
     step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
     _write(step, i)
-    runs = _Nodes(step.inits, step.sums)
-    _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
+    runs = _Nodes([], step.sums)  # the branch's own initializers: an outer one read in a branch is fed to it each run
+    runs.constant(f"l{i}.branch.groups", [1, at.n_kv_heads, at.n_heads // at.n_kv_heads, at.head_dim], np.int64)
+    runs.constant(f"l{i}.branch.rows", [1, 1, at.q_size], np.int64)
+    _attend(runs, i, at, f"l{i}.q", f"l{i}.att", shapes=(f"l{i}.branch.groups", f"l{i}.branch.rows"))
     runs.product(f"l{i}.ran", f"l{i}.att", codes[3])
-    skips = _Nodes(step.inits, step.sums)
-    skips("Identity", ["no.update"], [f"l{i}.skipped"])
+    skips = _Nodes([], step.sums)
+    skips.constant(f"l{i}.nothing", np.zeros((1, 1, d)), np.float32)
+    skips("Identity", [f"l{i}.nothing"], [f"l{i}.skipped"])
     value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, d]) for n in (f"l{i}.ran", f"l{i}.skipped")]
-    step("If", [f"l{i}.runs"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
-         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
+    step("If", [f"l{i}.runs"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]], runs.inits),
+         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]], skips.inits))
     return f"l{i}.o"
 
 class StepGraph:
