@@ -184,3 +184,21 @@ def test_an_engine_set_to_decode_through_the_graph_streams_steps_as_torchs_path_
     drop = GenerateConfig(max_new_tokens=4, threshold=0.5, kv_policy="drop", quality=False)
     assert len([s for s in engine.generate("Hello", routers, drop, control) if not s.is_prompt]) >= 1
     assert control.trace.meta["decode"] == "torch ops (not the step graph: the drop policy (the graph skips under kv))"
+
+
+def test_bench_step_graph_reports_the_graph_the_engine_and_the_routers_side_by_side(tmp_path, embedded, monkeypatch):
+    """`python -m routerlab.bench.step_graph` in a short form: every figure it saves is there and of the right kind."""
+    import json
+
+    from routerlab.bench import step_graph as bench
+
+    monkeypatch.setattr("routerlab.core.models.load_model", lambda *a, **k: embedded)
+    out = tmp_path / "step-graph.json"
+    assert bench.main(["--contexts", "24", "--new-tokens", "4", "--rounds", "1", "--no-peers", "--save", str(out)]) == 0
+    r = json.loads(out.read_text())
+    entry = r["contexts"]["24"]
+    assert entry["tokens_per_second"]["graph"] > 0 and entry["tokens_per_second"]["llama_cpp"] is None
+    assert 0 <= entry["first_tokens_the_same"] <= 4 and entry["graph_vs_engine"] > 0
+    assert set(r["routing"]["prompts"]) == {"first example", "24-token passage"}
+    for p in r["routing"]["prompts"].values():
+        assert p["never_skip_vs_full"] > 0 and 0 <= p["skipped_at_default"] <= 1

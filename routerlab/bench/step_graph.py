@@ -111,7 +111,8 @@ def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, l
               "engine_weights": engine.weights, "contexts": {}}
     for context in contexts:
         ids = bench_prompt(loaded.tokenizer, context)
-        _engine_decode(engine, ids[:64], 8), _graph_decode(engine, graph, ids[:64], 8)  # warm-up
+        warm = min(8, new_tokens)
+        _engine_decode(engine, ids[:64], warm), _graph_decode(engine, graph, ids[:64], warm)  # warm-up
         rates: dict[str, list[float]] = {"graph": [], "engine": [], "llama_cpp": []}
         same = None
         for r in range(rounds):
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--contexts takes whole numbers separated by commas, e.g. 512,2048, not {args.contexts!r}")
     if not contexts or min(contexts) < 1:
         p.error("--contexts needs at least one length of 1 token or more")
+    if args.new_tokens < 1 or args.rounds < 1:
+        p.error("--new-tokens and --rounds take whole numbers of 1 or more")
     result = run(contexts, args.new_tokens, args.rounds, peers=not args.no_peers)
     print(f"machine: {result['cpu_model']} ({result['machine_kind']}: {' '.join(result['cpu_flags'])}), {result['threads']} threads; "
           f"graph built in {result['graph_seconds_to_build']:.1f} s")
