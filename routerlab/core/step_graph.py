@@ -4,18 +4,19 @@ in one `run`, so no tensor op a step is dispatched from Python.
 
 Why: the engine's step is torch ops called from Python, ~20 a layer besides the products, each a few microseconds of
 dispatch (more inside a step, as every layer's weights stream through the caches). On a 2-core Xeon with AMX
-(2026-12-06, `python -m routerlab.bench.step_graph`, assets/bench/step-graph-amx.json) the engine decodes at 0.75x
-llama.cpp on the same file at 512 tokens of context; this graph at 1.00x (0.91x at 2,048, the engine 0.86x).
+(2026-12-06 10:47, `python -m routerlab.bench.step_graph`, assets/bench/step-graph-amx.json) the engine decodes at
+0.76x llama.cpp on the same file at 512 tokens of context, this graph at 1.00x (at 2,048 tokens: 0.91x and 0.90x).
 
-What it is today: the full model (no routers), one request, after the engine's own prefill (`load` copies the
-prefill's KV cache in). Its activations are fp32 (the products quantise them to 8 bits per block of 32, as llama.cpp
-does) where the engine's are bf16, so its logits differ from the engine's by that rounding (tested: KL per token, the
-same greedy tokens where the top two are not a near tie). The engine does not decode through it yet: routing needs a
-router's score and a decision per routed sub-layer inside the step (measured, one-off: one session a layer instead of
-one a step, the host deciding between them, decoded 0.94x as fast as the whole graph).
+What it covers: one request at a time, after the engine's own prefill (`load` copies the prefill's KV cache in), the
+full model or attention-token routers under `kv` (the router's logit and the decision inside the graph, the attention
+under an `If`). Its activations are fp32 (the products quantise them to 8 bits per block of 32, as llama.cpp does)
+where the engine's are bf16, so its logits differ from the engine's by that rounding (tested: KL per token, the same
+greedy tokens where the top two are not a near tie). The engine decodes a request alone through it when asked
+(`Engine.decode = "graph"`, `python -m routerlab generate --decode graph`); the app's room does not (its rows are
+torch's, and a token's numbers would differ between a request alone and among others).
 
-Covers Llama-family anatomies whose every map has the file's codes (the embedded SmolLM2): `why_not` says what else
-keeps it off. Knows nothing about routers, sampling or the UI.
+Covers Llama-family anatomies whose every map has the file's codes (the embedded SmolLM2): `why_not` and
+`routing_why_not` say what else keeps it off. Knows nothing about sampling, traces or the UI.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def why_not(an) -> str | None:
     rope = _rope(an.config)
     if rope.get("rope_type", "default") != "default":
         return f"{rope.get('rope_type')} rotary scaling"
+    if getattr(an.config, "hidden_act", "silu") != "silu":
+        return f"a {an.config.hidden_act} MLP (the graph computes SiLU)"
+    if any(p.gate_up is None for p in an.layers):
+        return "an MLP without a gate"
+    if any(w.bias is not None for p in an.layers for w in (p.attn.qkv, p.attn.o, p.gate_up, p.down)):
+        return "biases on its linear maps"
     names = [_head_name(an.lowbit.codes)] + [n for i in range(an.n_layers) for n in _layer_names(i)]
     missing = [n for n in names if n is None or n not in an.lowbit.codes]
     return f"no file codes for {len(missing)} maps" if missing else None
