@@ -235,7 +235,9 @@ class Engine:
         self.room = None  # a core.room.Room serving this engine: generate_ids then hands requests to its loop
         self.kernels: dict = {}  # what low_paths.tune measured and chose (from_loaded)
         self.decode = "torch"  # "graph": a request alone decodes through one onnxruntime graph a step (core/step_graph.py)
-        self._graphs: list = []  # (router set, its StepGraph), built on first use
+        # (router set, its StepGraph), built on first use from the set's weights and calibration as they are then (a set
+        # trained or recalibrated in place later is not seen: `decode` "graph" is for the command line's fixed sets)
+        self._graphs: list = []
         self._graph_lock = threading.Lock()
 
     @classmethod
