@@ -406,8 +406,6 @@ class Engine:
 
         routers, meta = gen.plan.routers, gen.trace.meta
         reason = step_graph.why_not(self.anatomy) or step_graph.routing_why_not(routers, gen.plan.policy)
-        if reason is None and gen.positions + gen.config.max_new_tokens > self.max_context:
-            reason = "longer than the model's context"
         if reason is None and gen.positions < len(gen.ids):
             reason = "the prompt's reading was stopped"
         if reason is not None:

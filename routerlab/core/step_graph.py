@@ -336,13 +336,10 @@ class StepGraph:
         they hold what the request wrote, as if the engine had decoded it."""
         first, n = self.loaded, self.n
         if n > first:
+            positions = torch.arange(first, n)
             with torch.inference_mode():  # the engine's caches are inference tensors
-                self._store(caches, first, n)
-
-    def _store(self, caches, first: int, n: int) -> None:
-        positions = torch.arange(first, n)
-        for cache, (keys, values) in zip(caches, self.caches):
-            cache.append(keys[:, :, first:n].to(cache.dtype), values[:, :, first:n].to(cache.dtype), positions)
+                for cache, (keys, values) in zip(caches, self.caches):
+                    cache.append(keys[:, :, first:n].to(cache.dtype), values[:, :, first:n].to(cache.dtype), positions)
 
     def scores(self) -> dict[int, float]:
         """The last token's calibrated router scores, routed layer -> score, as the engine's traces hold them."""
