@@ -94,7 +94,7 @@ class _Nodes:
         return outs[0]
 
     def product(self, name: str, x: str, codes) -> str:
-        nodes, inits = nbits.product_nodes(codes, x, name, prefix=name + ".", sums=self.sums, one_row=True)
+        nodes, inits = nbits.product_nodes(codes, x, name, prefix=name + ".", sums=self.sums, gemm=True)
         self.nodes += nodes
         self.inits += inits
         return name
@@ -107,15 +107,18 @@ class _Nodes:
 
 
 def build(an, max_positions: int, routers=None) -> bytes:
-    """The step graph as an ONNX model: inputs h (1, 1, D) fp32 (the token's embedding), position (1, 1) int64, slot
-    (Hkv, 3) int64 (the cache row each KV head's new key and value go to), mask (1, 1, 1, capacity) fp32 and each
-    layer's keys and values (1, Hkv, capacity, hd) fp32, capacity a request's own (symbolic here, so attention reads
-    only what a request may fill; rotary tables for `max_positions`); outputs the logits (1, 1, V) and the caches
-    again (bound to the same buffers, so the new rows are written in place).
+    """The step graph as an ONNX model for `rows` requests at once (symbolic; one request alone is one row): inputs
+    h (rows, D) fp32 (each token's embedding), position (rows, 1) int64, slot (rows, Hkv, 3) int64 (the cache entry
+    each KV head's new key and value go to: row, head, index), mask (rows, 1, 1, capacity) fp32 (0 where a row's cache
+    holds a key, -inf elsewhere) and each layer's keys and values (rows, Hkv, capacity, hd) fp32, capacity symbolic (a
+    request's own, or a room's slots: attention reads only what they may fill; rotary tables for `max_positions`);
+    outputs the logits (rows, V) and the caches again (bound to the same buffers, so the new entries are written in
+    place).
 
-    With `routers` (attention-token, `kv`: `routing_why_not`), input threshold () fp32 too (the threshold's raw logit),
-    and each routed layer outputs its router's raw logit (1, 1, 1): the decision is made in the graph, the attention
-    sub-layer runs under an `If` (the token's key and value are written either way, as `kv` does)."""
+    With `routers` (attention-token, `kv`: `routing_why_not`), input threshold (rows, 1) fp32 too (each row's
+    threshold as a raw logit), and each routed layer outputs its router's raw logit (rows, 1): each row decides in the
+    graph; the attention sub-layer runs under an `If` that any row runs it, and a row that skips adds nothing (its key
+    and value are written either way, as `kv` does). A row's numbers do not depend on the other rows' decisions."""
     from onnx import TensorProto, helper, numpy_helper
 
     from routerlab.core.weights import Codes
@@ -134,17 +137,19 @@ def build(an, max_positions: int, routers=None) -> bytes:
     inv = 1.0 / (float(_rope(cfg)["rope_theta"]) ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
     angles = np.arange(max_positions)[:, None] * inv[None]  # (max_positions, hd / 2)
     inits += [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"), numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")]
-    cache = [1, a.n_kv_heads, "capacity", a.head_dim]
-    inputs = [helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, d]),
-              helper.make_tensor_value_info("position", TensorProto.INT64, [1, 1]),
-              helper.make_tensor_value_info("slot", TensorProto.INT64, [a.n_kv_heads, 3]),
-              helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, 1, "capacity"])]
-    step.constant("qk.shape", [1, a.n_kv_heads, a.n_heads // a.n_kv_heads, a.head_dim], np.int64)
-    step.constant("row.shape", [a.n_kv_heads, a.head_dim], np.int64)
-    step.constant("att.shape", [1, 1, a.q_size], np.int64)
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, cfg.vocab_size])]
+    cache = ["rows", a.n_kv_heads, "capacity", a.head_dim]
+    inputs = [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["rows", d]),
+              helper.make_tensor_value_info("position", TensorProto.INT64, ["rows", 1]),
+              helper.make_tensor_value_info("slot", TensorProto.INT64, ["rows", a.n_kv_heads, 3]),
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["rows", 1, 1, "capacity"])]
+    step.constant("qk.rows", [-1, 1, a.q_size + a.kv_size], np.int64)  # RotaryEmbedding reads (rows, 1, hidden)
+    step.constant("qk.shape", [-1, a.n_kv_heads, a.n_heads // a.n_kv_heads, a.head_dim], np.int64)
+    step.constant("row.shape", [-1, a.n_kv_heads, a.head_dim], np.int64)
+    step.constant("att.shape", [-1, a.q_size], np.int64)
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", cfg.vocab_size])]
     if routers is not None:
-        inputs.append(helper.make_tensor_value_info("threshold", TensorProto.FLOAT, []))
+        inputs.append(helper.make_tensor_value_info("threshold", TensorProto.FLOAT, ["rows", 1]))
+        step.constant("zero", 0.0, np.float32)
     ms = {"domain": "com.microsoft", "epsilon": eps}
     residual, update = "h", None  # the residual stream, and the update a SkipSimplifiedLayerNormalization adds to it
     for i in range(an.n_layers):
@@ -160,13 +165,14 @@ def build(an, max_positions: int, routers=None) -> bytes:
             inputs.append(helper.make_tensor_value_info(f"l{i}.{kind}", TensorProto.FLOAT, cache))
             outputs.append(helper.make_tensor_value_info(f"l{i}.{kind}.out", TensorProto.FLOAT, cache))
         router = routers.get(i) if routers is not None else None
+        qkv = step.product(f"l{i}.qkv", x, Codes.cat([codes[n] for n in names[:3]]))
+        _rotate_and_write(step, i, at, qkv)
         if router is None:
-            qkv = step.product(f"l{i}.qkv", x, Codes.cat([codes[n] for n in names[:3]]))
-            _attention(step, i, at, qkv)
+            _attend(step, i, at, f"l{i}.q", f"l{i}.att")
             o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
         else:
-            o = _routed_attention(step, i, at, x, router, [codes[n] for n in names[:4]], d)
-            outputs.append(helper.make_tensor_value_info(f"l{i}.score", TensorProto.FLOAT, [1, 1, 1]))
+            o = _routed_attention(step, i, at, x, router, codes[names[3]])
+            outputs.append(helper.make_tensor_value_info(f"l{i}.score", TensorProto.FLOAT, ["rows", 1]))
         x = f"l{i}.xm"
         step("SkipSimplifiedLayerNormalization", [o, residual, weight(f"{pre}.post_attention_layernorm.weight")], [x, "", "", f"l{i}.hm"], **ms)
         residual = f"l{i}.hm"
@@ -182,31 +188,26 @@ def build(an, max_positions: int, routers=None) -> bytes:
     return helper.make_model(graph, opset_imports=nbits.opsets()).SerializeToString()
 
 
-def _attention(step: _Nodes, i: int, at, qkv: str) -> None:
-    """One token's attention at layer i from its q|k|v product, in plain ops: q and k rotated in one pass
-    (RotaryEmbedding at the input `position`), k and v written into the layer's cache buffers in place (ScatterND at
-    `slot`, the cache's inputs and outputs bound to the same memory), then `_attend`. (onnxruntime's
-    GroupQueryAttention, one node, read each head's keys once per query head and in fp32: 0.82x as fast at 2,048
-    tokens of context, 1.03x at 512; one-off, AMX Xeon.)"""
+def _rotate_and_write(step: _Nodes, i: int, at, qkv: str) -> None:
+    """Layer i's q|k|v product (rows, q + 2 kv) -> its rotated queries l{i}.q (rows, 1, q_size), and its rotated key
+    and value written into the layer's cache buffers in place (ScatterND at `slot`, the cache's inputs and outputs bound
+    to the same memory). q and k rotate in one pass (RotaryEmbedding at each row's `position`)."""
     ms = {"domain": "com.microsoft"}
     step("Split", [qkv, step.constant(f"l{i}.qkv.sizes", [at.q_size + at.kv_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
-    step("RotaryEmbedding", [f"l{i}.qk", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
+    step("Reshape", [f"l{i}.qk", "qk.rows"], [f"l{i}.qk.3d"])
+    step("RotaryEmbedding", [f"l{i}.qk.3d", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
     step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
-    _write(step, i)
-    _attend(step, i, at, f"l{i}.q", f"l{i}.att")
-
-
-def _write(step: _Nodes, i: int) -> None:
-    """Layer i's new key l{i}.k (rotated) and value l{i}.v into its cache buffers, in place."""
     for part, t in (("keys", "k"), ("values", "v")):
-        step("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"])
+        step("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"])  # (rows, Hkv, hd)
         step("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
 
 
 def _attend(nodes: _Nodes, i: int, at, q: str, out: str, shapes: tuple[str, str] = ("qk.shape", "att.shape")) -> None:
-    """The rotated queries q (1, 1, q_size) against layer i's cache: each KV head's group of queries in one
-    FusedMatMul (a head's keys read once for its group), the `mask` (0 up to the token, -inf after), softmax, values."""
-    nodes("Reshape", [q, shapes[0]], [f"l{i}.q.groups"])  # (1, Hkv, G, hd)
+    """The rotated queries q (rows, 1, q_size) against layer i's cache: each KV head's group of queries in one
+    FusedMatMul (a head's keys read once for its group), the `mask` (0 where a row holds a key, -inf elsewhere),
+    softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one node, read each head's keys once per
+    query head and in fp32: 0.82x as fast at 2,048 tokens of context, 1.03x at 512; one-off, AMX Xeon.)"""
+    nodes("Reshape", [q, shapes[0]], [f"l{i}.q.groups"])  # (rows, Hkv, G, hd)
     nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=float(at.scaling), domain="com.microsoft")
     nodes("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
     nodes("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
@@ -214,34 +215,32 @@ def _attend(nodes: _Nodes, i: int, at, q: str, out: str, shapes: tuple[str, str]
     nodes("Reshape", [f"l{i}.att.groups", shapes[1]], [out])
 
 
-def _routed_attention(step: _Nodes, i: int, at, x: str, router, codes: list, d: int) -> str:
-    """Layer i's attention under its router, `kv` policy: the router's raw logit (output l{i}.score; the calibration
-    and the sigmoid are monotone, so the host compares the logit with the threshold's raw logit, input threshold,
-    and computes the score from it) and the decision in the graph; q|k|v, rotary and the cache write always, the
-    attention and the output map only under `If` the logit clears the threshold, else no update. Returns the update's
-    name."""
+def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
+    """Layer i's attention under its router, `kv` policy (the key and value are written before, either way): each
+    row's raw logit (output l{i}.score; the calibration and the sigmoid are monotone, so the host compares the logit
+    with each row's threshold as a raw logit, input threshold, and computes the score from it), the attention and the
+    output map under `If` any row's logit clears its threshold, a row that does not adding nothing. Returns the
+    update's name."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from routerlab.core.weights import Codes
-
     step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
-    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])
-    step("GreaterOrEqual", [f"l{i}.score", "threshold"], [f"l{i}.runs"])
-    qkv = step.product(f"l{i}.qkv", x, Codes.cat(codes[:3]))
-    step("Split", [qkv, step.constant(f"l{i}.qkv.sizes", [at.q_size + at.kv_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
-    step("RotaryEmbedding", [f"l{i}.qk", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, domain="com.microsoft")
-    step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
-    _write(step, i)
+    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
+    step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])  # >= 0 exactly where the score reaches the threshold
+    step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
+    step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
     runs = _Nodes([], step.sums)  # the branch's own initializers: an outer one read in a branch is fed to it each run
-    runs.constant(f"l{i}.branch.groups", [1, at.n_kv_heads, at.n_heads // at.n_kv_heads, at.head_dim], np.int64)
-    runs.constant(f"l{i}.branch.rows", [1, 1, at.q_size], np.int64)
+    runs.constant(f"l{i}.branch.groups", [-1, at.n_kv_heads, at.n_heads // at.n_kv_heads, at.head_dim], np.int64)
+    runs.constant(f"l{i}.branch.rows", [-1, at.q_size], np.int64)
+    runs.constant(f"l{i}.branch.zero", 0.0, np.float32)
     _attend(runs, i, at, f"l{i}.q", f"l{i}.att", shapes=(f"l{i}.branch.groups", f"l{i}.branch.rows"))
-    runs.product(f"l{i}.ran", f"l{i}.att", codes[3])
+    runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
+    runs("GreaterOrEqual", [f"l{i}.margin", f"l{i}.branch.zero"], [f"l{i}.runs"])  # (rows, 1)
+    runs("Where", [f"l{i}.runs", f"l{i}.attended", f"l{i}.branch.zero"], [f"l{i}.ran"])
     skips = _Nodes([], step.sums)
-    skips.constant(f"l{i}.nothing", np.zeros((1, 1, d)), np.float32)
-    skips("Identity", [f"l{i}.nothing"], [f"l{i}.skipped"])
-    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, d]) for n in (f"l{i}.ran", f"l{i}.skipped")]
-    step("If", [f"l{i}.runs"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]], runs.inits),
+    skips.constant(f"l{i}.nothing", 0.0, np.float32)
+    skips("Mul", [x, f"l{i}.nothing"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (f"l{i}.ran", f"l{i}.skipped")]
+    step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]], runs.inits),
          else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]], skips.inits))
     return f"l{i}.o"
 
@@ -260,17 +259,21 @@ class StepGraph:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # torch's pool shares the cores
+        # Its pool spins between a step's nodes (waking a sleeping thread for each of ~1,000 small nodes cost a fifth
+        # of the step: 60-74 against 87-91 tokens/s, AVX-512 EPYC, 12-06) and stops spinning when a run ends, so
+        # torch's work between steps (sampling, prefills, the quality meter) has the cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(build(an, max_positions, routers), options, providers=["CPUExecutionProvider"])
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
         self.busy = False  # a request is decoding through it (core/engine.Engine._step_graph)
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode
-            self.h = torch.zeros(1, 1, an.config.hidden_size)
-            self.logits = torch.empty(1, 1, an.config.vocab_size)
+            self.h = torch.zeros(1, an.config.hidden_size)
+            self.logits = torch.empty(1, an.config.vocab_size)
             self.where = torch.zeros(1, 1, dtype=torch.int64)  # the token's position (rotary)
-            self.slot = torch.tensor([[0, h, 0] for h in range(self.kv_shape[0])], dtype=torch.int64)  # its cache row, each KV head
-            self.threshold = torch.tensor(0.5)
+            self.slot = torch.tensor([[[0, h, 0] for h in range(self.kv_shape[0])]], dtype=torch.int64)  # its cache entry, each KV head
+            self.threshold = torch.full((1, 1), 0.5)
             self.logits_of_routers = torch.full((an.n_layers,), math.nan)  # the token's routers' raw logits (NaN: not routed)
         self.routed = [i for i in range(an.n_layers) if routers is not None and routers.get(i) is not None]
         self.calibration = routers.calibration if routers is not None else None
@@ -289,7 +292,7 @@ class StepGraph:
         for name, t in bound + ([("threshold", self.threshold)] if self.routed else []):
             b.bind_input(name, "cpu", 0, np.float32 if t.dtype == torch.float32 else np.int64, list(t.shape), t.data_ptr())
         for i in self.routed:
-            b.bind_output(f"l{i}.score", "cpu", 0, np.float32, [1, 1, 1], self.logits_of_routers[i : i + 1].data_ptr())
+            b.bind_output(f"l{i}.score", "cpu", 0, np.float32, [1, 1], self.logits_of_routers[i : i + 1].data_ptr())
         b.bind_output("logits", "cpu", 0, np.float32, list(self.logits.shape), self.logits.data_ptr())
         for i, pair in enumerate(self.caches):
             for kind, t in zip(("keys", "values"), pair):
@@ -352,7 +355,7 @@ class StepGraph:
             raise ValueError(f"the step graph holds {self.capacity} tokens for this request")
         self.h.copy_(self.embed.weight[token])
         self.where.fill_(self.n)
-        self.slot[:, 2] = self.n
+        self.slot[..., 2] = self.n
         self.mask[..., self.n] = 0
         self.session.run_with_iobinding(self.binding)
         self.n += 1
