@@ -1,5 +1,9 @@
 """RouterLab: see and steer dynamic depth (Router-Tuning) in language models, with real skipping."""
 
+from routerlab import spin
+
+spin.set_default()  # before anything below loads torch (routerlab/spin.py)
+
 from routerlab.tuning.checkpoint import load_routers, resolve_routers, save_routers
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.engine import Control, Engine

@@ -19,6 +19,7 @@ REPORTS = "ROUTERLAB_BROWSER_REPORTS"  # set by `make browser-reports`
 # a timing, and exact comparisons (a room's rows against a generation alone, logits against transformers') must not.
 # tests/test_low_paths.py sets it back to "auto" and gives the head onnxruntime's copy by a fixed choice.
 os.environ.setdefault("ROUTERLAB_KERNELS", "torch")
+os.environ.setdefault("ROUTERLAB_DECODE", "torch")  # decode_paths' start-up choice: tests that want the graph ask for it
 
 
 def pytest_configure(config):

@@ -86,7 +86,9 @@ def test_the_head_through_onnxruntime_computes_the_same_logits_and_tokens(embedd
               add_special_tokens=False)["input_ids"]
     clear = 0
     for x, y in zip(_logits(ours, ids, fed), _logits(theirs, ids, fed)):
-        assert float((x - y).norm() / y.norm()) < 0.02  # 8-bit activations per block of 32 against bf16 ones
+        # 8-bit activations per block of 32 against bf16 ones: up to 0.0206 on an AVX-512 EPYC (12-06), whose
+        # onnxruntime kernel (AVX-512 VNNI) rounds the activations its own way; below 0.02 on an AMX Xeon
+        assert float((x - y).norm() / y.norm()) < 0.03
         top2 = y.topk(2).values
         if top2[0] - top2[1] > 0.25:  # not a near tie: the same greedy token
             clear += 1

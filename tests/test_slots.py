@@ -202,3 +202,25 @@ def test_the_last_row_left_in_the_slots_goes_on_alone_in_its_slot(engine, monkey
     assert batch[1].caches[0].store is store
     for b, a in zip(batch, alone):
         _kv_same(b, a)
+
+
+def test_fit_gives_every_layer_one_capacity_and_keeps_the_rows_data(engine):
+    """The step graph binds every layer's buffers with one capacity (core/graph_rows.py): `fit` evens the layers out
+    and grows them all, each row's keys, values and positions kept."""
+    rows = []
+    for n in (3, 7):
+        caches = engine.new_caches(64)
+        with torch.inference_mode():
+            forward(engine.anatomy, torch.arange(n).view(1, -1), torch.arange(n), caches, Plan(None))
+        rows.append(caches)
+    store = slots_mod.Slots.of(rows, torch.float32)
+    assert store.dtype == torch.float32 and rows[0][0].k.dtype == torch.float32
+    kept = [(c.k[0, :, : c.n].clone(), c.pos[: c.n].clone()) for c in rows[1]]
+    store.grow(1, 300)  # one layer outgrows the others
+    assert len(set(store.cap)) == 2
+    cap = store.fit(10)
+    assert set(store.cap) == {cap} and cap >= 300
+    cap = store.fit(cap + 5)  # every layer grows
+    assert set(store.cap) == {cap} and cap >= 300 + 5
+    for c, (k, pos) in zip(rows[1], kept):
+        assert torch.equal(c.k[0, :, : c.n], k) and torch.equal(c.pos[: c.n], pos) and c.k.shape[2] == cap

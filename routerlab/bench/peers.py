@@ -26,6 +26,8 @@ import signal
 import time
 from pathlib import Path
 
+from routerlab import spin
+
 
 def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
@@ -129,7 +131,8 @@ class InChild:
         ctx = multiprocessing.get_context("spawn")  # never fork a process whose torch threads are running
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, factory, args), daemon=True, name=f"peer-{name}")
-        self._proc.start()
+        with spin.as_libgomp_default():  # the peer's OpenMP spins as it would anywhere else
+            self._proc.start()
         child.close()
         info = self._reply("start")
         self.version, self.path = info["version"], Path(info["path"])

@@ -21,7 +21,7 @@ import time
 
 from routerlab.core import batch_paths, low_paths
 from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Control, Engine
+from routerlab.core.engine import Control, Engine, Plan
 from routerlab.core.room import Room
 
 KNOBS = ("pack_quality", "pack_prefill")
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                    "chooses now against fp32 copies only (its rule before), alternating rounds")
     p.add_argument("--kernels", action="store_true", help="instead: the app's way (shared) with the one-row kernels "
                    "core/low_paths.py chooses against torch's int4 kernel for every map, alternating rounds")
+    p.add_argument("--decode", action="store_true", help="instead: the app's way (shared) with every row the step graph "
+                   "can take decoding through it (core/graph_rows.py) against torch's ops for every row, alternating rounds")
     args = p.parse_args(argv)
     engine = Engine.from_loaded(load_model(device=args.device), choose_kernels=not args.kernels)
     routers = load_routers(ROUTERS_DIR / args.router_set, engine.model)[0]
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return compare_paths(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
     if args.kernels:
         return compare_kernels(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
+    if args.decode:
+        return compare_decode(engine, routers, prompts, [int(x) for x in args.rows.split(",")], args.rounds)
     print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
     if args.stdin:
         return serve_stdin(engine, routers, prompts)
@@ -182,6 +186,20 @@ def compare_kernels(engine, routers, prompts: list[str], rows: list[int], rounds
             w.low, w.one_low = low, one_low
 
     return alternate(engine, routers, prompts, rows, rounds, use, ("chosen", "int4"))
+
+
+def compare_decode(engine, routers, prompts: list[str], rows: list[int], rounds: int) -> int:
+    """The room's loop with its rows through the step graph against torch's ops (the kernels and products of more rows
+    as the engine chose them, the same both ways)."""
+    print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
+    reason = engine.graph_why_not(Plan(routers))
+    if reason is not None:
+        raise SystemExit(f"room_loop --decode: no step graph ({reason})")
+
+    def use(name: str) -> None:
+        engine.decode = name
+
+    return alternate(engine, routers, prompts, rows, rounds, use, ("graph", "torch"))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 from torch.nn import functional as F
 
+from routerlab.core import graph_rows
 from routerlab.core.cache import LayerCache
 from routerlab.core.gates import ALL, Plan, decide
 from routerlab.core.kernels import rope
@@ -42,17 +43,29 @@ def batchable(an: Anatomy, row: Row) -> bool:
 
 
 @torch.inference_mode()
-def step_rows(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]]:
-    """Each row's next-token logits (B, V) and router scores (B lists of L floats, NaN where unrouted)."""
+def step_rows(an: Anatomy, rows: list[Row], graphs=None) -> tuple[torch.Tensor, list[list[float]]]:
+    """Each row's next-token logits (B, V) and router scores (B lists of L floats, NaN where unrouted). `graphs`: a
+    plan -> its step graph or None (core/engine.Engine.graph_for): the rows it gives one decode through it together,
+    alone or not (core/graph_rows.py), as they would alone."""
     from routerlab.core.engine import forward
 
     logits: list[torch.Tensor | None] = [None] * len(rows)
     scores: list[list[float] | None] = [None] * len(rows)
-    together = [b for b, r in enumerate(rows) if batchable(an, r)]
+    by_graph: dict[int, tuple] = {}  # id(graph) -> (graph, its rows)
+    for b, row in enumerate(rows if graphs is not None else []):
+        graph = graphs(row.plan) if graph_rows.graph_ok(row) else None
+        if graph is not None:
+            by_graph.setdefault(id(graph), (graph, []))[1].append(b)
+    on_graph = {b for _, bs in by_graph.values() for b in bs}
+    together = [b for b, r in enumerate(rows) if b not in on_graph and batchable(an, r)]
     if len(together) == 1:  # a batch of one takes the engine's one-token step: nobody alone is slower than before
         together = []
+    for graph, bs in by_graph.values():
+        out, table = graph_rows.step(graph, [rows[b] for b in bs])
+        for j, b in enumerate(bs):
+            logits[b], scores[b] = out[j], table[j]
     for b, row in enumerate(rows):  # rows the batched layers do not cover: the engine's forward, one at a time
-        if b not in together:
+        if b not in together and b not in on_graph:
             token, position = row.feed
             device = an.embed.weight.device
             out, table = forward(an, torch.tensor([[token]], device=device), torch.tensor([position], device=device),
@@ -62,6 +75,8 @@ def step_rows(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[flo
         out, table = _step(an, [rows[b] for b in together])
         for j, b in enumerate(together):
             logits[b], scores[b] = out[j], table[j]
+    if on_graph:  # the graph's logits are fp32
+        return torch.stack([x.float() for x in logits]), scores
     return torch.stack(logits), scores
 
 

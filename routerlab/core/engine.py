@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from routerlab.core import low_paths
+from routerlab.core import decode_paths, low_paths
 from routerlab.core.cache import LayerCache
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.device import prepare
@@ -234,11 +234,11 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.room = None  # a core.room.Room serving this engine: generate_ids then hands requests to its loop
         self.kernels: dict = {}  # what low_paths.tune measured and chose (from_loaded)
-        self.decode = "torch"  # "graph": a request alone decodes through one onnxruntime graph a step (core/step_graph.py)
-        # (router set, its StepGraph), built on first use from the set's weights and calibration as they are then (a set
-        # trained or recalibrated in place later is not seen: `decode` "graph" is for the command line's fixed sets)
-        self._graphs: list = []
+        self.decode = "torch"  # "graph": requests it can take decode through one onnxruntime graph a step (core/step_graph.py)
+        self.decode_choice: dict = {}  # what decode_paths.choose measured and chose (from_loaded)
+        self._graphs: list = []  # (router set, its state, its StepGraph): `graph`
         self._graph_lock = threading.Lock()
+        self._graph_reason: str | None = None  # why the model cannot decode through a graph ("": it can), once known
 
     @classmethod
     def from_loaded(cls, loaded, choose_kernels: bool = True) -> Engine:
@@ -248,6 +248,7 @@ class Engine:
         engine = cls(loaded.model, loaded.tokenizer, loaded.name, getattr(loaded, "lowbit", None))
         if choose_kernels:
             engine.kernels = low_paths.tune(engine.anatomy)
+            engine.decode_choice = decode_paths.choose(engine)
         return engine
 
     @property
@@ -404,29 +405,57 @@ class Engine:
             return None
         from routerlab.core import step_graph
 
-        routers, meta = gen.plan.routers, gen.trace.meta
-        reason = step_graph.why_not(self.anatomy) or step_graph.routing_why_not(routers, gen.plan.policy)
+        meta = gen.trace.meta
+        reason = self.graph_why_not(gen.plan)
         if reason is None and gen.positions < len(gen.ids):
             reason = "the prompt's reading was stopped"
         if reason is not None:
             meta["decode"] = f"torch ops (not the step graph: {reason})"
             return None
-        with self._graph_lock:  # a graph holds one request's cache: another request at the same time takes torch's ops
-            graph = next((g for r, g in self._graphs if r is routers), None)
-            if graph is None:
-                graph = step_graph.StepGraph(self.anatomy, self.max_context, routers=routers)
-                self._graphs = [*self._graphs[-3:], (routers, graph)]  # a few router sets' graphs, the newest kept
-            elif graph.busy:
-                meta["decode"] = "torch ops (not the step graph: another request is decoding through it)"
-                return None
+        graph = self.graph_for(gen.plan)
+        with self._graph_lock:  # a graph's own buffers hold one request's cache: another at the same time takes a twin
+            graph = graph.twin() if graph.busy else graph
             graph.busy = True
         try:
             graph.load(gen.caches, gen.config.max_new_tokens, gen.plan.threshold)
         except BaseException:
             graph.busy = False
             raise
-        meta["decode"] = "the step graph (one onnxruntime run a step)"
+        meta["decode"] = step_graph.DECODES
         return graph
+
+    def graph_why_not(self, plan: Plan) -> str | None:
+        """Why a request with this plan cannot decode through a step graph (core/step_graph.py), or None."""
+        from routerlab.core import step_graph
+
+        if self._graph_reason is None:
+            self._graph_reason = step_graph.why_not(self.anatomy) or ""
+        if self._graph_reason:
+            return self._graph_reason
+        return "training's straight-through gates" if plan.ste else step_graph.routing_why_not(plan.routers, plan.policy)
+
+    def graph_for(self, plan: Plan):
+        """The step graph of the plan's router set (or of the full model) where `decode` is "graph" and the graph can
+        take the plan; else None. A room's rows step through it together (core/graph_rows.py). Looked up once a request
+        (its plan): a router set trained in place meanwhile takes effect at the next request."""
+        if plan._graph and plan._graph[0] == self.decode:  # asked at every step: the first answer holds for the request
+            return plan._graph[1]
+        graph = self.graph(plan.routers) if self.decode == "graph" and self.graph_why_not(plan) is None else None
+        plan._graph[:] = [self.decode, graph]
+        return graph
+
+    def graph(self, routers):
+        """The step graph of a router set (None: the full model) as it is now: built on first use, and again once the
+        set's weights or calibration changed (a set trained or recalibrated in place)."""
+        from routerlab.core import step_graph
+
+        state = routers.state() if routers is not None else None
+        with self._graph_lock:
+            graph = next((g for r, st, g in self._graphs if r is routers and st == state), None)
+            if graph is None:
+                graph = step_graph.StepGraph(self.anatomy, self.max_context, routers=routers)
+                self._graphs = [*self._graphs[-3:], (routers, state, graph)]  # a few router sets' graphs, the newest kept
+            return graph
 
     def _piece(self, generated: list[int]) -> str:
         """Text the last token adds, decoded with a few tokens of context (multi-byte characters, spaces)."""

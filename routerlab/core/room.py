@@ -112,6 +112,8 @@ class Room:
         self.packed = {"prefills": 0, "prompts": 0, "quality_passes": 0, "meters": 0}  # packed forwards, and what they held
         self._left_quality = 0.0  # scoring seconds of the rows that left
         self._position_bytes = engine.n_layers * int(engine.costs(None)["kv_bytes"])  # KV bytes of one position, all layers
+        if engine.decode == "graph":  # rows through the step graph hold fp32 caches (core/graph_rows.py)
+            self._position_bytes = self._position_bytes * 4 // engine.dtype.itemsize
 
     # -- the readers' side -------------------------------------------------------------------------
     def submit(self, ids: list[int], routers, config, control, trace: Trace, sink=None) -> Iterator[Step] | None:
@@ -411,7 +413,7 @@ class Room:
         self.steps += 1
         self.largest = max(self.largest, n)
         try:
-            logits, scores = step_rows(self.engine.anatomy, [e.gen for e in rows])
+            logits, scores = step_rows(self.engine.anatomy, [e.gen for e in rows], self.engine.graph_for)
         except Exception as err:
             log.error("a batched step of %d rows failed", n, exc_info=err)
             for entry in rows:

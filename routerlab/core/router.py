@@ -173,6 +173,12 @@ class RouterSet(nn.Module):
         param = next(model.parameters(), None)  # fp32 routers (they always are), on the model's device
         return cls(config, text.num_hidden_layers, text.hidden_size, device=param.device if param is not None else None)
 
+    def state(self) -> tuple:
+        """What its outputs depend on, cheaply compared: its calibration and the identity and version counter of each
+        tensor (an optimizer's step or `load_state_dict`'s copy changes a version). Equal states: the same set."""
+        tensors = (*self.parameters(), *self.buffers())
+        return self.calibration, tuple(map(id, tensors)), tuple(t._version for t in tensors)
+
     def get(self, layer: int) -> Router | None:
         return self.routers[str(layer)] if str(layer) in self.routers else None
 

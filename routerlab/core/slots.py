@@ -26,9 +26,9 @@ ROWS = 8  # slots allocated at first; doubled when a row finds none free
 
 
 class Slots:
-    def __init__(self, like: list[LayerCache]):
+    def __init__(self, like: list[LayerCache], dtype: torch.dtype | None = None):
         self.shapes = [c.shape for c in like]  # (1, Hkv, hd) per layer
-        self.dtype, self.device = like[0].dtype, like[0].device
+        self.dtype, self.device = dtype or like[0].dtype, like[0].device
         n = len(like)
         self.k: list[torch.Tensor | None] = [None] * n  # (slots, Hkv, cap, hd) per layer
         self.v: list[torch.Tensor | None] = [None] * n
@@ -40,15 +40,17 @@ class Slots:
 
     # -- membership ------------------------------------------------------------------------------------
     @staticmethod
-    def of(rows: list[list[LayerCache]]) -> Slots:
+    def of(rows: list[list[LayerCache]], dtype: torch.dtype | None = None) -> Slots:
         """The slots holding exactly these rows' caches, as slots 0..B-1: those most of them are in already (else new
-        ones); rows those slots held that are not among them leave with their data, rows not in them join."""
-        held = Counter(id(c[0].store) for c in rows if c[0].store is not None)
+        ones); rows those slots held that are not among them leave with their data, rows not in them join. `dtype`:
+        slots whose buffers hold that type (the step graph's fp32), else the caches' own."""
+        dtype = dtype or rows[0][0].dtype
+        held = Counter(id(c[0].store) for c in rows if c[0].store is not None and c[0].store.dtype == dtype)
         store = None
         if held:
             best = held.most_common(1)[0][0]
             store = next(c[0].store for c in rows if id(c[0].store) == best)
-        store = store or Slots(rows[0])
+        store = store or Slots(rows[0], dtype)
         store.sync(rows)
         return store
 
@@ -110,6 +112,15 @@ class Slots:
             caps = list(self.cap)
             caps[layer] = need + LayerCache.CHUNK
             self._resize(self.room, caps)
+
+    @torch.inference_mode()
+    def fit(self, need: int) -> int:
+        """Room for `need` tokens in every slot at every layer, every layer the same capacity (the step graph's
+        buffers share one): that capacity."""
+        cap = max(self.cap)
+        if need > cap or min(self.cap) < cap:
+            self._resize(self.room, [max(cap, need + LayerCache.CHUNK if need > cap else cap)] * len(self.cap))
+        return self.cap[0]
 
     def _resize(self, room: int, caps: list[int]) -> None:
         """Buffers of `room` slots and `caps` tokens per layer; the rows' data copied over. Zero-filled: attention

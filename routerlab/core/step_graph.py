@@ -7,13 +7,14 @@ dispatch (more inside a step, as every layer's weights stream through the caches
 (2026-12-06 10:47, `python -m routerlab.bench.step_graph`, assets/bench/step-graph-amx.json) the engine decodes at
 0.76x llama.cpp on the same file at 512 tokens of context, this graph at 1.00x (at 2,048 tokens: 0.91x and 0.90x).
 
-What it covers: one request at a time, after the engine's own prefill (`load` copies the prefill's KV cache in), the
-full model or attention-token routers under `kv` (the router's logit and the decision inside the graph, the attention
-under an `If`). Its activations are fp32 (the products quantise them to 8 bits per block of 32, as llama.cpp does)
-where the engine's are bf16, so its logits differ from the engine's by that rounding (tested: KL per token, the same
-greedy tokens where the top two are not a near tie). The engine decodes a request alone through it when asked
-(`Engine.decode = "graph"`, `python -m routerlab generate --decode graph`); the app's room does not (its rows are
-torch's, and a token's numbers would differ between a request alone and among others).
+What it covers: any number of rows at once (one request alone is one row; a room's rows, core/graph_rows.py), each
+with its own position, KV cache entry, mask and threshold, after the engine's own prefill (`load` copies a prefill's
+KV cache in for a request alone), the full model or attention-token routers under `kv` (the router's logit and each
+row's decision inside the graph, the attention under an `If`). Its activations are fp32 (the products quantise them to
+8 bits per block of 32, as llama.cpp does) where the engine's are bf16, so its logits differ from torch's path by that
+rounding (tested: KL per token, the same greedy tokens where the top two are not a near tie). Which path decodes is
+measured at start-up (core/decode_paths.py); where the graph wins, every request it can take decodes through it, alone
+and in a room, so a request decodes the same either way.
 
 Covers Llama-family anatomies whose every map has the file's codes (the embedded SmolLM2): `why_not` and
 `routing_why_not` say what else keeps it off. Knows nothing about sampling, traces or the UI.
@@ -28,6 +29,9 @@ import torch
 
 from routerlab.core import nbits
 from routerlab.core.router import logit, sigmoid
+
+
+DECODES = "the step graph (one onnxruntime run a step)"  # a trace's meta["decode"] where it decoded
 
 
 def why_not(an) -> str | None:
@@ -245,10 +249,12 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
     return f"l{i}.o"
 
 class StepGraph:
-    """Decode steps through the graph, one request at a time: `load` takes a request's prefill caches into fp32
-    buffers of its own capacity (its prompt and the tokens it may add), bound to the session; `step(token)` runs one
-    token at the next position and returns its logits (V,) in fp32, a view of the bound output (valid until the next
-    step). `max_positions`: the longest request (prompt and new tokens) it takes."""
+    """The graph's session, and decode steps through it for a request alone: `load` takes a request's prefill caches
+    into fp32 buffers of its own capacity (its prompt and the tokens it may add), bound to the session; `step(token)`
+    runs one token at the next position and returns its logits (V,) in fp32, a view of the bound output (valid until
+    the next step); `twin` gives another request buffers of its own on the same session. A room's rows run through
+    the same session with bindings of their own (core/graph_rows.py). `max_positions`: the longest request (prompt and
+    new tokens) it takes."""
 
     def __init__(self, an, max_positions: int, threads: int | None = None, routers=None):
         import onnxruntime as ort
@@ -280,6 +286,20 @@ class StepGraph:
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mask = torch.empty(0)
         self.binding = None
+        self.bindings: dict = {}  # a room's slots -> their binding (core/graph_rows.py)
+
+    def twin(self) -> StepGraph:
+        """The same session with buffers of its own for a request alone (`load`, `step`, `store`): another request
+        decodes through one graph at the same time."""
+        import copy
+
+        twin = copy.copy(self)
+        with torch.inference_mode(False):
+            twin.h, twin.logits, twin.where = torch.zeros_like(self.h), torch.empty_like(self.logits), torch.zeros_like(self.where)
+            twin.slot, twin.threshold = self.slot.clone(), self.threshold.clone()
+            twin.logits_of_routers = self.logits_of_routers.clone()
+        twin.caches, twin.binding, twin.busy, twin.capacity, twin.n = [], None, False, 0, 0
+        return twin
 
     def _bind(self, capacity: int) -> None:
         """Buffers of `capacity` tokens (keys and values of every layer, the mask), bound as inputs and outputs."""
@@ -322,9 +342,14 @@ class StepGraph:
     def set_threshold(self, threshold: float) -> None:
         """The threshold in force from the next step (a live slider): its raw logit, where routers are in the graph."""
         if self.calibration is not None and threshold != self._threshold:
-            raw = self.calibration.raw_threshold(threshold)
-            self.threshold.fill_(-math.inf if raw <= 0.0 else math.inf if raw >= 1.0 else logit(raw))
+            self.threshold.fill_(self.raw_threshold(threshold))
         self._threshold = threshold
+
+    def raw_threshold(self, threshold: float) -> float:
+        """A threshold as the raw logit a router's output is compared with in the graph (the calibrated score reaches
+        `threshold` there)."""
+        raw = self.calibration.raw_threshold(threshold)
+        return -math.inf if raw <= 0.0 else math.inf if raw >= 1.0 else logit(raw)
 
     def score_row(self) -> list[float]:
         """The last token's scores as the engine's forward returns a decode step's: one float per layer, NaN where a

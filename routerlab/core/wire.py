@@ -38,7 +38,7 @@ def pack_routers(routers: RouterSet | None) -> tuple[str, bytes] | None:
     if routers is None:
         return None
     tensors = (*routers.parameters(), *routers.buffers())
-    state = (routers.calibration, tuple(map(id, tensors)), tuple(t._version for t in tensors))
+    state = routers.state()
     with _packed_lock:
         hit = _packed.get(routers)
         if hit is not None and hit[1] == state:

@@ -1,0 +1,131 @@
+"""A room's rows through the step graph (core/step_graph.py): every row's next token in one onnxruntime run, each row
+with its own position, cache, threshold and decisions, as core/batch.py's `_step` does with torch's ops.
+
+The rows' caches sit in fp32 slots (core/slots.py, the graph's buffer type) while they step together: the graph reads
+and writes slots 0..B-1 of every layer's buffers in place (one capacity for every layer), each row masked to its own
+keys. A row's numbers do not depend on the other rows' decisions (a sub-layer that some rows skip runs for all of them
+and adds nothing to the ones that skip), so a request decodes the same in a batch as alone through the graph, within
+the rounding of products of more rows. Knows nothing about sampling, traces, threads or the UI.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from routerlab.core.router import sigmoid
+from routerlab.core.slots import Slots
+from routerlab.core.step_graph import DECODES
+
+
+def graph_ok(row) -> bool:
+    """The row's caches hold every position 0..n-1 at every layer, and it feeds position n (a full prefill, the full
+    model or `kv`): what the graph's masks and rotary assume."""
+    caches, (_, position) = row.caches, row.feed
+    return caches[0].n == position == caches[-1].n
+
+
+class _Bound:
+    """One room's binding to a graph: buffers for B rows and a capacity (each step's tokens, positions, cache entries,
+    mask, thresholds; the logits and router logits out), written in place each step and bound again only when B or
+    the capacity changes, and the slots' cache buffers, bound again only when the slots replace them (rows join,
+    leave or outgrow them). Holds every tensor bound: onnxruntime reads and writes their memory by address."""
+
+    def __init__(self, graph):
+        self.graph, self.binding = graph, graph.session.io_binding()
+        self.shape: tuple = ()  # (B, capacity) the step buffers have
+        self.caches: tuple = ()  # (B, the slots' buffers) bound
+
+    def step_buffers(self, b: int, cap: int) -> None:
+        if self.shape == (b, cap):
+            return
+        g, heads = self.graph, self.graph.kv_shape[0]
+        self.h = torch.empty(b, g.h.shape[-1])
+        self.position = torch.empty(b, 1, dtype=torch.int64)
+        self.slot = torch.stack([torch.arange(b)[:, None].expand(b, heads), torch.arange(heads)[None].expand(b, heads),
+                                 torch.zeros(b, heads, dtype=torch.int64)], -1).contiguous()  # (B, Hkv, 3): row, head, entry
+        self.mask = torch.empty(b, 1, 1, cap)
+        self.logits = torch.empty(b, g.logits.shape[-1])
+        self.raw = torch.full((g.layers, b), math.nan)  # routed layers' raw logits, a row of b per layer
+        self.threshold = torch.empty(b, 1)
+        self.steps = torch.arange(cap)[None]
+        for name in ("h", "position", "slot", "mask") + (("threshold",) if g.routed else ()):
+            self._bind(name, getattr(self, name))
+        self._bind("logits", self.logits, output=True)
+        for i in g.routed:
+            self._bind(f"l{i}.score", self.raw[i].view(b, 1), output=True)
+        self.shape = (b, cap)
+
+    def cache_buffers(self, slots: Slots, b: int) -> None:
+        if self.caches and self.caches[0] == b and all(x is y for x, y in zip(self.caches[1:], (*slots.k, *slots.v))):
+            return
+        for i in range(self.graph.layers):
+            for kind, buffers in (("keys", slots.k), ("values", slots.v)):
+                self._bind(f"l{i}.{kind}", buffers[i][:b])
+                self._bind(f"l{i}.{kind}.out", buffers[i][:b], output=True)
+        self.caches = (b, *slots.k, *slots.v)  # the buffers themselves: held while bound
+
+    def _bind(self, name: str, t: torch.Tensor, output: bool = False) -> None:
+        dtype = np.float32 if t.dtype == torch.float32 else np.int64
+        (self.binding.bind_output if output else self.binding.bind_input)(name, "cpu", 0, dtype, list(t.shape), t.data_ptr())
+
+
+@torch.inference_mode()
+def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
+    """Each row's next-token logits (B, V) fp32 and router scores (B lists of L floats, NaN where unrouted), in the
+    callers' order. Every row takes `graph` (its router set's, or the full model's for rows without one)."""
+    slots = Slots.of([r.caches for r in rows], torch.float32)  # the rows' caches in slots 0..B-1
+    where = [r.caches[0].slot for r in rows]
+    rows = sorted(rows, key=lambda r: r.caches[0].slot)
+    b = len(rows)
+    at = torch.tensor([r.caches[0].n for r in rows])  # each row's length: where its new key goes
+    cap = slots.fit(int(at.max()) + 1)
+    bound = _binding(graph, slots)
+    bound.step_buffers(b, cap)
+    bound.cache_buffers(slots, b)
+    bound.h.copy_(graph.embed.weight[torch.tensor([r.feed[0] for r in rows])])  # each token's embedding, in fp32
+    bound.position.copy_(at.view(b, 1))
+    bound.slot[..., 2] = at[:, None]
+    bound.mask.fill_(0.0).view(b, cap).masked_fill_(bound.steps > at[:, None], -math.inf)  # each row's own keys
+    if graph.routed:
+        bound.threshold.copy_(torch.tensor([[graph.raw_threshold(r.plan.threshold)] for r in rows]))
+    graph.session.run_with_iobinding(bound.binding)
+    rows_at = torch.arange(b)
+    for pos in slots.pos:
+        pos[rows_at, at] = at
+    for r in rows:
+        for c in r.caches:
+            c.n += 1
+        trace = getattr(r, "trace", None)  # a Generation's: its meta says which path decoded it
+        if trace is not None:
+            trace.meta.setdefault("decode", DECODES)
+    logits, table = bound.logits.clone(), _scores(graph, bound.raw, b)  # the buffers are the next step's too
+    if where != sorted(where):  # back to the callers' order
+        order = torch.tensor(where)
+        logits, table = logits[order], [table[s] for s in where]
+    return logits, table
+
+
+def _binding(graph, slots: Slots) -> _Bound:
+    """The graph's binding for these slots (one per slots a graph serves, kept while the slots live)."""
+    import weakref
+
+    bound = graph.bindings.get(id(slots))
+    if bound is None or bound[0]() is not slots:
+        graph.bindings = {k: v for k, v in graph.bindings.items() if v[0]() is not None}
+        bound = graph.bindings[id(slots)] = (weakref.ref(slots), _Bound(graph))
+    return bound[1]
+
+
+def _scores(graph, raw: torch.Tensor, b: int) -> list[list[float]]:
+    """Each row's calibrated scores, one float per layer, NaN where a layer is not routed (StepGraph.score_row)."""
+    table = [[math.nan] * graph.layers for _ in range(b)]
+    if graph.routed:
+        c = graph.calibration
+        values = raw[graph.routed].double().tolist()  # (routed, B)
+        for i, row in zip(graph.routed, values):
+            for j, x in enumerate(row):
+                table[j][i] = sigmoid(c.scale * x + c.shift)
+    return table

@@ -1,0 +1,102 @@
+"""core/decode_paths.py: which path decodes is measured at start-up, can be forced, and a model the step graph cannot
+take keeps torch's ops with the reason; routerlab/spin.py keeps a user's OpenMP setting and gives a peer libgomp's own.
+Engine.graph_for: which plans a graph takes, looked up once a request."""
+
+import os
+
+import pytest
+
+from routerlab import spin
+from routerlab.core import decode_paths
+from routerlab.core.engine import Engine
+from routerlab.core.gates import Plan
+from routerlab.core.models import tiny_model
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+
+@pytest.fixture(scope="module")
+def engine(embedded):
+    return Engine.from_loaded(embedded, choose_kernels=False)
+
+
+@pytest.mark.parametrize("mode, decode, why", [("torch", "torch", "ROUTERLAB_DECODE=torch"), ("graph", "graph", "ROUTERLAB_DECODE=graph"),
+                                               ("fast", "torch", "ROUTERLAB_DECODE=fast is not auto, torch or graph")])
+def test_a_forced_choice_is_taken_without_measuring_and_a_wrong_one_named(engine, monkeypatch, mode, decode, why):
+    monkeypatch.setenv(decode_paths.ENV, mode)
+    result = decode_paths.choose(engine)
+    assert (result["decode"], result["why"], result["step_ms"]) == (decode, why, {}) and engine.decode == decode
+    assert decode_paths.describe(result).startswith("decode steps: ")
+
+
+def test_auto_measures_both_paths_and_takes_the_graph_only_where_it_is_faster(engine, monkeypatch):
+    monkeypatch.setenv(decode_paths.ENV, "auto")
+    result = decode_paths.choose(engine)
+    t, g = result["step_ms"]["torch"], result["step_ms"]["graph"]
+    assert t > 0 and g > 0
+    assert result["decode"] == ("graph" if g <= decode_paths.MARGIN * t else "torch") == engine.decode
+    assert f"{t:.2f} ms through torch's ops, {g:.2f} ms through the graph" in result["why"]
+
+
+def test_a_model_without_file_codes_keeps_torchs_ops_and_says_why(monkeypatch):
+    monkeypatch.setenv(decode_paths.ENV, "auto")
+    engine = Engine(tiny_model("llama"))
+    result = decode_paths.choose(engine)
+    assert result["decode"] == "torch" and "no file codes" in result["why"]
+    assert engine.graph_for(Plan(None)) is None
+
+
+def test_graph_for_takes_the_plans_the_graph_covers_once_a_request(engine, routers):
+    engine.decode = "graph"
+    try:
+        full, kv = Plan(None), Plan(routers, 0.5, "kv")
+        assert engine.graph_for(full) is engine.graph(None) and engine.graph_for(kv) is engine.graph(routers)
+        assert engine.graph_for(Plan(routers, 0.5, "drop")) is None
+        assert engine.graph_for(Plan(routers, 0.5, "kv", ste=True)) is None  # training's gates
+        assert "drop policy" in engine.graph_why_not(Plan(routers, 0.5, "drop"))
+        graph = engine.graph_for(kv)
+        engine.decode = "torch"
+        assert engine.graph_for(kv) is None  # the engine's choice changed: asked again
+        engine.decode = "graph"
+        assert engine.graph_for(kv) is graph
+    finally:
+        engine.decode = "torch"
+
+
+def test_a_router_set_changed_in_place_gets_a_graph_of_its_own(engine, routers):
+    import torch
+
+    before = engine.graph(routers)
+    assert engine.graph(routers) is before
+    weight = next(iter(routers.parameters()))
+    with torch.no_grad():
+        weight.add_(0.0)  # an in-place update: a new version, as an optimizer's step makes
+    assert engine.graph(routers) is not before
+
+
+@pytest.fixture(scope="module")
+def routers(embedded):
+    from routerlab.tuning.checkpoint import resolve_routers
+
+    return resolve_routers(None, "attention-token", embedded.model)[0]
+
+
+def test_spin_keeps_a_users_setting_and_gives_a_peer_libgomps_own(monkeypatch):
+    monkeypatch.delenv(spin.ENV, raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(spin, "ours", False)
+    spin.set_default()
+    assert os.environ[spin.ENV] == spin.TURNS and spin.ours
+    with spin.as_libgomp_default():
+        assert os.environ[spin.ENV] == spin.DEFAULT
+    assert os.environ[spin.ENV] == spin.TURNS
+    monkeypatch.setenv(spin.ENV, "1234")
+    monkeypatch.setattr(spin, "ours", False)
+    spin.set_default()
+    with spin.as_libgomp_default():
+        assert os.environ[spin.ENV] == "1234"  # the user's, everywhere
+    monkeypatch.delenv(spin.ENV)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    spin.set_default()
+    assert spin.ENV not in os.environ

@@ -1,0 +1,97 @@
+"""core/graph_rows.py: a room's rows decode through the step graph together as each decodes through it alone (the
+embedded model, the shipped attention-token routers): the same tokens, scores within the rounding of products of more
+rows, and rows the graph cannot take decode through torch's ops in the same step."""
+
+import math
+
+import pytest
+
+from routerlab.core.config import GenerateConfig
+from routerlab.core.engine import Control, Engine
+from routerlab.core.room import Room
+from routerlab.core.step_graph import DECODES
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+SCORE_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engine(embedded):
+    engine = Engine.from_loaded(embedded, choose_kernels=False)
+    engine.decode = "graph"
+    return engine
+
+
+@pytest.fixture(scope="module")
+def routers(embedded):
+    from routerlab.tuning.checkpoint import resolve_routers
+
+    return resolve_routers(None, "attention-token", embedded.model)[0]
+
+
+def _requests(tok, routers) -> list[tuple]:
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    def cfg(**kw):
+        return GenerateConfig(**{"max_new_tokens": 10, "ignore_eos": True, "chat": False, **kw})
+
+    return [
+        (ids("The sky is blue because"), None, cfg()),  # the full model
+        (ids("Photosynthesis turns light into"), routers, cfg(threshold=0.5, kv_policy="kv")),
+        (ids("A haiku about the sea:"), routers, cfg(threshold=0.8, kv_policy="kv")),  # skips more
+        (ids("Water boils at"), routers, cfg(threshold=0.5, kv_policy="drop")),  # not the graph's: torch's ops
+        (ids("Once upon a time there was a small"), routers, cfg(threshold=0.6, kv_policy="kv", max_new_tokens=4)),  # ends early
+        (ids("The capital of France is"), routers, cfg(threshold=0.5, temperature=0.9, seed=3)),  # sampled
+    ]
+
+
+def _alone(engine, request):
+    ids, routers, config = request
+    control = Control(config.threshold)
+    list(engine.generate_ids(ids, routers, config, control))
+    return control.trace
+
+
+def _in_room(engine, requests, join_at: dict[int, int]):
+    room = engine.room = Room(engine)
+    room.prefill_budget_s = math.inf
+    room.pack_prefill = False  # packed prompts read the dense weights, a prompt alone the file's codes: alone's prefill
+    try:
+        controls, readers, steps = {}, {}, 0
+        while True:
+            for k, (ids, routers, config) in enumerate(requests):
+                if k not in controls and join_at.get(k, 0) <= steps:
+                    controls[k] = Control(config.threshold)
+                    readers[k] = engine.generate_ids(ids, routers, config, controls[k])
+            if len(controls) == len(requests) and not any(room.busy.values()):
+                break
+            room.step()
+            steps += 1
+        for reader in readers.values():
+            list(reader)
+        return [controls[k].trace for k in range(len(requests))]
+    finally:
+        engine.room = None
+
+
+def test_rows_through_the_graph_decode_as_they_do_alone(engine, routers, embedded):
+    requests = _requests(embedded.tokenizer, routers)
+    alone = [_alone(engine, r) for r in requests]
+    shared = _in_room(engine, requests, join_at={2: 3, 5: 1})
+    skipped = 0
+    for (_, _, config), a, s in zip(requests, alone, shared):
+        assert [x.token_id for x in s.steps] == [x.token_id for x in a.steps]
+        for x, y in zip(a.steps, s.steps):
+            for sa, sb, ea, eb in zip(x.scores, y.scores, x.executed, y.executed):
+                assert (sa is None) == (sb is None)
+                if sa is not None:
+                    assert abs(sa - sb) <= SCORE_TOL
+                    assert ea == eb or abs(sa - config.threshold) <= SCORE_TOL
+                    skipped += not eb
+        graph = config.kv_policy != "drop"
+        assert (a.meta.get("decode") == DECODES) == graph
+        assert (s.meta.get("decode") == DECODES) == graph
+    assert skipped > 0  # some rows skipped attention while others ran it in the same step
