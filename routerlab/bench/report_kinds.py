@@ -21,9 +21,9 @@ def speed_kinds_markdown(folder: Path) -> list[str]:
                         f"| {r['tokens_per_second']['engine']:.1f} | {_num(r['tokens_per_second'].get('llama_cpp'), 1)} "
                         f"| {_num(r.get('engine_vs_llama_cpp'))} | {_num(lc.get('engine_vs_llama_cpp'))} "
                         f"| {_num(ttft.get('engine'), 2)} / {_num(ttft.get('generate'), 2)} s | {_num(r.get('routing'))} "
-                        f"| {_num(r.get('kernel_floor_vs_llama_cpp'))} | {_onnxruntime(r)} |")
+                        f"| {_num(r.get('kernel_floor_vs_llama_cpp'))} | {_onnxruntime(r)} | {_decode(r)} |")
         except (OSError, *READ_ERRORS) as err:
-            rows.append(f"| `{path.name}` | could not be read ({type(err).__name__}) | | | | | | | | |")
+            rows.append(f"| `{path.name}` | could not be read ({type(err).__name__}) | | | | | | | | | |")
     if len(rows) < 2:
         return []
     return ["### On each machine kind", "",
@@ -32,9 +32,16 @@ def speed_kinds_markdown(folder: Path) -> list[str]:
             "512 and at 2,048 tokens of context, time to first token of a 2,048-token prompt (engine / transformers "
             "`generate`), never-skip routing against the full model, and the kernel floor (products, attention and head "
             "alone) against llama.cpp's whole step, and the maps whose one-row products went through onnxruntime "
-            "(core/low_paths.py measures that at start-up; \"-\": a result from before it did).", "",
-            "| file | machine | engine tok/s | llama.cpp tok/s | engine vs llama.cpp | at 2,048 | first token, 2,048 | never-skip | kernel floor vs llama.cpp | through onnxruntime |",
-            "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "(core/low_paths.py measures that at start-up; \"-\": a result from before it did), and the decode path measured "
+            "faster at start-up (core/decode_paths.py: torch's ops, or one onnxruntime graph a step).", "",
+            "| file | machine | engine tok/s | llama.cpp tok/s | engine vs llama.cpp | at 2,048 | first token, 2,048 | never-skip | kernel floor vs llama.cpp | through onnxruntime | decode path |",
+            "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def _decode(r: dict) -> str:
+    """The decode path a result's engine took: "torch's ops", "step graph", "-" where it predates the choice."""
+    decode = (r.get("decode") or {}).get("decode")
+    return {"graph": "step graph", "torch": "torch's ops"}.get(decode, "-")
 
 
 def _onnxruntime(r: dict) -> str:

@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from routerlab.core import low_paths
+from routerlab.core import decode_paths, low_paths
 from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.device import is_cuda, now
 from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
@@ -347,6 +347,7 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
         "precision": engine.precision,
         "weights": engine.weights,
         "kernels": engine.kernels,  # low_paths.tune: each kind's one-row product, measured at start-up
+        "decode": engine.decode_choice,  # decode_paths.choose: torch's ops or the step graph, measured at start-up
         "cpu": cpu_vector_unit(),
         "cpu_model": cpu_model(),
         "cpu_flags": cpu_matrix_flags(),
@@ -421,6 +422,7 @@ def format_speed(r: dict) -> str:
         f"{r['precision']}; prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new tokens, {r['rounds']} rounds (medians)",
         f"  weights at decode: {r['weights']}",
         *([f"  {low_paths.describe(r['kernels'])}"] if r.get("kernels") else []),
+        *([f"  {decode_paths.describe(r['decode'])}"] if r.get("decode") else []),
         f"  engine, no routers (default path)       {tps['engine']:7.2f} tok/s   reads {b['engine'] / 1e6:5.0f} MB a step",
     ]
     if "engine_16bit" in tps:

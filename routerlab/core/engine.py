@@ -254,11 +254,15 @@ class Engine:
     @property
     def weights(self) -> str:
         """Which weights a decode step reads, and through which kernels: e.g. "the file's own Q4_1 + Q8_0 codes
-        (int4 kernel; the head through onnxruntime's MatMulNBits); 16-bit weights for prefill"."""
+        (int4 kernel; the head through onnxruntime's MatMulNBits); 16-bit weights for prefill", and, where the step
+        graph decodes, "; each decode step one onnxruntime graph on the same codes (where a request's routing allows)"."""
         lowbit = self.anatomy.lowbit
         if lowbit is None:
             return f"{dtype_name(self.dtype)} weights"
-        return low_paths.weights_label(lowbit.label, self.anatomy)
+        label = low_paths.weights_label(lowbit.label, self.anatomy)
+        if self.decode == "graph":
+            label += "; each decode step one onnxruntime graph on the same codes (where a request's routing allows)"
+        return label
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
