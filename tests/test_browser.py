@@ -773,16 +773,20 @@ def test_report_train_tab_in_the_browser(browser, app_url, capsys):
               f"{time.perf_counter() - started:.0f} s:\n{result}")
 
 
-@pytest.fixture(scope="module", params=["thread", "process"])
+@pytest.fixture(scope="module", params=["thread", "process", "graph"])
 def room_app(embedded, request):
     """The app with its room (core/room.py); the room's loop is started by the test, once every page has asked. `process`:
-    the room in an engine process of its own (core/remote.py, as app.py serves it), stepped by the test's thread."""
+    the room in an engine process of its own (core/remote.py, as app.py serves it), stepped by the test's thread;
+    `graph`: the rows decode through the step graph (core/graph_rows.py), as where it measured faster at start-up."""
     from routerlab.core.engine import Engine
     from routerlab.core.engine_process import EngineSpec
     from routerlab.core.remote import RemoteRoom
     from routerlab.core.room import Room
 
-    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
+    graph = request.param == "graph"  # the graph multiplies the file's own codes: the engine reads them, as the app's
+    engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name, lowbit=embedded.lowbit if graph else None)
+    if graph:
+        engine.decode = "graph"
     if request.param == "process":
         room = engine.room = RemoteRoom(EngineSpec(kwargs={"model": None}), stepped=True, log=lambda m: None)
     else:
@@ -854,6 +858,8 @@ def test_several_pages_generate_at_once_in_one_room(browser, room_app):
         SHOTS.mkdir(parents=True, exist_ok=True)
         sheet.save(SHOTS / "room.png")
         assert room.largest >= 2 and thread.is_alive()
+        if getattr(room, "engine", None) is not None and room.engine.decode == "graph":  # the pages' rows took the graph
+            assert room.engine._graphs
     finally:
         for page in pages:
             page.close()

@@ -56,17 +56,15 @@ def choose(engine) -> dict:
 def measure(engine) -> dict[str, float]:
     """Milliseconds a full-model decode step takes through torch's ops and through the step graph (medians of ROUNDS
     alternating rounds of STEPS tokens after a PROMPT-token prefill)."""
-    from routerlab.core.engine import forward
     from routerlab.core.gates import Plan
 
-    an, plan = engine.anatomy, Plan(None)
-    graph = engine.graph(None)
-    ids = torch.arange(PROMPT).view(1, -1) % an.config.vocab_size
+    plan, graph = Plan(None), engine.graph(None)
+    ids = [k % engine.anatomy.config.vocab_size for k in range(PROMPT)]
     times: dict[str, list[float]] = {"torch": [], "graph": []}
     for r in range(ROUNDS):
         for path in ("torch", "graph") if r % 2 == 0 else ("graph", "torch"):
             caches = engine.new_caches(PROMPT + STEPS + 1)
-            forward(an, ids, torch.arange(PROMPT), caches, plan)
+            engine._forward(ids, 0, caches, plan)  # the prefill, as a request's
             if path == "graph":
                 graph.load(caches, STEPS)
             start = time.perf_counter()
@@ -74,7 +72,7 @@ def measure(engine) -> dict[str, float]:
                 if path == "graph":
                     graph.step(k + 1)
                 else:
-                    forward(an, torch.tensor([[k + 1]]), torch.tensor([PROMPT + k]), caches, plan, top=PROMPT + k, scores_on="cpu")
+                    engine._forward([k + 1], PROMPT + k, caches, plan)  # torch's decode step, as Engine._steps takes it
             times[path].append((time.perf_counter() - start) / STEPS)
     return {path: round(1e3 * statistics.median(ts), 3) for path, ts in times.items()}
 

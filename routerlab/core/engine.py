@@ -382,6 +382,7 @@ class Engine:
     def _steps(self, gen: Generation) -> Iterator[Step]:
         """The request alone: its own one-token forward for each token it feeds (or, with `decode` = "graph", one
         run of the step graph, which then gives the rows it decoded back to the request's caches)."""
+        self.graph_for(gen.plan)  # a router set's first request builds its step graph before its prompt is read
         yield from gen.prefill()
         graph = self._step_graph(gen)
         try:
@@ -417,6 +418,9 @@ class Engine:
             meta["decode"] = f"torch ops (not the step graph: {reason})"
             return None
         graph = self.graph_for(gen.plan)
+        if graph is None:
+            meta["decode"] = "torch ops (not the step graph: onnxruntime could not build it; the log says why)"
+            return None
         with self._graph_lock:  # a graph's own buffers hold one request's cache: another at the same time takes a twin
             graph = graph.twin() if graph.busy else graph
             graph.busy = True
@@ -444,7 +448,12 @@ class Engine:
         (its plan): a router set trained in place meanwhile takes effect at the next request."""
         if plan._graph and plan._graph[0] == self.decode:  # asked at every step: the first answer holds for the request
             return plan._graph[1]
-        graph = self.graph(plan.routers) if self.decode == "graph" and self.graph_why_not(plan) is None else None
+        graph = None
+        if self.decode == "graph" and self.graph_why_not(plan) is None:
+            try:
+                graph = self.graph(plan.routers)
+            except Exception as err:  # a graph onnxruntime cannot build: this request decodes through torch's ops
+                log.warning("no step graph for %s (%s: %s); torch's ops decode it", plan.target or "the full model", type(err).__name__, err)
         plan._graph[:] = [self.decode, graph]
         return graph
 

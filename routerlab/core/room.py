@@ -353,6 +353,7 @@ class Room:
         for entry in entries:
             try:
                 entry.gen = Generation(self.engine, *entry.args)
+                self.engine.graph_for(entry.gen.plan)  # a router set's first request builds its step graph now, not in its decode
                 started.append(entry)
             except Exception as err:
                 self._end(entry, err)
