@@ -2,13 +2,11 @@
 embedded model, the shipped attention-token routers): the same tokens, scores within the rounding of products of more
 rows, and rows the graph cannot take decode through torch's ops in the same step."""
 
-import math
-
 import pytest
+from test_room import _alone, _in_room
 
 from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Control, Engine
-from routerlab.core.room import Room
+from routerlab.core.engine import Engine
 from routerlab.core.step_graph import DECODES
 
 pytest.importorskip("onnxruntime")
@@ -48,39 +46,11 @@ def _requests(tok, routers) -> list[tuple]:
     ]
 
 
-def _alone(engine, request):
-    ids, routers, config = request
-    control = Control(config.threshold)
-    list(engine.generate_ids(ids, routers, config, control))
-    return control.trace
-
-
-def _in_room(engine, requests, join_at: dict[int, int]):
-    room = engine.room = Room(engine)
-    room.prefill_budget_s = math.inf
-    room.pack_prefill = False  # packed prompts read the dense weights, a prompt alone the file's codes: alone's prefill
-    try:
-        controls, readers, steps = {}, {}, 0
-        while True:
-            for k, (ids, routers, config) in enumerate(requests):
-                if k not in controls and join_at.get(k, 0) <= steps:
-                    controls[k] = Control(config.threshold)
-                    readers[k] = engine.generate_ids(ids, routers, config, controls[k])
-            if len(controls) == len(requests) and not any(room.busy.values()):
-                break
-            room.step()
-            steps += 1
-        for reader in readers.values():
-            list(reader)
-        return [controls[k].trace for k in range(len(requests))]
-    finally:
-        engine.room = None
-
-
 def test_rows_through_the_graph_decode_as_they_do_alone(engine, routers, embedded):
     requests = _requests(embedded.tokenizer, routers)
     alone = [_alone(engine, r) for r in requests]
-    shared = _in_room(engine, requests, join_at={2: 3, 5: 1})
+    # packed prompts read the dense weights, a prompt alone the file's codes: each prompt read as alone
+    shared, _ = _in_room(engine, requests, join_at={2: 3, 5: 1}, pack_prefill=False)
     skipped = 0
     for (_, _, config), a, s in zip(requests, alone, shared):
         assert [x.token_id for x in s.steps] == [x.token_id for x in a.steps]
