@@ -176,7 +176,7 @@ def format_precision(r: dict) -> str:
         if g.get("skipped"):
             lines.append(f"  step graph: not measured ({g['skipped']})")
         elif g:
-            lines.append(f"  step graph (the full model, the whole decode step as one onnxruntime graph; not yet the engine's path): "
+            lines.append(f"  step graph (the full model, the whole decode step as one onnxruntime graph; the engine's path where it measures faster at start-up): "
                          f"ppl {g['perplexity_full']:.4f} ({g['perplexity_full_vs_fp32']:+.2%} vs float32), KL from float32 "
                          f"{g['kl_from_fp32']:.4f}, top-1 agreement {g['agreement_with_fp32']:.2%}")
     return "\n".join(lines)
