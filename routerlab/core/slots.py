@@ -26,7 +26,7 @@ ROWS = 8  # slots allocated at first; doubled when a row finds none free
 
 
 class Slots:
-    def __init__(self, like: list[LayerCache], dtype: torch.dtype | None = None):
+    def __init__(self, like: list[LayerCache], dtype: torch.dtype | None = None, first: int | None = None):
         self.shapes = [c.shape for c in like]  # (1, Hkv, hd) per layer
         self.dtype, self.device = dtype or like[0].dtype, like[0].device
         n = len(like)
@@ -34,23 +34,24 @@ class Slots:
         self.v: list[torch.Tensor | None] = [None] * n
         self.pos: list[torch.Tensor | None] = [None] * n  # (slots, cap)
         self.cap = [0] * n  # tokens per slot, per layer
-        self.room = 0  # slots allocated
+        self.room, self.first = 0, first or ROWS  # slots allocated; how many at first
         self.rows: list[list[LayerCache]] = []  # slot -> that row's caches
         self._steps = torch.arange(0, device=self.device)  # 0, 1, 2, ...: masks by length
 
     # -- membership ------------------------------------------------------------------------------------
     @staticmethod
-    def of(rows: list[list[LayerCache]], dtype: torch.dtype | None = None) -> Slots:
+    def of(rows: list[list[LayerCache]], dtype: torch.dtype | None = None, first: int | None = None) -> Slots:
         """The slots holding exactly these rows' caches, as slots 0..B-1: those most of them are in already (else new
         ones); rows those slots held that are not among them leave with their data, rows not in them join. `dtype`:
-        slots whose buffers hold that type (the step graph's fp32), else the caches' own."""
+        slots whose buffers hold that type (the step graph's fp32), else the caches' own; `first`: slots new ones
+        allocate at first (default ROWS)."""
         dtype = dtype or rows[0][0].dtype
         held = Counter(id(c[0].store) for c in rows if c[0].store is not None and c[0].store.dtype == dtype)
         store = None
         if held:
             best = held.most_common(1)[0][0]
             store = next(c[0].store for c in rows if id(c[0].store) == best)
-        store = store or Slots(rows[0], dtype)
+        store = store or Slots(rows[0], dtype, first)
         store.sync(rows)
         return store
 
@@ -70,7 +71,7 @@ class Slots:
         s = len(self.rows)
         caps = [cap if c.n <= cap else c.n + LayerCache.CHUNK for c, cap in zip(caches, self.cap)]
         if s == self.room or caps != self.cap:
-            self._resize(max(ROWS, 2 * self.room) if s == self.room else self.room, caps)
+            self._resize(max(self.first, 2 * self.room) if s == self.room else self.room, caps)
         self.rows.append(caches)
         for i, c in enumerate(caches):
             if c.n:
@@ -100,9 +101,9 @@ class Slots:
                 self.v[i][s, :, : c.n] = self.v[i][c.slot, :, : c.n]
                 self.pos[i][s, : c.n] = self.pos[i][c.slot, : c.n]
             self._bind(s)
-        if self.room > ROWS and len(self.rows) <= self.room // 4:  # most rows gone: give the memory back
+        if self.room > self.first and len(self.rows) <= self.room // 4:  # most rows gone: give the memory back
             caps = [max((r[i].n for r in self.rows), default=0) + LayerCache.CHUNK for i in range(len(self.cap))]
-            self._resize(max(ROWS, 2 * len(self.rows)), caps)
+            self._resize(max(self.first, 2 * len(self.rows)), caps)
 
     # -- buffers ---------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -116,10 +117,11 @@ class Slots:
     @torch.inference_mode()
     def fit(self, need: int) -> int:
         """Room for `need` tokens in every slot at every layer, every layer the same capacity (the step graph's
-        buffers share one): that capacity."""
+        buffers share one): that capacity. Grows by a quarter at least, so a long context copies its buffers a few
+        times, not every CHUNK tokens."""
         cap = max(self.cap)
         if need > cap or min(self.cap) < cap:
-            self._resize(self.room, [max(cap, need + LayerCache.CHUNK if need > cap else cap)] * len(self.cap))
+            self._resize(self.room, [max(cap, need + LayerCache.CHUNK, cap + cap // 4) if need > cap else cap] * len(self.cap))
         return self.cap[0]
 
     def _resize(self, room: int, caps: list[int]) -> None:
