@@ -2,12 +2,10 @@
 
 After each parallel op, libgomp's workers busy-wait for GOMP_SPINCOUNT turns (300,000 by default: milliseconds on
 these machines) before sleeping. On 2 cores that spinning takes the core onnxruntime's pool needs when the step graph
-(core/step_graph.py) runs next, right after torch's sampling or a quality meter's pass. With 30,000 turns, the room's
-loop alone at one row (`python -m routerlab.bench.room_loop --decode --rows 1`, AVX-512 EPYC, 12-06, one-off
-processes side by side): the graph 44-47 -> 66-67 tokens/s, torch's ops 54-56 -> 59-63; two later pairs, the
-machine's speed drifting: the graph 50.6 and 58.1 -> 64.1 and 57.0, torch's ops 60-73 either way (OMP_WAIT_POLICY=
-PASSIVE, no spinning at all: torch's ops fell to 32-34). A value the user set (or OMP_WAIT_POLICY) is kept. Imports
-nothing.
+(core/step_graph.py) runs next, right after torch's sampling or a quality meter's pass. 30,000 turns keep torch's
+own ops about as fast and leave that core to the graph; compare `GOMP_SPINCOUNT=300000 python -m
+routerlab.bench.room_loop --decode --rows 1` with the same command without it (docs/method.md). A value the user set
+(or OMP_WAIT_POLICY) is kept. Imports nothing.
 """
 
 from __future__ import annotations

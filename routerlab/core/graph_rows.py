@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from routerlab.core.router import sigmoid
 from routerlab.core.slots import Slots
-from routerlab.core.step_graph import DECODES
+from routerlab.core.step_graph import DECODES, bind
 
 
 def graph_ok(row) -> bool:
@@ -68,8 +66,7 @@ class _Bound:
         self.caches = (b, *slots.k, *slots.v)  # the buffers themselves: held while bound
 
     def _bind(self, name: str, t: torch.Tensor, output: bool = False) -> None:
-        dtype = np.float32 if t.dtype == torch.float32 else np.int64
-        (self.binding.bind_output if output else self.binding.bind_input)(name, "cpu", 0, dtype, list(t.shape), t.data_ptr())
+        bind(self.binding, name, t, output)
 
 
 @torch.inference_mode()
@@ -124,9 +121,8 @@ def _scores(graph, raw: torch.Tensor, b: int) -> list[list[float]]:
     """Each row's calibrated scores, one float per layer, NaN where a layer is not routed (StepGraph.score_row)."""
     table = [[math.nan] * graph.layers for _ in range(b)]
     if graph.routed:
-        c = graph.calibration
         values = raw[graph.routed].double().tolist()  # (routed, B)
         for i, row in zip(graph.routed, values):
             for j, x in enumerate(row):
-                table[j][i] = sigmoid(c.scale * x + c.shift)
+                table[j][i] = graph.score(x)
     return table

@@ -45,13 +45,11 @@ def opsets() -> list:
     return [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
 
 
-def product_nodes(codes, x: str, y: str, prefix: str = "", sums: dict | None = None, one_row: bool = False,
-                  gemm: bool = False) -> tuple[list, list]:
+def product_nodes(codes, x: str, y: str, prefix: str = "", sums: dict | None = None, gemm: bool = False) -> tuple[list, list]:
     """ONNX nodes and initializers that compute y = x (..., K) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit
     tiles) -> (..., N), names prefixed by `prefix`. `sums` (input name -> its block sums' name) shares one input's
-    block sums between the Q4_1 products that read it (core/step_graph.py: q|k|v and the like). `one_row`: x holds
-    one row, so a Q4_1 product's rest enters `MatMulNBits` as its bias (one node fewer than adding it after).
-    `gemm`: x is 2-D (M, K), so the rest and its addition are one `Gemm` (one node fewer, any M)."""
+    block sums between the Q4_1 products that read it (core/step_graph.py: q|k|v and the like). `gemm`: x is 2-D
+    (M, K), so the rest and its addition are one `Gemm` (one node fewer)."""
     from onnx import helper, numpy_helper
 
     c, d, m = codes.codes.numpy(), codes.scale.numpy(), codes.minimum.numpy()
@@ -72,21 +70,18 @@ def product_nodes(codes, x: str, y: str, prefix: str = "", sums: dict | None = N
              numpy_helper.from_array(np.ascontiguousarray((m + 8 * d).T).astype(np.float32), prefix + "MT")]  # (K/32, N): the rest
     nodes = []
     sums = {} if sums is None else sums
-    if x not in sums:  # (M, K/32), or (K/32,) for one row: each block's input sum
+    if x not in sums:  # (M, K/32): each block's input sum
         sums[x] = f"{x}.sums"
-        inits += [numpy_helper.from_array(np.array([blocks, 32] if one_row else [-1, blocks, 32], np.int64), f"{x}.shape"),
-                  numpy_helper.from_array(np.array([1 if one_row else 2], np.int64), f"{x}.axis")]
+        inits += [numpy_helper.from_array(np.array([-1, blocks, 32], np.int64), f"{x}.shape"),
+                  numpy_helper.from_array(np.array([2], np.int64), f"{x}.axis")]
         nodes += [helper.make_node("Reshape", [x, f"{x}.shape"], [f"{x}.blocks"]),
                   helper.make_node("ReduceSum", [f"{x}.blocks", f"{x}.axis"], [sums[x]], keepdims=0)]
-    product = {"domain": "com.microsoft", "K": k, "N": n, "bits": 4, "block_size": 32, "accuracy_level": 4}  # d * (q - 8) * x
-    if gemm:  # P, then sums @ MT + P: the rest, sum of (m + 8 d) * x, added in the same node
-        return nodes + [helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [prefix + "P"], **product),
-                        helper.make_node("Gemm", [sums[x], prefix + "MT", prefix + "P"], [y])], inits
-    nodes.append(helper.make_node("MatMul", [sums[x], prefix + "MT"], [prefix + "minima"]))  # sum of (m + 8 d) * x
-    if one_row:  # the rest as the product's bias (no g_idx)
-        nodes.append(helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z", "", prefix + "minima"], [y], **product))
+    nodes.append(helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [prefix + "P"], domain="com.microsoft",
+                                  K=k, N=n, bits=4, block_size=32, accuracy_level=4))  # sum of d * (q - 8) * x
+    if gemm:  # sums @ MT + P: the rest, sum of (m + 8 d) * x, and its addition in one node
+        nodes.append(helper.make_node("Gemm", [sums[x], prefix + "MT", prefix + "P"], [y]))
     else:
-        nodes += [helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [prefix + "P"], **product),
+        nodes += [helper.make_node("MatMul", [sums[x], prefix + "MT"], [prefix + "minima"]),  # sum of (m + 8 d) * x
                   helper.make_node("Add", [prefix + "P", prefix + "minima"], [y])]
     return nodes, inits
 

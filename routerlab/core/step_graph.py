@@ -248,6 +248,12 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
          else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]], skips.inits))
     return f"l{i}.o"
 
+def bind(binding, name: str, t: torch.Tensor, output: bool = False) -> None:
+    """Bind a CPU tensor (fp32 or int64) to a graph input or output by address: it must outlive the binding's runs."""
+    dtype = np.float32 if t.dtype == torch.float32 else np.int64
+    (binding.bind_output if output else binding.bind_input)(name, "cpu", 0, dtype, list(t.shape), t.data_ptr())
+
+
 class StepGraph:
     """The graph's session, and decode steps through it for a request alone: `load` takes a request's prefill caches
     into fp32 buffers of its own capacity (its prompt and the tokens it may add), bound to the session; `step(token)`
@@ -265,9 +271,9 @@ class StepGraph:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
-        # Its pool spins between a step's nodes (waking a sleeping thread for each of ~1,000 small nodes cost a fifth
-        # of the step: 60-74 against 87-91 tokens/s, AVX-512 EPYC, 12-06) and stops spinning when a run ends, so
-        # torch's work between steps (sampling, prefills, the quality meter) has the cores.
+        # Its pool spins between a step's ~1,000 small nodes (waking a sleeping thread for each: 0.69x llama.cpp at 512
+        # tokens against 0.92x spinning, docs/method.md) and stops spinning when a run ends, so torch's work between
+        # steps (sampling, prefills, the quality meter) has the cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(build(an, max_positions, routers), options, providers=["CPUExecutionProvider"])
@@ -310,14 +316,14 @@ class StepGraph:
         b = self.binding = self.session.io_binding()
         bound = [("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)]
         for name, t in bound + ([("threshold", self.threshold)] if self.routed else []):
-            b.bind_input(name, "cpu", 0, np.float32 if t.dtype == torch.float32 else np.int64, list(t.shape), t.data_ptr())
+            bind(b, name, t)
         for i in self.routed:
-            b.bind_output(f"l{i}.score", "cpu", 0, np.float32, [1, 1], self.logits_of_routers[i : i + 1].data_ptr())
-        b.bind_output("logits", "cpu", 0, np.float32, list(self.logits.shape), self.logits.data_ptr())
+            bind(b, f"l{i}.score", self.logits_of_routers[i : i + 1].view(1, 1), output=True)
+        bind(b, "logits", self.logits, output=True)
         for i, pair in enumerate(self.caches):
             for kind, t in zip(("keys", "values"), pair):
-                b.bind_input(f"l{i}.{kind}", "cpu", 0, np.float32, list(t.shape), t.data_ptr())
-                b.bind_output(f"l{i}.{kind}.out", "cpu", 0, np.float32, list(t.shape), t.data_ptr())
+                bind(b, f"l{i}.{kind}", t)
+                bind(b, f"l{i}.{kind}.out", t, output=True)
         self.capacity = capacity
 
     def load(self, caches, new_tokens: int, threshold: float = 0.5) -> None:
@@ -371,8 +377,12 @@ class StepGraph:
 
     def scores(self) -> dict[int, float]:
         """The last token's calibrated router scores, routed layer -> score, as the engine's traces hold them."""
+        return {i: self.score(float(self.logits_of_routers[i])) for i in self.routed}
+
+    def score(self, raw: float) -> float:
+        """A router's raw logit as the calibrated score the engine's traces hold."""
         c = self.calibration
-        return {i: sigmoid(c.scale * float(self.logits_of_routers[i]) + c.shift) for i in self.routed}
+        return sigmoid(c.scale * raw + c.shift)
 
     def step(self, token: int) -> torch.Tensor:
         """Token `token` at position `n` through every layer: its logits (V,) in fp32."""
