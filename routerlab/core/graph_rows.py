@@ -15,7 +15,7 @@ import math
 import torch
 
 from routerlab.core.slots import Slots
-from routerlab.core.step_graph import DECODES, bind
+from routerlab.core.step_graph import ALIGN, DECODES, bind
 
 
 def graph_ok(row) -> bool:
@@ -42,9 +42,10 @@ class _Bound:
         g, heads = self.graph, self.graph.kv_shape[0]
         self.h = torch.empty(b, g.h.shape[-1])
         self.position = torch.empty(b, 1, dtype=torch.int64)
+        zeros = torch.zeros(b, heads, dtype=torch.int64)
         self.slot = torch.stack([torch.arange(b)[:, None].expand(b, heads), torch.arange(heads)[None].expand(b, heads),
-                                 torch.zeros(b, heads, dtype=torch.int64)], -1).contiguous()  # (B, Hkv, 3): row, head, entry
-        self.mask = torch.empty(b, 1, 1, cap)
+                                 zeros, zeros], -1).contiguous()  # (B, Hkv, 4): row, head, 0, entry
+        self.mask = torch.empty(b, 1, 1, 1, cap)
         self.logits = torch.empty(b, g.logits.shape[-1])
         self.raw = torch.full((g.layers, b), math.nan)  # routed layers' raw logits, a row of b per layer
         self.threshold = torch.empty(b, 1)
@@ -61,8 +62,8 @@ class _Bound:
             return
         for i in range(self.graph.layers):
             for kind, buffers in (("keys", slots.k), ("values", slots.v)):
-                self._bind(f"l{i}.{kind}", buffers[i][:b])
-                self._bind(f"l{i}.{kind}.out", buffers[i][:b], output=True)
+                self._bind(f"l{i}.{kind}", buffers[i][:b].unsqueeze(2))  # (B, Hkv, 1, capacity, hd), as the graph reads it
+                self._bind(f"l{i}.{kind}.out", buffers[i][:b].unsqueeze(2), output=True)
         self.caches = (b, *slots.k, *slots.v)  # the buffers themselves: held while bound
 
     def _bind(self, name: str, t: torch.Tensor, output: bool = False) -> None:
@@ -79,13 +80,13 @@ def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
     rows = sorted(rows, key=lambda r: r.caches[0].slot)
     b = len(rows)
     at = torch.tensor([r.caches[0].n for r in rows])  # each row's length: where its new key goes
-    cap = slots.fit(int(at.max()) + 1)
+    cap = slots.fit(int(at.max()) + 1, ALIGN)
     bound = _binding(graph, slots)
     bound.step_buffers(b, cap)
     bound.cache_buffers(slots, b)
     bound.h.copy_(graph.embed.weight[torch.tensor([r.feed[0] for r in rows])])  # each token's embedding, in fp32
     bound.position.copy_(at.view(b, 1))
-    bound.slot[..., 2] = at[:, None]
+    bound.slot[..., 3] = at[:, None]
     bound.mask.fill_(0.0).view(b, cap).masked_fill_(bound.steps > at[:, None], -math.inf)  # each row's own keys
     if graph.routed:
         bound.threshold.copy_(torch.tensor([[graph.raw_threshold(r.plan.threshold)] for r in rows]))

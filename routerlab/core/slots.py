@@ -115,13 +115,14 @@ class Slots:
             self._resize(self.room, caps)
 
     @torch.inference_mode()
-    def fit(self, need: int) -> int:
-        """Room for `need` tokens in every slot at every layer, every layer the same capacity (the step graph's
-        buffers share one): that capacity. Grows by a quarter at least, so a long context copies its buffers a few
-        times, not every CHUNK tokens."""
+    def fit(self, need: int, align: int = 1) -> int:
+        """Room for `need` tokens in every slot at every layer, every layer the same capacity, a multiple of `align`
+        (the step graph's buffers share one): that capacity. Grows by a quarter at least, so a long context copies its
+        buffers a few times, not every CHUNK tokens."""
         cap = max(self.cap)
-        if need > cap or min(self.cap) < cap:
-            self._resize(self.room, [max(cap, need + LayerCache.CHUNK, cap + cap // 4) if need > cap else cap] * len(self.cap))
+        if need > cap or min(self.cap) < cap or cap % align:
+            grown = max(cap, need + LayerCache.CHUNK, cap + cap // 4) if need > cap else cap
+            self._resize(self.room, [-(-grown // align) * align] * len(self.cap))
         return self.cap[0]
 
     def _resize(self, room: int, caps: list[int]) -> None:

@@ -31,6 +31,9 @@ from routerlab.core import nbits
 from routerlab.core.router import logit, sigmoid
 
 
+# Caches hold a multiple of ALIGN entries: MLAS's one-row products (attention, `_groups`) treat a last partial block of
+# 16 keys their own way, so a query's numbers would change with the capacity (a request alone, in a room) without it.
+ALIGN = 16
 DECODES = "the step graph (one onnxruntime run a step)"  # a trace's meta["decode"] where it decoded
 
 
@@ -112,9 +115,9 @@ class _Nodes:
 
 def build(an, max_positions: int, routers=None) -> bytes:
     """The step graph as an ONNX model for `rows` requests at once (symbolic; one request alone is one row): inputs
-    h (rows, D) fp32 (each token's embedding), position (rows, 1) int64, slot (rows, Hkv, 3) int64 (the cache entry
-    each KV head's new key and value go to: row, head, index), mask (rows, 1, 1, capacity) fp32 (0 where a row's cache
-    holds a key, -inf elsewhere) and each layer's keys and values (rows, Hkv, capacity, hd) fp32, capacity symbolic (a
+    h (rows, D) fp32 (each token's embedding), position (rows, 1) int64, slot (rows, Hkv, 4) int64 (the cache entry
+    each KV head's new key and value go to: row, head, 0, index), mask (rows, 1, 1, 1, capacity) fp32 (0 where a
+    row's cache holds a key, -inf elsewhere) and each layer's keys and values (rows, Hkv, 1, capacity, hd) fp32, capacity symbolic (a
     request's own, or a room's slots: attention reads only what they may fill; rotary tables for `max_positions`);
     outputs the logits (rows, V) and the caches again (bound to the same buffers, so the new entries are written in
     place).
@@ -141,13 +144,13 @@ def build(an, max_positions: int, routers=None) -> bytes:
     inv = 1.0 / (float(_rope(cfg)["rope_theta"]) ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
     angles = np.arange(max_positions)[:, None] * inv[None]  # (max_positions, hd / 2)
     inits += [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"), numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin")]
-    cache = ["rows", a.n_kv_heads, "capacity", a.head_dim]
+    cache = ["rows", a.n_kv_heads, 1, "capacity", a.head_dim]
     inputs = [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["rows", d]),
               helper.make_tensor_value_info("position", TensorProto.INT64, ["rows", 1]),
-              helper.make_tensor_value_info("slot", TensorProto.INT64, ["rows", a.n_kv_heads, 3]),
-              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["rows", 1, 1, "capacity"])]
+              helper.make_tensor_value_info("slot", TensorProto.INT64, ["rows", a.n_kv_heads, 4]),
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["rows", 1, 1, 1, "capacity"])]
     step.constant("qk.rows", [-1, 1, a.q_size + a.kv_size], np.int64)  # RotaryEmbedding reads (rows, 1, hidden)
-    step.constant("qk.shape", [-1, a.n_kv_heads, a.n_heads // a.n_kv_heads, a.head_dim], np.int64)
+    step.constant("qk.shape", _groups(a), np.int64)
     step.constant("row.shape", [-1, a.n_kv_heads, a.head_dim], np.int64)
     step.constant("att.shape", [-1, a.q_size], np.int64)
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", cfg.vocab_size])]
@@ -155,6 +158,7 @@ def build(an, max_positions: int, routers=None) -> bytes:
         inputs.append(helper.make_tensor_value_info("threshold", TensorProto.FLOAT, ["rows", 1]))
         step.constant("zero", 0.0, np.float32)
     ms = {"domain": "com.microsoft", "epsilon": eps}
+    exact = math.frexp(a.scaling)[0] == 0.5  # a power of two: the queries' scaling folded into their codes' scales exactly
     residual, update = "h", None  # the residual stream, and the update a SkipSimplifiedLayerNormalization adds to it
     for i in range(an.n_layers):
         pre, at = f"model.layers.{i}", an.layers[i].attn
@@ -169,8 +173,9 @@ def build(an, max_positions: int, routers=None) -> bytes:
             inputs.append(helper.make_tensor_value_info(f"l{i}.{kind}", TensorProto.FLOAT, cache))
             outputs.append(helper.make_tensor_value_info(f"l{i}.{kind}.out", TensorProto.FLOAT, cache))
         router = routers.get(i) if routers is not None else None
-        qkv = step.product(f"l{i}.qkv", x, Codes.cat([codes[n] for n in names[:3]]))
-        _rotate_and_write(step, i, at, qkv)
+        q = _scaled(codes[names[0]], at.scaling) if exact else codes[names[0]]
+        qkv = step.product(f"l{i}.qkv", x, Codes.cat([q] + [codes[n] for n in names[1:3]]))
+        _rotate_and_write(step, i, at, qkv, None if exact else step.constant("scaling", at.scaling, np.float32))
         if router is None:
             _attend(step, i, at, f"l{i}.q", f"l{i}.att")
             o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
@@ -192,27 +197,47 @@ def build(an, max_positions: int, routers=None) -> bytes:
     return helper.make_model(graph, opset_imports=nbits.opsets()).SerializeToString()
 
 
-def _rotate_and_write(step: _Nodes, i: int, at, qkv: str) -> None:
-    """Layer i's q|k|v product (rows, q + 2 kv) -> its rotated queries l{i}.q (rows, 1, q_size), and its rotated key
-    and value written into the layer's cache buffers in place (ScatterND at `slot`, the cache's inputs and outputs bound
-    to the same memory). q and k rotate in one pass (RotaryEmbedding at each row's `position`)."""
+def _groups(at) -> list[int]:
+    """The queries' shape for attention: (rows, Hkv, G, 1, hd), each query one row against its KV head's cache
+    (rows, Hkv, 1, capacity, hd): products of one row, which onnxruntime's MLAS computes without packing the keys
+    or values (at 2,048 tokens of context, 30 layers' attention in 5.0 ms against 9.5 as (rows, Hkv, G, hd) groups of
+    G rows; one-off, AMD EPYC AVX-512, docs/method.md)."""
+    return [-1, at.n_kv_heads, at.n_heads // at.n_kv_heads, 1, at.head_dim]
+
+
+def _scaled(codes, by: float):
+    """Codes whose weight is `by` times theirs: exact where `by` is a power of two."""
+    from dataclasses import replace
+
+    return replace(codes, scale=codes.scale * by, minimum=codes.minimum * by)
+
+
+def _rotate_and_write(step: _Nodes, i: int, at, qkv: str, scaling: str | None) -> None:
+    """Layer i's q|k|v product (rows, q + 2 kv) -> its rotated queries l{i}.q (rows, 1, q_size), scaled for
+    attention (by `scaling`'s node, or already in their codes when None), and its rotated key and value written into
+    the layer's cache buffers in place (ScatterND at `slot`, the cache's inputs and outputs bound to the same memory).
+    q and k rotate in one pass (RotaryEmbedding at each row's `position`)."""
     ms = {"domain": "com.microsoft"}
     step("Split", [qkv, step.constant(f"l{i}.qkv.sizes", [at.q_size + at.kv_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
     step("Reshape", [f"l{i}.qk", "qk.rows"], [f"l{i}.qk.3d"])
     step("RotaryEmbedding", [f"l{i}.qk.3d", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
-    step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [f"l{i}.q", f"l{i}.k"], axis=-1)
+    q = f"l{i}.q" if scaling is None else f"l{i}.q.raw"
+    step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [q, f"l{i}.k"], axis=-1)
+    if scaling is not None:
+        step("Mul", [q, scaling], [f"l{i}.q"])
     for part, t in (("keys", "k"), ("values", "v")):
         step("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"])  # (rows, Hkv, hd)
         step("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
 
 
 def _attend(nodes: _Nodes, i: int, at, q: str, out: str, shapes: tuple[str, str] = ("qk.shape", "att.shape")) -> None:
-    """The rotated queries q (rows, 1, q_size) against layer i's cache: each KV head's group of queries in one
-    FusedMatMul (a head's keys read once for its group), the `mask` (0 where a row holds a key, -inf elsewhere),
-    softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one node, read each head's keys once per
-    query head and in fp32: 0.82x as fast at 2,048 tokens of context, 1.03x at 512; one-off, AMX Xeon.)"""
-    nodes("Reshape", [q, shapes[0]], [f"l{i}.q.groups"])  # (rows, Hkv, G, hd)
-    nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=float(at.scaling), domain="com.microsoft")
+    """The rotated, scaled queries q (rows, 1, q_size) against layer i's cache: each query against its KV head's keys
+    (`_groups`; a head's keys read from memory once for its group, again from the core's cache), the `mask` (0 where
+    a row holds a key, -inf elsewhere), softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one
+    node, was 0.82x as fast at 2,048 tokens of context as groups of G rows, 1.03x at 512; one-off, AMX Xeon.)"""
+    nodes("Reshape", [q, shapes[0]], [f"l{i}.q.groups"])  # (rows, Hkv, G, 1, hd)
+    # alpha 1 (the scaling is in q): MLAS's one-row kernel takes only that
+    nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=1.0, domain="com.microsoft")
     nodes("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
     nodes("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
     nodes("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
@@ -233,7 +258,7 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
     step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
     step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
     runs = _Nodes([], step.sums)  # the branch's own initializers: an outer one read in a branch is fed to it each run
-    runs.constant(f"l{i}.branch.groups", [-1, at.n_kv_heads, at.n_heads // at.n_kv_heads, at.head_dim], np.int64)
+    runs.constant(f"l{i}.branch.groups", _groups(at), np.int64)
     runs.constant(f"l{i}.branch.rows", [-1, at.q_size], np.int64)
     runs.constant(f"l{i}.branch.zero", 0.0, np.float32)
     _attend(runs, i, at, f"l{i}.q", f"l{i}.att", shapes=(f"l{i}.branch.groups", f"l{i}.branch.rows"))
@@ -284,7 +309,7 @@ class StepGraph:
             self.h = torch.zeros(1, an.config.hidden_size)
             self.logits = torch.empty(1, an.config.vocab_size)
             self.where = torch.zeros(1, 1, dtype=torch.int64)  # the token's position (rotary)
-            self.slot = torch.tensor([[[0, h, 0] for h in range(self.kv_shape[0])]], dtype=torch.int64)  # its cache entry, each KV head
+            self.slot = torch.tensor([[[0, h, 0, 0] for h in range(self.kv_shape[0])]], dtype=torch.int64)  # its cache entry, each KV head
             self.threshold = torch.full((1, 1), 0.5)
             self.logits_of_routers = torch.full((an.n_layers,), math.nan)  # the token's routers' raw logits (NaN: not routed)
         self.routed = [i for i in range(an.n_layers) if routers is not None and routers.get(i) is not None]
@@ -308,10 +333,12 @@ class StepGraph:
         return twin
 
     def _bind(self, capacity: int) -> None:
-        """Buffers of `capacity` tokens (keys and values of every layer, the mask), bound as inputs and outputs."""
+        """Buffers of `capacity` tokens (keys and values of every layer, the mask; a multiple of ALIGN entries),
+        bound as inputs and outputs."""
         heads, dim = self.kv_shape
+        self.capacity, capacity = capacity, -(-capacity // ALIGN) * ALIGN
         with torch.inference_mode(False):
-            self.mask = torch.full((1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
+            self.mask = torch.full((1, 1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
             self.caches = [(torch.zeros(1, heads, capacity, dim), torch.zeros(1, heads, capacity, dim)) for _ in range(self.layers)]
         b = self.binding = self.session.io_binding()
         bound = [("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)]
@@ -322,9 +349,8 @@ class StepGraph:
         bind(b, "logits", self.logits, output=True)
         for i, pair in enumerate(self.caches):
             for kind, t in zip(("keys", "values"), pair):
-                bind(b, f"l{i}.{kind}", t)
-                bind(b, f"l{i}.{kind}.out", t, output=True)
-        self.capacity = capacity
+                bind(b, f"l{i}.{kind}", t.unsqueeze(2))  # (1, Hkv, 1, capacity, hd), as the graph reads it
+                bind(b, f"l{i}.{kind}.out", t.unsqueeze(2), output=True)
 
     def load(self, caches, new_tokens: int, threshold: float = 0.5) -> None:
         """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill, with room for
@@ -390,7 +416,7 @@ class StepGraph:
             raise ValueError(f"the step graph holds {self.capacity} tokens for this request")
         self.h.copy_(self.embed.weight[token])
         self.where.fill_(self.n)
-        self.slot[..., 2] = self.n
+        self.slot[..., 3] = self.n
         self.mask[..., self.n] = 0
         self.session.run_with_iobinding(self.binding)
         self.n += 1
