@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from routerlab.core import decode_paths, low_paths
+from routerlab.core import decode_paths, low_paths, step_graph
 from routerlab.core.cache import LayerCache
 from routerlab.core.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.device import prepare
@@ -396,7 +396,7 @@ class Engine:
                     yield gen.end(logits, scores[0])
                 else:
                     graph.set_threshold(gen.plan.threshold)
-                    logits = graph.step(token).view(1, 1, -1).clone()  # the graph's buffer is the next step's too
+                    logits = step_graph.copied(graph.step(token)).view(1, 1, -1)  # its buffer is the next step's too
                     yield gen.end(logits, graph.score_row())
         finally:
             if graph is not None:
@@ -408,7 +408,6 @@ class Engine:
         (the trace's meta says which path decoded and, if not the graph, why); else None."""
         if self.decode != "graph":
             return None
-        from routerlab.core import step_graph
 
         meta = gen.trace.meta
         reason = self.graph_why_not(gen.plan)
@@ -434,7 +433,6 @@ class Engine:
 
     def graph_why_not(self, plan: Plan) -> str | None:
         """Why a request with this plan cannot decode through a step graph (core/step_graph.py), or None."""
-        from routerlab.core import step_graph
 
         if self._graph_reason is None:
             self._graph_reason = step_graph.why_not(self.anatomy) or ""
@@ -460,7 +458,6 @@ class Engine:
     def graph(self, routers):
         """The step graph of a router set (None: the full model) as it is now: built on first use, and again once the
         set's weights or calibration changed (a set trained or recalibrated in place)."""
-        from routerlab.core import step_graph
 
         state = routers.state() if routers is not None else None
         with self._graph_lock:

@@ -15,7 +15,7 @@ import math
 import torch
 
 from routerlab.core.slots import Slots
-from routerlab.core.step_graph import ALIGN, DECODES, bind
+from routerlab.core.step_graph import ALIGN, DECODES, bind, copied
 
 
 def graph_ok(row) -> bool:
@@ -100,7 +100,7 @@ def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
         trace = getattr(r, "trace", None)  # a Generation's: its meta says which path decoded it
         if trace is not None:
             trace.meta.setdefault("decode", DECODES)
-    logits, table = bound.logits.clone(), _scores(graph, bound.raw, b)  # the buffers are the next step's too
+    logits, table = copied(bound.logits), _scores(graph, bound.raw, b)  # the buffers are the next step's too
     if where != sorted(where):  # back to the callers' order
         order = torch.tensor(where)
         logits, table = logits[order], [table[s] for s in where]
