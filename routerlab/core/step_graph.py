@@ -200,8 +200,7 @@ def build(an, max_positions: int, routers=None) -> bytes:
 def _groups(at) -> list[int]:
     """The queries' shape for attention: (rows, Hkv, G, 1, hd), each query one row against its KV head's cache
     (rows, Hkv, 1, capacity, hd): products of one row, which onnxruntime's MLAS computes without packing the keys
-    or values (at 2,048 tokens of context, 30 layers' attention in 5.0 ms against 9.5 as (rows, Hkv, G, hd) groups of
-    G rows; one-off, AMD EPYC AVX-512, docs/method.md)."""
+    or values first, as it does for groups of G rows (docs/method.md; `make bench-step-graph` measures the graph)."""
     return [-1, at.n_kv_heads, at.n_heads // at.n_kv_heads, 1, at.head_dim]
 
 
@@ -282,9 +281,8 @@ def bind(binding, name: str, t: torch.Tensor, output: bool = False) -> None:
 def copied(t: torch.Tensor) -> torch.Tensor:
     """A copy of a CPU tensor made by numpy on this thread. torch copies a tensor this size (the logits, above its
     grain of 32,768 elements) on its OpenMP workers, which then spin: with libgomp's own spin count (torch imported
-    before routerlab, as a notebook may, so routerlab/spin.py came too late) a step at 512 tokens of context took
-    15.0 ms after torch's clone of its logits, 10.6 ms after numpy's; with routerlab's count, 10.5 either way
-    (one-off, AMD EPYC)."""
+    before routerlab, as a notebook may, so routerlab/spin.py came too late) they took a core from the graph's next
+    run: a step took about 1.4 times as long after torch's clone of its logits (issue 51's note)."""
     return torch.from_numpy(t.numpy().copy())
 
 
