@@ -83,6 +83,23 @@ def test_a_requests_numbers_do_not_depend_on_the_capacity_it_was_given(engine, e
     assert torch.equal(runs[0], runs[1])
 
 
+def test_the_queries_scaling_as_a_node_gives_what_it_gives_folded_into_their_codes(engine, monkeypatch):
+    """head_dim 64 scales queries by 1/8, folded into their codes' scales; a head_dim whose scaling is not a power of
+    two gets one Mul a layer instead: the same logits here (both exact at 1/8)."""
+    from routerlab.core import step_graph
+
+    caches = engine.new_caches(16)
+    with torch.inference_mode():
+        forward(engine.anatomy, torch.tensor([list(range(100, 110))]), torch.arange(10), caches, Plan(None))
+    runs = []
+    for folds in (True, False):
+        monkeypatch.setattr(step_graph, "_folds", lambda scaling, folds=folds: folds)
+        graph = step_graph.StepGraph(engine.anatomy, 32)
+        graph.load(caches, 3)
+        runs.append(torch.stack([graph.step(t).clone() for t in (7, 300, 4000)]))
+    assert torch.equal(runs[0], runs[1])
+
+
 def test_models_without_file_codes_or_of_another_family_say_why():
     from routerlab.core.models import tiny_model
     from routerlab.core.step_graph import StepGraph, why_not

@@ -117,8 +117,9 @@ def build(an, max_positions: int, routers=None) -> bytes:
     """The step graph as an ONNX model for `rows` requests at once (symbolic; one request alone is one row): inputs
     h (rows, D) fp32 (each token's embedding), position (rows, 1) int64, slot (rows, Hkv, 4) int64 (the cache entry
     each KV head's new key and value go to: row, head, 0, index), mask (rows, 1, 1, 1, capacity) fp32 (0 where a
-    row's cache holds a key, -inf elsewhere) and each layer's keys and values (rows, Hkv, 1, capacity, hd) fp32, capacity symbolic (a
-    request's own, or a room's slots: attention reads only what they may fill; rotary tables for `max_positions`);
+    row's cache holds a key, -inf elsewhere) and each layer's keys and values (rows, Hkv, 1, capacity, hd) fp32,
+    capacity symbolic (a request's own, or a room's slots: attention reads only what they may fill; a multiple of
+    ALIGN; rotary tables for `max_positions`);
     outputs the logits (rows, V) and the caches again (bound to the same buffers, so the new entries are written in
     place).
 
@@ -158,7 +159,8 @@ def build(an, max_positions: int, routers=None) -> bytes:
         inputs.append(helper.make_tensor_value_info("threshold", TensorProto.FLOAT, ["rows", 1]))
         step.constant("zero", 0.0, np.float32)
     ms = {"domain": "com.microsoft", "epsilon": eps}
-    exact = math.frexp(a.scaling)[0] == 0.5  # a power of two: the queries' scaling folded into their codes' scales exactly
+    exact = _folds(a.scaling)  # the queries' scaling in their codes' scales, or one Mul a layer by this constant
+    scaling = None if exact else step.constant("scaling", float(a.scaling), np.float32)
     residual, update = "h", None  # the residual stream, and the update a SkipSimplifiedLayerNormalization adds to it
     for i in range(an.n_layers):
         pre, at = f"model.layers.{i}", an.layers[i].attn
@@ -175,7 +177,7 @@ def build(an, max_positions: int, routers=None) -> bytes:
         router = routers.get(i) if routers is not None else None
         q = _scaled(codes[names[0]], at.scaling) if exact else codes[names[0]]
         qkv = step.product(f"l{i}.qkv", x, Codes.cat([q] + [codes[n] for n in names[1:3]]))
-        _rotate_and_write(step, i, at, qkv, None if exact else step.constant("scaling", at.scaling, np.float32))
+        _rotate_and_write(step, i, at, qkv, scaling)
         if router is None:
             _attend(step, i, at, f"l{i}.q", f"l{i}.att")
             o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
@@ -202,6 +204,11 @@ def _groups(at) -> list[int]:
     (rows, Hkv, 1, capacity, hd): products of one row, which onnxruntime's MLAS computes without packing the keys
     or values first, as it does for groups of G rows (docs/method.md; `make bench-step-graph` measures the graph)."""
     return [-1, at.n_kv_heads, at.n_heads // at.n_kv_heads, 1, at.head_dim]
+
+
+def _folds(scaling: float) -> bool:
+    """Whether attention's scaling folds into the queries' codes exactly: a power of two (head_dim 64: 1/8)."""
+    return math.frexp(scaling)[0] == 0.5
 
 
 def _scaled(codes, by: float):
