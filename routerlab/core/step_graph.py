@@ -236,18 +236,18 @@ def _rotate_and_write(step: _Nodes, i: int, at, qkv: str, scaling: str | None) -
         step("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
 
 
-def _attend(nodes: _Nodes, i: int, at, q: str, out: str, shapes: tuple[str, str] = ("qk.shape", "att.shape")) -> None:
+def _attend(nodes: _Nodes, i: int, at, q: str, out: str) -> None:
     """The rotated, scaled queries q (rows, 1, q_size) against layer i's cache: each query against its KV head's keys
     (`_groups`; a head's keys read from memory once for its group, again from the core's cache), the `mask` (0 where
     a row holds a key, -inf elsewhere), softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one
     node, was 0.82x as fast at 2,048 tokens of context as groups of G rows, 1.03x at 512; one-off, AMX Xeon.)"""
-    nodes("Reshape", [q, shapes[0]], [f"l{i}.q.groups"])  # (rows, Hkv, G, 1, hd)
+    nodes("Reshape", [q, "qk.shape"], [f"l{i}.q.groups"])  # (rows, Hkv, G, 1, hd)
     # alpha 1 (the scaling is in q): MLAS's one-row kernel takes only that
     nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=1.0, domain="com.microsoft")
     nodes("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
     nodes("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
     nodes("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
-    nodes("Reshape", [f"l{i}.att.groups", shapes[1]], [out])
+    nodes("Reshape", [f"l{i}.att.groups", "att.shape"], [out])
 
 
 def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
@@ -263,20 +263,19 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
     step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])  # >= 0 exactly where the score reaches the threshold
     step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
     step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
-    runs = _Nodes([], step.sums)  # the branch's own initializers: an outer one read in a branch is fed to it each run
-    runs.constant(f"l{i}.branch.groups", _groups(at), np.int64)
-    runs.constant(f"l{i}.branch.rows", [-1, at.q_size], np.int64)
-    runs.constant(f"l{i}.branch.zero", 0.0, np.float32)
-    _attend(runs, i, at, f"l{i}.q", f"l{i}.att", shapes=(f"l{i}.branch.groups", f"l{i}.branch.rows"))
+    # The branches' initializers (the output map's codes, constants) are the step graph's, which the branches read as
+    # outer values: with initializers of its own, a branch ran measurably slower (one-off comparisons in issue 51's
+    # note; `make bench-step-graph`'s routing lines measure what routing costs).
+    runs = _Nodes(step.inits, step.sums)
+    _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
     runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
-    runs("GreaterOrEqual", [f"l{i}.margin", f"l{i}.branch.zero"], [f"l{i}.runs"])  # (rows, 1)
-    runs("Where", [f"l{i}.runs", f"l{i}.attended", f"l{i}.branch.zero"], [f"l{i}.ran"])
-    skips = _Nodes([], step.sums)
-    skips.constant(f"l{i}.nothing", 0.0, np.float32)
-    skips("Mul", [x, f"l{i}.nothing"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
+    runs("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
+    runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
+    skips = _Nodes(step.inits, step.sums)
+    skips("Mul", [x, "zero"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
     value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (f"l{i}.ran", f"l{i}.skipped")]
-    step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]], runs.inits),
-         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]], skips.inits))
+    step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
+         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
     return f"l{i}.o"
 
 def bind(binding, name: str, t: torch.Tensor, output: bool = False) -> None:
