@@ -408,7 +408,6 @@ class Engine:
         (the trace's meta says which path decoded and, if not the graph, why); else None."""
         if self.decode != "graph":
             return None
-
         meta = gen.trace.meta
         reason = self.graph_why_not(gen.plan)
         if reason is None and gen.positions < len(gen.ids):
@@ -433,7 +432,6 @@ class Engine:
 
     def graph_why_not(self, plan: Plan) -> str | None:
         """Why a request with this plan cannot decode through a step graph (core/step_graph.py), or None."""
-
         if self._graph_reason is None:
             self._graph_reason = step_graph.why_not(self.anatomy) or ""
         if self._graph_reason:
@@ -458,7 +456,6 @@ class Engine:
     def graph(self, routers):
         """The step graph of a router set (None: the full model) as it is now: built on first use, and again once the
         set's weights or calibration changed (a set trained or recalibrated in place)."""
-
         state = routers.state() if routers is not None else None
         with self._graph_lock:
             graph = next((g for r, st, g in self._graphs if r is routers and st == state), None)

@@ -15,7 +15,7 @@ import math
 import torch
 
 from routerlab.core.slots import Slots
-from routerlab.core.step_graph import ALIGN, DECODES, bind, copied
+from routerlab.core.step_graph import ALIGN, CACHE, DECODES, bind, copied
 
 
 def graph_ok(row) -> bool:
@@ -75,7 +75,7 @@ def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
     """Each row's next-token logits (B, V) fp32 and router scores (B lists of L floats, NaN where unrouted), in the
     callers' order. Every row takes `graph` (its router set's, or the full model's for rows without one)."""
     # the rows' caches in slots 0..B-1, as many slots as rows at first (fp32: 8 slots of a 2,000-token prompt are 0.7 GB)
-    slots = Slots.of([r.caches for r in rows], torch.float32, first=len(rows))
+    slots = Slots.of([r.caches for r in rows], CACHE, first=len(rows))
     where = [r.caches[0].slot for r in rows]
     rows = sorted(rows, key=lambda r: r.caches[0].slot)
     b = len(rows)

@@ -37,7 +37,7 @@ from typing import Iterator
 
 import torch
 
-from routerlab.core import batch_paths, generation
+from routerlab.core import batch_paths, generation, step_graph
 from routerlab.core.batch import step_rows
 from routerlab.core.device import is_cuda, now
 from routerlab.core.generation import Generation
@@ -112,8 +112,8 @@ class Room:
         self.packed = {"prefills": 0, "prompts": 0, "quality_passes": 0, "meters": 0}  # packed forwards, and what they held
         self._left_quality = 0.0  # scoring seconds of the rows that left
         self._position_bytes = engine.n_layers * int(engine.costs(None)["kv_bytes"])  # KV bytes of one position, all layers
-        if engine.decode == "graph":  # rows through the step graph hold fp32 caches (core/graph_rows.py)
-            self._position_bytes = self._position_bytes * 4 // engine.dtype.itemsize
+        if engine.decode == "graph":  # rows through the step graph hold caches of its type (core/graph_rows.py)
+            self._position_bytes = self._position_bytes * step_graph.CACHE.itemsize // engine.dtype.itemsize
 
     # -- the readers' side -------------------------------------------------------------------------
     def submit(self, ids: list[int], routers, config, control, trace: Trace, sink=None) -> Iterator[Step] | None:

@@ -34,6 +34,7 @@ from routerlab.core.router import logit, sigmoid
 # Caches hold a multiple of ALIGN entries: MLAS's one-row products (attention, `_groups`) treat a last partial block of
 # 16 keys their own way, so a query's numbers would change with the capacity (a request alone, in a room) without it.
 ALIGN = 16
+CACHE = torch.float32  # the KV caches' type in the graph (a request's own buffers, a room's slots)
 DECODES = "the step graph (one onnxruntime run a step)"  # a trace's meta["decode"] where it decoded
 
 
@@ -352,7 +353,8 @@ class StepGraph:
         self.capacity, capacity = capacity, -(-capacity // ALIGN) * ALIGN
         with torch.inference_mode(False):
             self.mask = torch.full((1, 1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
-            self.caches = [(torch.zeros(1, heads, capacity, dim), torch.zeros(1, heads, capacity, dim)) for _ in range(self.layers)]
+            self.caches = [(torch.zeros(1, heads, capacity, dim, dtype=CACHE), torch.zeros(1, heads, capacity, dim, dtype=CACHE))
+                           for _ in range(self.layers)]
         b = self.binding = self.session.io_binding()
         bound = [("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)]
         for name, t in bound + ([("threshold", self.threshold)] if self.routed else []):
