@@ -1,5 +1,6 @@
-"""core/nbits.py's graphs compute the file's own codes: Q4_1 (centred, plus the minima's block sums) and Q8_0 (zero
-point 128), within the rounding of 8-bit activations per block of 32 (onnxruntime and onnx: requirements.txt)."""
+"""core/nbits.py's graphs compute the file's own codes: Q4_1 (centred on a zero point, plus the rests times the block
+sums) and Q8_0 (zero point 128), within the rounding of 8-bit activations per block of 32 (onnxruntime and onnx:
+requirements.txt)."""
 
 import pytest
 import torch
@@ -31,6 +32,18 @@ def test_q4_1_and_q8_0_codes_give_their_weights_product():
     assert float((_product(q80, x) - ref).norm() / ref.norm()) < 0.02
     wrong = Codes(q80.codes, q80.scale * 2, q80.minimum * 2, 32, tiles=2)
     assert float((_product(wrong, x) - ref).norm() / ref.norm()) > 0.5
+
+
+@pytest.mark.parametrize("shift", [0.0, 1.0, -1.0])
+def test_q4_1_blocks_of_one_sign_keep_their_minimum(shift):
+    """A block whose weights all share a sign has no zero point within its codes (-m / d outside 0..15): its minimum
+    rides on the rest, which must carry it whole. Ten times the spread away from zero, the product still holds."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 96, generator=g) * 0.05 + shift * 0.5
+    x = torch.randn(3, 96, generator=g)
+    q41 = quantize_int4(w)
+    ref = x @ q41.dequantize().T
+    assert float((_product(q41, x) - ref).norm() / ref.norm()) < 0.02
 
 
 def test_a_rows_product_is_its_own_tensor_on_every_thread_in_and_out_of_inference_mode():

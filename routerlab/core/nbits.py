@@ -3,10 +3,10 @@ the maps whose one-row product it computes faster than torch's int4 kernel on th
 measures that at start-up; where onnxruntime or onnx is not installed, every map keeps torch's kernel).
 
 llama.cpp multiplies Q4_1 weights with activations quantised to 8 bits per block of 32 (integer dot products);
-`MatMulNBits` at accuracy level 4 does the same. Here it computes exactly the file's codes: Q4_1 (w = q * d + m) as
-(q - 8) * d, 4-bit codes with zero point 8, plus (m + 8 d) times each block's input sum (a small fp32 product in the
-same graph; centred codes, so the 8-bit activations' rounding is not amplified by a large minimum it no longer
-cancels against), Q8_0 (w = d * q) as 8-bit codes with zero point 128.
+`MatMulNBits` at accuracy level 4 does the same. Here it computes the file's codes and scales: Q4_1 (w = q * d + m)
+as (q - z) * d, 4-bit codes with the zero point z nearest -m / d, plus the rest m + z d (at most half a step) times
+each block's input sum, the rest in 8 bits (`product_nodes`; centred codes, so the 8-bit activations' rounding is not
+amplified by a large minimum cancelling against it); Q8_0 (w = d * q) exactly, as 8-bit codes with zero point 128.
 
 Each map is a session of its own, with a pool of its own that does not spin while idle: measured on a 2-core Xeon
 (`python -m routerlab.bench.nbits`), sessions sharing onnxruntime's global pool made decode 0.37x as fast, and
@@ -45,11 +45,17 @@ def opsets() -> list:
     return [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
 
 
-def product_nodes(codes, x: str, y: str, prefix: str = "", sums: dict | None = None, gemm: bool = False) -> tuple[list, list]:
-    """ONNX nodes and initializers that compute y = x (..., K) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit
-    tiles) -> (..., N), names prefixed by `prefix`. `sums` (input name -> its block sums' name) shares one input's
-    block sums between the Q4_1 products that read it (core/step_graph.py: q|k|v and the like). `gemm`: x is 2-D
-    (M, K), so the rest and its addition are one `Gemm` (one node fewer)."""
+def product_nodes(codes, x: str, y: str, prefix: str = "") -> tuple[list, list]:
+    """ONNX nodes and initializers that compute y = x (M, K) by a `weights.Codes` (Q4_1, or Q8_0 as two 4-bit
+    tiles) -> (M, N), names prefixed by `prefix`.
+
+    Q4_1 (w = q * d + m per block of 32) as d * (q - z) + r: the file's codes q and scales d, a 4-bit zero point
+    z = round(-m / d) (0..15) that takes in most of the minimum, and the rest r = m + z * d (at most d / 2 where the
+    block holds both signs) times the block's input sum. One `MatMulNBits` gives both the codes' product and, in K / 32
+    extra columns (codes 1 on their own block), the sums of the 8-bit activations it multiplied, as llama.cpp's Q8_1
+    carries them; a second multiplies the sums by the rests in 8 bits. A product reads about 0.68 bytes a weight
+    (llama.cpp 0.625): the rests held in fp32 beside the codes, an fp32 product of their own, made the step graph
+    ~12% slower (issue 51's note)."""
     from onnx import helper, numpy_helper
 
     c, d, m = codes.codes.numpy(), codes.scale.numpy(), codes.minimum.numpy()
@@ -63,27 +69,44 @@ def product_nodes(codes, x: str, y: str, prefix: str = "", sums: dict | None = N
                  numpy_helper.from_array(np.full(n * blocks, 128, np.uint8), prefix + "Z")]
         return [helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [y], domain="com.microsoft", K=k, N=n,
                                  bits=8, block_size=32, accuracy_level=4)], inits
-    q = c.reshape(n, blocks, 32)
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # two codes a byte, the first in the low nibble
-    inits = [numpy_helper.from_array(packed, prefix + "B"), numpy_helper.from_array(d.reshape(-1).astype(np.float32), prefix + "S"),
-             numpy_helper.from_array(np.full(n * ((blocks + 1) // 2), 0x88, np.uint8), prefix + "Z"),  # zero point 8 in both nibbles
-             numpy_helper.from_array(np.ascontiguousarray((m + 8 * d).T).astype(np.float32), prefix + "MT")]  # (K/32, N): the rest
-    nodes = []
-    sums = {} if sums is None else sums
-    if x not in sums:  # (M, K/32): each block's input sum
-        sums[x] = f"{x}.sums"
-        inits += [numpy_helper.from_array(np.array([-1, blocks, 32], np.int64), f"{x}.shape"),
-                  numpy_helper.from_array(np.array([2], np.int64), f"{x}.axis")]
-        nodes += [helper.make_node("Reshape", [x, f"{x}.shape"], [f"{x}.blocks"]),
-                  helper.make_node("ReduceSum", [f"{x}.blocks", f"{x}.axis"], [sums[x]], keepdims=0)]
-    nodes.append(helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [prefix + "P"], domain="com.microsoft",
-                                  K=k, N=n, bits=4, block_size=32, accuracy_level=4))  # sum of d * (q - 8) * x
-    if gemm:  # sums @ MT + P: the rest, sum of (m + 8 d) * x, and its addition in one node
-        nodes.append(helper.make_node("Gemm", [sums[x], prefix + "MT", prefix + "P"], [y]))
-    else:
-        nodes += [helper.make_node("MatMul", [sums[x], prefix + "MT"], [prefix + "minima"]),  # sum of (m + 8 d) * x
-                  helper.make_node("Add", [prefix + "P", prefix + "minima"], [y])]
+    d, m = d.astype(np.float64), m.astype(np.float64)
+    z = np.clip(np.rint(np.divide(-m, d, out=np.full_like(m, 8.0), where=d != 0)), 0, 15)
+    rest = (m + z * d).astype(np.float32)  # (N, K/32)
+    # the codes' columns, then one column a block that sums it: code 9 at zero point 8, scale 1 on its block, 0 elsewhere
+    q = np.concatenate([c.reshape(n, blocks, 32), np.full((blocks, blocks, 32), 9, np.uint8)])
+    scales = np.concatenate([d, np.eye(blocks)]).astype(np.float32)
+    zero = np.concatenate([z.astype(np.uint8), np.full((blocks, blocks), 8, np.uint8)])
+    inits = [numpy_helper.from_array(_nibbles(q), prefix + "B"), numpy_helper.from_array(scales.reshape(-1), prefix + "S"),
+             numpy_helper.from_array(_nibbles(zero).reshape(-1), prefix + "Z"),
+             numpy_helper.from_array(np.array([n, blocks], np.int64), prefix + "split")]
+    codes8, scales8 = _eight_bits(rest)
+    inits += [numpy_helper.from_array(codes8, prefix + "RB"), numpy_helper.from_array(scales8, prefix + "RS")]
+    nodes = [helper.make_node("MatMulNBits", [x, prefix + "B", prefix + "S", prefix + "Z"], [prefix + "PS"], domain="com.microsoft",
+                              K=k, N=n + blocks, bits=4, block_size=32, accuracy_level=4),  # sum of d * (q - z) * x, and the sums
+             helper.make_node("Split", [prefix + "PS", prefix + "split"], [prefix + "P", prefix + "sums"], axis=-1),
+             helper.make_node("MatMulNBits", [prefix + "sums", prefix + "RB", prefix + "RS"], [prefix + "R"], domain="com.microsoft",
+                              K=blocks, N=n, bits=8, block_size=32, accuracy_level=4),  # sum of r * x (zero point 128)
+             helper.make_node("Add", [prefix + "P", prefix + "R"], [y])]
     return nodes, inits
+
+
+def _nibbles(a: np.ndarray) -> np.ndarray:
+    """4-bit values (..., L) packed two a byte along the last axis, the first in the low nibble (L padded to even)."""
+    if a.shape[-1] % 2:
+        a = np.concatenate([a, np.zeros(a.shape[:-1] + (1,), a.dtype)], -1)
+    return (a[..., 0::2] | (a[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _eight_bits(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, K) fp32 -> 8-bit codes (N, K/32 rounded up, 32) at zero point 128 and their scales, per block of 32."""
+    n, k = w.shape
+    blocks = -(-k // 32)
+    padded = np.zeros((n, blocks * 32), np.float32)
+    padded[:, :k] = w
+    padded = padded.reshape(n, blocks, 32)
+    most = np.abs(padded).max(-1)
+    scale = np.where(most > 0, most / 127, 1.0).astype(np.float32)
+    return (np.rint(padded / scale[..., None]) + 128).astype(np.uint8), scale.reshape(-1)
 
 
 def nbits_graph(codes) -> bytes:
@@ -93,11 +116,15 @@ def nbits_graph(codes) -> bytes:
 
 
 def _bytes(codes) -> int:
-    """Bytes a product reads, as `nbits_graph` stores them: Q8_0, a byte a weight and per block an fp32 scale and a
-    zero point; Q4_1, half a byte a weight and per block an fp32 scale, half a byte of zero point and an fp32 rest."""
+    """Bytes a product reads, as `product_nodes` stores them: Q8_0, a byte a weight and per block an fp32 scale and a
+    zero point; Q4_1, half a byte a weight and per block an fp32 scale, half a byte of zero point and an 8-bit rest
+    (its scale per 32 blocks), and the sums' columns (K / 32 of them, half a byte a weight and an fp32 scale a block)."""
     n, k = codes.shape
-    blocks = n * k // codes.group
-    return n * k + 5 * blocks if codes.tiles == 2 else n * k // 2 + 8 * blocks + (blocks + 1) // 2
+    per_row = k // codes.group
+    blocks = n * per_row
+    if codes.tiles == 2:
+        return n * k + 5 * blocks
+    return (n + per_row) * (k // 2 + 4 * per_row) + blocks // 2 + blocks + 4 * n * -(-per_row // 32)
 
 
 class NBits:

@@ -90,10 +90,10 @@ def _layer_names(i: int) -> list[str]:
 
 class _Nodes:
     """The nodes of one graph being built (the step's, or a branch of an `If`); initializers all go to the step's
-    graph, which every branch sees. `sums`: each input's block sums, computed once (nbits.product_nodes)."""
+    graph, which every branch sees."""
 
-    def __init__(self, inits: list, sums: dict):
-        self.nodes, self.inits, self.sums = [], inits, sums
+    def __init__(self, inits: list):
+        self.nodes, self.inits = [], inits
 
     def __call__(self, op: str, ins: list[str], outs: list[str], **kw) -> str:
         from onnx import helper
@@ -102,7 +102,7 @@ class _Nodes:
         return outs[0]
 
     def product(self, name: str, x: str, codes) -> str:
-        nodes, inits = nbits.product_nodes(codes, x, name, prefix=name + ".", sums=self.sums, gemm=True)
+        nodes, inits = nbits.product_nodes(codes, x, name, prefix=name + ".")
         self.nodes += nodes
         self.inits += inits
         return name
@@ -137,7 +137,7 @@ def build(an, max_positions: int, routers=None) -> bytes:
     a = an.layers[0].attn
     d, inner, eps = cfg.hidden_size, cfg.intermediate_size, float(cfg.rms_norm_eps)
     inits: list = []
-    step = _Nodes(inits, {})
+    step = _Nodes(inits)
 
     def weight(name: str) -> str:
         inits.append(numpy_helper.from_array(params[name].detach().float().numpy(), name))
@@ -267,12 +267,12 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
     # The branches' initializers (the output map's codes, constants) are the step graph's, which the branches read as
     # outer values: with initializers of its own, a branch ran measurably slower (one-off comparisons in issue 51's
     # note; `make bench-step-graph`'s routing lines measure what routing costs).
-    runs = _Nodes(step.inits, step.sums)
+    runs = _Nodes(step.inits)
     _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
     runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
     runs("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
     runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
-    skips = _Nodes(step.inits, step.sums)
+    skips = _Nodes(step.inits)
     skips("Mul", [x, "zero"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
     value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (f"l{i}.ran", f"l{i}.skipped")]
     step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
