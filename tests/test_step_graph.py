@@ -28,10 +28,14 @@ def test_the_graph_decodes_the_engines_logits_and_tokens_after_its_prefill(engin
     with torch.inference_mode():
         forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, Plan(None))
         graph.load(caches, len(fed))
-        clear, kl = 0, []
+        clear, kl, last = 0, [], None
         for k, token in enumerate(fed):  # teacher-forced: both read the same tokens
             position = len(ids) + k
-            ours = graph.step(token).clone()
+            out = graph.step(token)
+            if last is not None:  # the last step's logits, not copied, outlive this step (a request samples from them)
+                assert torch.equal(*last)
+            ours = out.clone()
+            last = (out, ours)
             theirs, _ = forward(engine.anatomy, torch.tensor([[token]]), torch.tensor([position]), caches, Plan(None), top=position)
             theirs = theirs[0, -1].float()
             p = torch.log_softmax(theirs, -1)

@@ -396,8 +396,8 @@ class Engine:
                     yield gen.end(logits, scores[0])
                 else:
                     graph.set_threshold(gen.plan.threshold)
-                    logits = step_graph.copied(graph.step(token)).view(1, 1, -1)  # its buffer is the next step's too
-                    yield gen.end(logits, graph.score_row())
+                    # the graph's own buffer: `end` still reads the last step's logits, in the other buffer
+                    yield gen.end(graph.step(token).view(1, 1, -1), graph.score_row())
         finally:
             if graph is not None:
                 graph.store(gen.caches)

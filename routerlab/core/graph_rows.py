@@ -46,7 +46,7 @@ class _Bound:
         self.slot = torch.stack([torch.arange(b)[:, None].expand(b, heads), torch.arange(heads)[None].expand(b, heads),
                                  zeros, zeros], -1).contiguous()  # (B, Hkv, 4): row, head, 0, entry
         self.mask = torch.empty(b, 1, 1, 1, cap)
-        self.logits = torch.empty(b, g.logits.shape[-1])
+        self.logits = torch.empty(b, g.outs[0].shape[-1])
         self.raw = torch.full((g.layers, b), math.nan)  # routed layers' raw logits, a row of b per layer
         self.threshold = torch.empty(b, 1)
         self.steps = torch.arange(cap)[None]

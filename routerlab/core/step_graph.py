@@ -296,8 +296,9 @@ def copied(t: torch.Tensor) -> torch.Tensor:
 class StepGraph:
     """The graph's session, and decode steps through it for a request alone: `load` takes a request's prefill caches
     into fp32 buffers of its own capacity (its prompt and the tokens it may add), bound to the session; `step(token)`
-    runs one token at the next position and returns its logits (V,) in fp32, a view of the bound output (valid until
-    the next step); `twin` gives another request buffers of its own on the same session. A room's rows run through
+    runs one token at the next position and returns its logits (V,) in fp32, a view of a bound output (valid until
+    the step after next: steps alternate between two output buffers, so a caller holds the last step's logits while the
+    next one runs, with no copy); `twin` gives another request buffers of its own on the same session. A room's rows run through
     the same session with bindings of their own (core/graph_rows.py). `max_positions`: the longest request (prompt and
     new tokens) it takes."""
 
@@ -321,7 +322,7 @@ class StepGraph:
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode
             self.h = torch.zeros(1, an.config.hidden_size)
-            self.logits = torch.empty(1, an.config.vocab_size)
+            self.outs = (torch.empty(1, an.config.vocab_size), torch.empty(1, an.config.vocab_size))  # even, odd steps
             self.where = torch.zeros(1, 1, dtype=torch.int64)  # the token's position (rotary)
             self.slot = torch.tensor([[[0, h, 0, 0] for h in range(self.kv_shape[0])]], dtype=torch.int64)  # its cache entry, each KV head
             self.threshold = torch.full((1, 1), 0.5)
@@ -330,7 +331,7 @@ class StepGraph:
         self.calibration = routers.calibration if routers is not None else None
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mask = torch.empty(0)
-        self.binding = None
+        self.binding: tuple = ()  # a binding a buffer of `outs`, the same inputs and caches
         self.bindings: dict = {}  # a room's slots -> their binding (core/graph_rows.py)
 
     def twin(self) -> StepGraph:
@@ -340,10 +341,11 @@ class StepGraph:
 
         twin = copy.copy(self)
         with torch.inference_mode(False):
-            twin.h, twin.logits, twin.where = torch.zeros_like(self.h), torch.empty_like(self.logits), torch.zeros_like(self.where)
+            twin.h, twin.where = torch.zeros_like(self.h), torch.zeros_like(self.where)
+            twin.outs = tuple(torch.empty_like(t) for t in self.outs)
             twin.slot, twin.threshold = self.slot.clone(), self.threshold.clone()
             twin.logits_of_routers = self.logits_of_routers.clone()
-        twin.caches, twin.binding, twin.busy, twin.capacity, twin.n = [], None, False, 0, 0
+        twin.caches, twin.binding, twin.busy, twin.capacity, twin.n = [], (), False, 0, 0
         return twin
 
     def _bind(self, capacity: int) -> None:
@@ -355,17 +357,22 @@ class StepGraph:
             self.mask = torch.full((1, 1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
             self.caches = [(torch.zeros(1, heads, capacity, dim, dtype=CACHE), torch.zeros(1, heads, capacity, dim, dtype=CACHE))
                            for _ in range(self.layers)]
-        b = self.binding = self.session.io_binding()
+        self.binding = tuple(self._binding(out) for out in self.outs)
+
+    def _binding(self, logits: torch.Tensor):
+        """A binding of this request's buffers, its logits to `logits`."""
+        b = self.session.io_binding()
         bound = [("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)]
         for name, t in bound + ([("threshold", self.threshold)] if self.routed else []):
             bind(b, name, t)
         for i in self.routed:
             bind(b, f"l{i}.score", self.logits_of_routers[i : i + 1].view(1, 1), output=True)
-        bind(b, "logits", self.logits, output=True)
+        bind(b, "logits", logits, output=True)
         for i, pair in enumerate(self.caches):
             for kind, t in zip(("keys", "values"), pair):
                 bind(b, f"l{i}.{kind}", t.unsqueeze(2))  # (1, Hkv, 1, capacity, hd), as the graph reads it
                 bind(b, f"l{i}.{kind}.out", t.unsqueeze(2), output=True)
+        return b
 
     def load(self, caches, new_tokens: int, threshold: float = 0.5) -> None:
         """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill, with room for
@@ -433,6 +440,7 @@ class StepGraph:
         self.where.fill_(self.n)
         self.slot[..., 3] = self.n
         self.mask[..., self.n] = 0
-        self.session.run_with_iobinding(self.binding)
+        which = self.n % 2
+        self.session.run_with_iobinding(self.binding[which])
         self.n += 1
-        return self.logits.view(-1)
+        return self.outs[which].view(-1)
