@@ -177,6 +177,30 @@ def test_routers_in_the_graph_decide_as_the_engine_and_never_skipping_is_the_ful
     assert sum(moved) / len(moved) > 3 * sum(agreed) / len(agreed)  # skipping really changed the numbers
 
 
+def test_mask_computes_every_rows_attention_and_gives_kvs_numbers(engine, embedded, routers):
+    """`mask` (the reference: compute, then zero a skipped token's update) routes inside the graph too, with no `If`:
+    the same logits and scores as `kv`, to the bit, where about a third of the routed cells skip."""
+    from routerlab.core.step_graph import StepGraph
+
+    tok = embedded.tokenizer
+    ids = tok("Write a short poem about a lighthouse keeper.", add_special_tokens=False)["input_ids"]
+    fed = tok(" The keeper climbs the winding stair each night", add_special_tokens=False)["input_ids"]
+    kv, mask = StepGraph(engine.anatomy, 64, routers=routers), StepGraph(engine.anatomy, 64, routers=routers, policy="mask")
+    assert not any(n.op_type == "If" for n in _nodes(engine, routers, "mask")) and any(n.op_type == "If" for n in _nodes(engine, routers, "kv"))
+    prefill = Plan(routers, 0.7, "kv")  # the same prompt's caches (torch's `mask` prefill rounds its own way)
+    ours, theirs = _graph_logits(engine, mask, ids, fed, prefill, 0.7), _graph_logits(engine, kv, ids, fed, prefill, 0.7)
+    assert sum(s < 0.7 for _, scores in ours for s in scores.values()) > len(fed) * 2
+    assert all(torch.equal(a, b) and sa == sb for (a, sa), (b, sb) in zip(ours, theirs))
+
+
+def _nodes(engine, routers, policy):
+    import onnx
+
+    from routerlab.core.step_graph import build
+
+    return onnx.load_from_string(build(engine.anatomy, 16, routers, policy)).graph.node
+
+
 def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     p = torch.log_softmax(p_logits, -1)
     return float((p.exp() * (p - torch.log_softmax(q_logits, -1))).sum())
@@ -224,7 +248,7 @@ def test_an_engine_set_to_decode_through_the_graph_streams_steps_as_torchs_path_
     control = Control(0.5)
     drop = GenerateConfig(max_new_tokens=4, threshold=0.5, kv_policy="drop", quality=False)
     assert len([s for s in engine.generate("Hello", routers, drop, control) if not s.is_prompt]) >= 1
-    assert control.trace.meta["decode"] == "torch ops (not the step graph: the drop policy (the graph skips under kv))"
+    assert control.trace.meta["decode"] == "torch ops (not the step graph: the drop policy (the graph routes under kv and mask))"
 
 
 def test_bench_step_graph_reports_the_graph_the_engine_and_the_routers_side_by_side(tmp_path, embedded, monkeypatch):

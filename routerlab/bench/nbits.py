@@ -2,10 +2,10 @@
 int4 kernel: each map kind alone, then inside whole decode steps.
 
 llama.cpp multiplies Q4_1 weights with activations quantised to 8 bits per block of 32 (integer dot products);
-onnxruntime's `MatMulNBits` (accuracy level 4) does the same, and its wheel needs no compiler. Here it computes exactly
-the file's codes: Q4_1 (w = q * d + m) as (q - 8) * d, 4-bit codes with zero point 8, plus (m + 8 d) times each block's
-input sum (a small fp32 product in the same graph; centred codes, so the 8-bit activations' rounding is not amplified
-by a large minimum it no longer cancels against), Q8_0 (w = d * q) as 8-bit codes with zero point 128.
+onnxruntime's `MatMulNBits` (accuracy level 4) does the same, and its wheel needs no compiler. Here it computes the
+file's codes and scales (core/nbits.py `product_nodes`): Q4_1 (w = q * d + m) as (q - z) * d at the zero point z
+nearest -m / d, plus the rest m + z d (8 bits) times each block's input sum; Q8_0 (w = d * q) exactly, as 8-bit codes
+with zero point 128.
 
 Alone, one map at a time, it can beat torch's int4 kernel; inside a step every product is a `run` of its own session
 (121 a step for SmolLM2-135M) between torch's ops, and two thread pools share the cores. So the step is measured too,

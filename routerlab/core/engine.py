@@ -447,20 +447,20 @@ class Engine:
         graph = None
         if self.decode == "graph" and self.graph_why_not(plan) is None:
             try:
-                graph = self.graph(plan.routers)
+                graph = self.graph(plan.routers, plan.policy if plan.routers is not None else "kv")
             except Exception as err:  # a graph onnxruntime cannot build: this request decodes through torch's ops
                 log.warning("no step graph for %s (%s: %s); torch's ops decode it", plan.target or "the full model", type(err).__name__, err)
         plan._graph[:] = [self.decode, graph]
         return graph
 
-    def graph(self, routers):
-        """The step graph of a router set (None: the full model) as it is now: built on first use, and again once the
-        set's weights or calibration changed (a set trained or recalibrated in place)."""
-        state = routers.state() if routers is not None else None
+    def graph(self, routers, policy: str = "kv"):
+        """The step graph of a router set (None: the full model) under a KV policy as it is now: built on first use,
+        and again once the set's weights or calibration changed (a set trained or recalibrated in place)."""
+        state = (routers.state(), policy) if routers is not None else None
         with self._graph_lock:
             graph = next((g for r, st, g in self._graphs if r is routers and st == state), None)
             if graph is None:
-                graph = step_graph.StepGraph(self.anatomy, self.max_context, routers=routers)
+                graph = step_graph.StepGraph(self.anatomy, self.max_context, routers=routers, policy=policy)
                 self._graphs = [*self._graphs[-3:], (routers, state, graph)]  # a few router sets' graphs, the newest kept
             return graph
 

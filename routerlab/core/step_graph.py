@@ -60,16 +60,19 @@ def why_not(an) -> str | None:
     return f"no file codes for {len(missing)} maps" if missing else None
 
 
+POLICIES = ("kv", "mask")  # the KV policies routed inside the graph: a skipped token writes its key and value under both
+
+
 def routing_why_not(routers, policy: str = "kv") -> str | None:
     """Why a router set cannot route inside the step graph, or None: it routes attention token by token under `kv`
-    (a skipped token still writes its key and value), without stand-ins."""
+    or `mask` (a skipped token still writes its key and value), without stand-ins."""
     if routers is None:
         return None
     config = routers.config
     if config.target != "attention" or config.level != "token":
         return f"{config.granularity} routers (the graph routes attention, token by token)"
-    if policy != "kv":
-        return f"the {policy} policy (the graph skips under kv)"
+    if policy not in POLICIES:
+        return f"the {policy} policy (the graph routes under kv and mask)"
     if routers.standin_rank:
         return "stand-ins"
     return None
@@ -114,7 +117,7 @@ class _Nodes:
         return name
 
 
-def build(an, max_positions: int, routers=None) -> bytes:
+def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
     """The step graph as an ONNX model for `rows` requests at once (symbolic; one request alone is one row): inputs
     h (rows, D) fp32 (each token's embedding), position (rows, 1) int64, slot (rows, Hkv, 4) int64 (the cache entry
     each KV head's new key and value go to: row, head, 0, index), mask (rows, 1, 1, 1, capacity) fp32 (0 where a
@@ -124,10 +127,11 @@ def build(an, max_positions: int, routers=None) -> bytes:
     outputs the logits (rows, V) and the caches again (bound to the same buffers, so the new entries are written in
     place).
 
-    With `routers` (attention-token, `kv`: `routing_why_not`), input threshold (rows, 1) fp32 too (each row's
-    threshold as a raw logit), and each routed layer outputs its router's raw logit (rows, 1): each row decides in the
-    graph; the attention sub-layer runs under an `If` that any row runs it, and a row that skips adds nothing (its key
-    and value are written either way, as `kv` does). A row's numbers do not depend on the other rows' decisions."""
+    With `routers` (attention-token, `kv` or `mask`: `routing_why_not`), input threshold (rows, 1) fp32 too (each
+    row's threshold as a raw logit), and each routed layer outputs its router's raw logit (rows, 1): each row decides in
+    the graph; a row that skips adds nothing (its key and value are written either way). Under `kv` the attention
+    sub-layer runs under an `If` that any row runs it; under `mask` it always runs (the reference: it saves nothing).
+    A row's numbers do not depend on the other rows' decisions, and are the same under both policies."""
     from onnx import TensorProto, helper, numpy_helper
 
     from routerlab.core.weights import Codes
@@ -183,7 +187,7 @@ def build(an, max_positions: int, routers=None) -> bytes:
             _attend(step, i, at, f"l{i}.q", f"l{i}.att")
             o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
         else:
-            o = _routed_attention(step, i, at, x, router, codes[names[3]])
+            o = _routed_attention(step, i, at, x, router, codes[names[3]], skips=policy == "kv")
             outputs.append(helper.make_tensor_value_info(f"l{i}.score", TensorProto.FLOAT, ["rows", 1]))
         x = f"l{i}.xm"
         step("SkipSimplifiedLayerNormalization", [o, residual, weight(f"{pre}.post_attention_layernorm.weight")], [x, "", "", f"l{i}.hm"], **ms)
@@ -251,17 +255,23 @@ def _attend(nodes: _Nodes, i: int, at, q: str, out: str) -> None:
     nodes("Reshape", [f"l{i}.att.groups", "att.shape"], [out])
 
 
-def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes) -> str:
-    """Layer i's attention under its router, `kv` policy (the key and value are written before, either way): each
-    row's raw logit (output l{i}.score; the calibration and the sigmoid are monotone, so the host compares the logit
-    with each row's threshold as a raw logit, input threshold, and computes the score from it), the attention and the
-    output map under `If` any row's logit clears its threshold, a row that does not adding nothing. Returns the
-    update's name."""
+def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: bool = True) -> str:
+    """Layer i's attention under its router (the key and value are written before, either way): each row's raw logit
+    (output l{i}.score; the calibration and the sigmoid are monotone, so the host compares the logit with each row's
+    threshold as a raw logit, input threshold, and computes the score from it), a row whose logit does not clear its
+    threshold adding nothing. `skips` (`kv`): the attention and the output map under `If` any row's logit clears its
+    threshold; else (`mask`) computed for every row. Returns the update's name."""
     from onnx import TensorProto, helper, numpy_helper
 
     step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
     step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
     step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])  # >= 0 exactly where the score reaches the threshold
+    if not skips:
+        _attend(step, i, at, f"l{i}.q", f"l{i}.att")
+        step.product(f"l{i}.attended", f"l{i}.att", o_codes)
+        step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
+        step("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.o"])
+        return f"l{i}.o"
     step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
     step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
     # The branches' initializers (the output map's codes, constants) are the step graph's, which the branches read as
@@ -302,10 +312,10 @@ class StepGraph:
     the same session with bindings of their own (core/graph_rows.py). `max_positions`: the longest request (prompt and
     new tokens) it takes."""
 
-    def __init__(self, an, max_positions: int, threads: int | None = None, routers=None):
+    def __init__(self, an, max_positions: int, threads: int | None = None, routers=None, policy: str = "kv"):
         import onnxruntime as ort
 
-        reason = why_not(an) or routing_why_not(routers)
+        reason = why_not(an) or routing_why_not(routers, policy)
         if reason is not None:
             raise ValueError(f"no step graph for this model: {reason}")
         options = ort.SessionOptions()
@@ -316,7 +326,8 @@ class StepGraph:
         # steps (sampling, prefills, the quality meter) has the cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.force_spinning_stop", "1")
-        self.session = ort.InferenceSession(build(an, max_positions, routers), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
+        self.policy = policy
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
         self.busy = False  # a request is decoding through it (core/engine.Engine._step_graph)
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
