@@ -307,10 +307,10 @@ class StepGraph:
     """The graph's session, and decode steps through it for a request alone: `load` takes a request's prefill caches
     into fp32 buffers of its own capacity (its prompt and the tokens it may add), bound to the session; `step(token)`
     runs one token at the next position and returns its logits (V,) in fp32, a view of a bound output (valid until
-    the step after next: steps alternate between two output buffers, so a caller holds the last step's logits while the
-    next one runs, with no copy); `twin` gives another request buffers of its own on the same session. A room's rows run through
-    the same session with bindings of their own (core/graph_rows.py). `max_positions`: the longest request (prompt and
-    new tokens) it takes."""
+    the step after next: steps alternate between two output buffers, so a caller holds the last step's logits while
+    the next one runs, with no copy); `twin` gives another request buffers of its own on the same session. A room's
+    rows run through the same session with bindings of their own (core/graph_rows.py). `max_positions`: the longest
+    request (prompt and new tokens) it takes."""
 
     def __init__(self, an, max_positions: int, threads: int | None = None, routers=None, policy: str = "kv"):
         import onnxruntime as ort
@@ -327,7 +327,6 @@ class StepGraph:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
-        self.policy = policy
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
         self.busy = False  # a request is decoding through it (core/engine.Engine._step_graph)
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
