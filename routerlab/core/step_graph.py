@@ -130,8 +130,7 @@ def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
     With `routers` (attention-token, `kv` or `mask`: `routing_why_not`), input threshold (rows, 1) fp32 too (each
     row's threshold as a raw logit), and each routed layer outputs its router's raw logit (rows, 1): each row decides in
     the graph; a row that skips adds nothing (its key and value are written either way). Under `kv` the attention
-    (scores, softmax, values) runs under an `If` that any row runs it; under `mask` it always runs (the reference: it
-    saves nothing).
+    sub-layer runs under an `If` that any row runs it; under `mask` it always runs (the reference: it saves nothing).
     A row's numbers do not depend on the other rows' decisions, and are the same under both policies."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -260,37 +259,35 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: 
     """Layer i's attention under its router (the key and value are written before, either way): each row's raw logit
     (output l{i}.score; the calibration and the sigmoid are monotone, so the host compares the logit with each row's
     threshold as a raw logit, input threshold, and computes the score from it), a row whose logit does not clear its
-    threshold adding nothing. `skips` (`kv`): the attention (scores, softmax, values) under `If` any row's logit clears
-    its threshold, zeros for the output map where none does; else (`mask`) computed for every row. Returns the
-    update's name.
-
-    The output map runs outside the `If`, on zeros where attention was skipped: an `If` costs more the more its branch
-    holds and reads, and with the output map inside, routers that never skip made the graph 0.947x and 0.944x as fast
-    as the full one (first example, a 512-token passage), without it 0.989x and 0.979x (one-off, issue 51's note)."""
+    threshold adding nothing. `skips` (`kv`): the attention and the output map under `If` any row's logit clears its
+    threshold; else (`mask`) computed for every row. Returns the update's name."""
     from onnx import TensorProto, helper, numpy_helper
 
     step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
     step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
     step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])  # >= 0 exactly where the score reaches the threshold
-    if skips:
-        step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
-        step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
-        # The branches' constants are the step graph's, which the branches read as outer values: with initializers of
-        # their own, a branch ran measurably slower (one-off comparisons in issue 51's note).
-        runs, none = _Nodes(step.inits), _Nodes(step.inits)
-        _attend(runs, i, at, f"l{i}.q", f"l{i}.att.ran")
-        none("Mul", [f"l{i}.q", "zero"], [f"l{i}.q.zeros"])  # zeros shaped as the queries (rows, 1, q_size)
-        none("Reshape", [f"l{i}.q.zeros", "att.shape"], [f"l{i}.att.none"])
-        value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (f"l{i}.att.ran", f"l{i}.att.none")]
-        step("If", [f"l{i}.any"], [f"l{i}.att"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
-             else_branch=helper.make_graph(none.nodes, f"l{i}.none", [], [value[1]]))
-    else:
+    if not skips:
         _attend(step, i, at, f"l{i}.q", f"l{i}.att")
-    step.product(f"l{i}.attended", f"l{i}.att", o_codes)
-    step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
-    step("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.o"])
+        step.product(f"l{i}.attended", f"l{i}.att", o_codes)
+        step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
+        step("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.o"])
+        return f"l{i}.o"
+    step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
+    step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
+    # The branches' initializers (the output map's codes, constants) are the step graph's, which the branches read as
+    # outer values: with initializers of its own, a branch ran measurably slower (one-off comparisons in issue 51's
+    # note; `make bench-step-graph`'s routing lines measure what routing costs).
+    runs = _Nodes(step.inits)
+    _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
+    runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
+    runs("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
+    runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
+    skips = _Nodes(step.inits)
+    skips("Mul", [x, "zero"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
+    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (f"l{i}.ran", f"l{i}.skipped")]
+    step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
+         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
     return f"l{i}.o"
-
 
 def bind(binding, name: str, t: torch.Tensor, output: bool = False) -> None:
     """Bind a CPU tensor (fp32 or int64) to a graph input or output by address: it must outlive the binding's runs."""
