@@ -53,9 +53,8 @@ def product_nodes(codes, x: str, y: str, prefix: str = "") -> tuple[list, list]:
     z = round(-m / d) (0..15) that takes in most of the minimum, and the rest r = m + z * d (at most d / 2 where the
     block holds both signs) times the block's input sum. One `MatMulNBits` gives both the codes' product and, in K / 32
     extra columns (codes 1 on their own block), the sums of the 8-bit activations it multiplied, as llama.cpp's Q8_1
-    carries them; a second multiplies the sums by the rests in 8 bits. A product reads about 0.68 bytes a weight
-    (llama.cpp 0.625): the rests held in fp32 beside the codes, an fp32 product of their own, made the step graph
-    ~12% slower (issue 51's note)."""
+    carries them; a second multiplies the sums by the rests in 8 bits. The rests held in fp32 beside the codes, an fp32
+    product of their own, made the step graph measurably slower (issue 51's note has the comparison)."""
     from onnx import helper, numpy_helper
 
     c, d, m = codes.codes.numpy(), codes.scale.numpy(), codes.minimum.numpy()
@@ -117,14 +116,14 @@ def nbits_graph(codes) -> bytes:
 
 def _bytes(codes) -> int:
     """Bytes a product reads, as `product_nodes` stores them: Q8_0, a byte a weight and per block an fp32 scale and a
-    zero point; Q4_1, half a byte a weight and per block an fp32 scale, half a byte of zero point and an 8-bit rest
-    (its scale per 32 blocks), and the sums' columns (K / 32 of them, half a byte a weight and an fp32 scale a block)."""
+    zero point; Q4_1, with the sums' columns (K / 32 of them), half a byte a weight and per block an fp32 scale and half
+    a byte of zero point, and the rests, a byte each (padded to blocks of 32) and an fp32 scale per 32."""
     n, k = codes.shape
     per_row = k // codes.group
-    blocks = n * per_row
     if codes.tiles == 2:
-        return n * k + 5 * blocks
-    return (n + per_row) * (k // 2 + 4 * per_row) + blocks // 2 + blocks + 4 * n * -(-per_row // 32)
+        return n * k + 5 * n * per_row
+    rests = -(-per_row // 32)
+    return (n + per_row) * (k // 2 + 4 * per_row + (per_row + 1) // 2) + n * rests * (32 + 4)
 
 
 class NBits:
