@@ -52,9 +52,10 @@ def test_graph_for_takes_the_plans_the_graph_covers_once_a_request(engine, route
     try:
         full, kv = Plan(None), Plan(routers, 0.5, "kv")
         assert engine.graph_for(full) is engine.graph(None) and engine.graph_for(kv) is engine.graph(routers)
-        assert engine.graph_for(Plan(routers, 0.5, "drop")) is None
+        drop = engine.graph_for(Plan(routers, 0.5, "drop"))
+        assert drop is engine.graph(routers, "drop") and drop is not engine.graph(routers) and drop.dropped == drop.routed
         assert engine.graph_for(Plan(routers, 0.5, "kv", ste=True)) is None  # training's gates
-        assert "drop policy" in engine.graph_why_not(Plan(routers, 0.5, "drop"))
+        assert "training's straight-through gates" in engine.graph_why_not(Plan(routers, 0.5, "kv", ste=True))
         graph = engine.graph_for(kv)
         engine.decode = "torch"
         assert engine.graph_for(kv) is None  # the engine's choice changed: asked again

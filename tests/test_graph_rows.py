@@ -40,7 +40,7 @@ def _requests(tok, routers) -> list[tuple]:
         (ids("The sky is blue because"), None, cfg()),  # the full model
         (ids("Photosynthesis turns light into"), routers, cfg(threshold=0.5, kv_policy="kv")),
         (ids("A haiku about the sea:"), routers, cfg(threshold=0.8, kv_policy="kv")),  # skips more
-        (ids("Water boils at"), routers, cfg(threshold=0.5, kv_policy="drop")),  # not the graph's: torch's ops
+        (ids("Water boils at"), routers, cfg(threshold=0.5, kv_policy="drop")),  # its routed layers hold entries of their own
         (ids("Once upon a time there was a small"), routers, cfg(threshold=0.6, kv_policy="kv", max_new_tokens=4)),  # ends early
         (ids("The capital of France is"), routers, cfg(threshold=0.5, temperature=0.9, seed=3)),  # sampled
     ]
@@ -61,7 +61,5 @@ def test_rows_through_the_graph_decode_as_they_do_alone(engine, routers, embedde
                     assert abs(sa - sb) <= SCORE_TOL
                     assert ea == eb or abs(sa - config.threshold) <= SCORE_TOL
                     skipped += not eb
-        graph = config.kv_policy != "drop"
-        assert (a.meta.get("decode") == DECODES) == graph
-        assert (s.meta.get("decode") == DECODES) == graph
+        assert a.meta.get("decode") == DECODES and s.meta.get("decode") == DECODES
     assert skipped > 0  # some rows skipped attention while others ran it in the same step

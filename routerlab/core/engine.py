@@ -423,7 +423,7 @@ class Engine:
             graph = graph.twin() if graph.busy else graph
             graph.busy = True
         try:
-            graph.load(gen.caches, gen.config.max_new_tokens, gen.plan.threshold)
+            graph.load(gen.caches, gen.config.max_new_tokens, gen.plan.threshold, tokens=gen.positions)
         except BaseException:
             graph.busy = False
             raise

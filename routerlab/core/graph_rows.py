@@ -19,10 +19,13 @@ from routerlab.core.step_graph import ALIGN, CACHE, DECODES, bind, copied
 
 
 def graph_ok(row) -> bool:
-    """The row's caches hold every position 0..n-1 at every layer, and it feeds position n (a full prefill, the full
-    model or `kv`): what the graph's masks and rotary assume."""
+    """The row feeds position n and its caches hold every position 0..n-1 at every layer (a full prefill, the full
+    model, `kv` or `mask`), but at a routed layer under `drop`, which holds at most n (the tokens that ran it): what
+    the graph's masks and rotary assume."""
     caches, (_, position) = row.caches, row.feed
-    return caches[0].n == position == caches[-1].n
+    plan = row.plan
+    own = set(plan.routers.config.layers) if plan.routers is not None and plan.policy == "drop" else ()
+    return all(c.n <= position if i in own else c.n == position for i, c in enumerate(caches))
 
 
 class _Bound:
@@ -52,6 +55,13 @@ class _Bound:
         self.steps = torch.arange(cap)[None]
         for name in ("h", "position", "slot", "mask") + (("threshold",) if g.routed else ()):
             self._bind(name, getattr(self, name))
+        self.own = {}  # a routed layer under `drop`: its own entries (slot, mslot at each row's next one; mask)
+        for i in g.dropped:
+            own = self.own[i] = (self.slot.clone(), torch.zeros(b, 1, 5, dtype=torch.int64), torch.empty(b, 1, 1, 1, cap))
+            own[1][:, 0, 0] = torch.arange(b)
+            for name, t in zip(("slot", "mslot", "mask"), own):
+                self._bind(f"l{i}.{name}", t)
+            self._bind(f"l{i}.mask.out", own[2], output=True)
         self._bind("logits", self.logits, output=True)
         for i in g.routed:
             self._bind(f"l{i}.score", self.raw[i].view(b, 1), output=True)
@@ -79,7 +89,7 @@ def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
     where = [r.caches[0].slot for r in rows]
     rows = sorted(rows, key=lambda r: r.caches[0].slot)
     b = len(rows)
-    at = torch.tensor([r.caches[0].n for r in rows])  # each row's length: where its new key goes
+    at = torch.tensor([r.feed[1] for r in rows])  # each row's position: where its new key goes (but under `drop`)
     cap = slots.fit(int(at.max()) + 1, ALIGN)
     bound = _binding(graph, slots)
     bound.step_buffers(b, cap)
@@ -88,15 +98,26 @@ def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
     bound.position.copy_(at.view(b, 1))
     bound.slot[..., 3] = at[:, None]
     bound.mask.fill_(0.0).view(b, cap).masked_fill_(bound.steps > at[:, None], -math.inf)  # each row's own keys
+    entries = {i: torch.tensor([r.caches[i].n for r in rows]) for i in graph.dropped}  # each row's next entry there
+    for i, (slot, mslot, mask) in bound.own.items():
+        slot[..., 3] = entries[i][:, None]
+        mslot[..., 4] = entries[i][:, None]
+        mask.fill_(0.0).view(b, cap).masked_fill_(bound.steps >= entries[i][:, None], -math.inf)  # the graph writes entry n_i
     if graph.routed:
         bound.threshold.copy_(torch.tensor([[graph.raw_threshold(r.plan.threshold)] for r in rows]))
     graph.session.run_with_iobinding(bound.binding)
     rows_at = torch.arange(b)
-    for pos in slots.pos:
-        pos[rows_at, at] = at
+    for i, pos in enumerate(slots.pos):
+        if i in bound.own:  # under `drop`: the rows whose token ran layer i (0 where the graph wrote their entry)
+            ran = bound.own[i][2].view(b, cap)[rows_at, entries[i]] == 0
+            pos[rows_at[ran], entries[i][ran]] = at[ran]
+            for r, counts in zip(rows, ran.tolist()):
+                r.caches[i].n += counts
+        else:
+            pos[rows_at, at] = at
+            for r in rows:
+                r.caches[i].n += 1
     for r in rows:
-        for c in r.caches:
-            c.n += 1
         trace = getattr(r, "trace", None)  # a Generation's: its meta says which path decoded it
         if trace is not None:
             trace.meta.setdefault("decode", DECODES)

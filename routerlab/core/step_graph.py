@@ -60,19 +60,19 @@ def why_not(an) -> str | None:
     return f"no file codes for {len(missing)} maps" if missing else None
 
 
-POLICIES = ("kv", "mask")  # the KV policies routed inside the graph: a skipped token writes its key and value under both
+POLICIES = ("kv", "mask", "drop")  # the KV policies routed inside the graph
 
 
 def routing_why_not(routers, policy: str = "kv") -> str | None:
-    """Why a router set cannot route inside the step graph, or None: it routes attention token by token under `kv`
-    or `mask` (a skipped token still writes its key and value), without stand-ins."""
+    """Why a router set cannot route inside the step graph, or None: it routes attention token by token under `kv`,
+    `mask` or `drop`, without stand-ins."""
     if routers is None:
         return None
     config = routers.config
     if config.target != "attention" or config.level != "token":
         return f"{config.granularity} routers (the graph routes attention, token by token)"
     if policy not in POLICIES:
-        return f"the {policy} policy (the graph routes under kv and mask)"
+        return f"the {policy} policy (the graph routes under {', '.join(POLICIES)})"
     if routers.standin_rank:
         return "stand-ins"
     return None
@@ -131,7 +131,12 @@ def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
     row's threshold as a raw logit), and each routed layer outputs its router's raw logit (rows, 1): each row decides in
     the graph; a row that skips adds nothing (its key and value are written either way). Under `kv` the attention
     sub-layer runs under an `If` that any row runs it; under `mask` it always runs (the reference: it saves nothing).
-    A row's numbers do not depend on the other rows' decisions, and are the same under both policies."""
+    A row's numbers do not depend on the other rows' decisions, and are the same under both policies. Under `drop` a
+    skipped token writes nothing a later token reads, so each routed layer's cache holds its own entries (its first
+    n_i, n_i counting the tokens that ran it): inputs l{i}.slot (as `slot`, at the entry n_i), l{i}.mslot (rows, 1,
+    5) int64 (row, 0, 0, 0, n_i) and l{i}.mask with output l{i}.mask.out (rows, 1, 1, 1, capacity), bound to one
+    buffer as the caches are: the graph writes 0 at entry n_i where the row runs the layer (the host reads it there,
+    and counts it), -inf where it skips; the q|k|v product goes under the `If` too."""
     from onnx import TensorProto, helper, numpy_helper
 
     from routerlab.core.weights import Codes
@@ -163,6 +168,8 @@ def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
     if routers is not None:
         inputs.append(helper.make_tensor_value_info("threshold", TensorProto.FLOAT, ["rows", 1]))
         step.constant("zero", 0.0, np.float32)
+    if routers is not None and policy == "drop":
+        step.constant("absent", -math.inf, np.float32)
     ms = {"domain": "com.microsoft", "epsilon": eps}
     exact = _folds(a.scaling)  # the queries' scaling in their codes' scales, or one Mul a layer by this constant
     scaling = None if exact else step.constant("scaling", float(a.scaling), np.float32)
@@ -181,13 +188,21 @@ def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
             outputs.append(helper.make_tensor_value_info(f"l{i}.{kind}.out", TensorProto.FLOAT, cache))
         router = routers.get(i) if routers is not None else None
         q = _scaled(codes[names[0]], at.scaling) if exact else codes[names[0]]
-        qkv = step.product(f"l{i}.qkv", x, Codes.cat([q] + [codes[n] for n in names[1:3]]))
-        _rotate_and_write(step, i, at, qkv, scaling)
-        if router is None:
-            _attend(step, i, at, f"l{i}.q", f"l{i}.att")
-            o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
+        qkv_codes = Codes.cat([q] + [codes[n] for n in names[1:3]])
+        if router is not None and policy == "drop":
+            inputs += [helper.make_tensor_value_info(f"l{i}.slot", TensorProto.INT64, ["rows", a.n_kv_heads, 4]),
+                       helper.make_tensor_value_info(f"l{i}.mslot", TensorProto.INT64, ["rows", 1, 5]),
+                       helper.make_tensor_value_info(f"l{i}.mask", TensorProto.FLOAT, ["rows", 1, 1, 1, "capacity"])]
+            outputs.append(helper.make_tensor_value_info(f"l{i}.mask.out", TensorProto.FLOAT, ["rows", 1, 1, 1, "capacity"]))
+            o = _dropped_attention(step, i, at, x, router, qkv_codes, codes[names[3]], scaling)
         else:
-            o = _routed_attention(step, i, at, x, router, codes[names[3]], skips=policy == "kv")
+            _write(step, i, *_rotate(step, i, at, step.product(f"l{i}.qkv", x, qkv_codes), scaling))
+            if router is None:
+                _attend(step, i, at, f"l{i}.q", f"l{i}.att")
+                o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
+            else:
+                o = _routed_attention(step, i, at, x, router, codes[names[3]], skips=policy == "kv")
+        if router is not None:
             outputs.append(helper.make_tensor_value_info(f"l{i}.score", TensorProto.FLOAT, ["rows", 1]))
         x = f"l{i}.xm"
         step("SkipSimplifiedLayerNormalization", [o, residual, weight(f"{pre}.post_attention_layernorm.weight")], [x, "", "", f"l{i}.hm"], **ms)
@@ -223,35 +238,41 @@ def _scaled(codes, by: float):
     return replace(codes, scale=codes.scale * by, minimum=codes.minimum * by)
 
 
-def _rotate_and_write(step: _Nodes, i: int, at, qkv: str, scaling: str | None) -> None:
+def _rotate(nodes: _Nodes, i: int, at, qkv: str, scaling: str | None) -> tuple[str, str]:
     """Layer i's q|k|v product (rows, q + 2 kv) -> its rotated queries l{i}.q (rows, 1, q_size), scaled for
-    attention (by `scaling`'s node, or already in their codes when None), and its rotated key and value written into
-    the layer's cache buffers in place (ScatterND at `slot`, the cache's inputs and outputs bound to the same memory).
-    q and k rotate in one pass (RotaryEmbedding at each row's `position`)."""
+    attention (by `scaling`'s node, or already in their codes when None); returns its rotated keys' and its values'
+    names as rows (rows, Hkv, hd). q and k rotate in one pass (RotaryEmbedding at each row's `position`)."""
     ms = {"domain": "com.microsoft"}
-    step("Split", [qkv, step.constant(f"l{i}.qkv.sizes", [at.q_size + at.kv_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
-    step("Reshape", [f"l{i}.qk", "qk.rows"], [f"l{i}.qk.3d"])
-    step("RotaryEmbedding", [f"l{i}.qk.3d", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
+    nodes("Split", [qkv, nodes.constant(f"l{i}.qkv.sizes", [at.q_size + at.kv_size, at.kv_size], np.int64)], [f"l{i}.qk", f"l{i}.v"], axis=-1)
+    nodes("Reshape", [f"l{i}.qk", "qk.rows"], [f"l{i}.qk.3d"])
+    nodes("RotaryEmbedding", [f"l{i}.qk.3d", "position", "cos", "sin"], [f"l{i}.qk.r"], num_heads=at.n_heads + at.n_kv_heads, **ms)
     q = f"l{i}.q" if scaling is None else f"l{i}.q.raw"
-    step("Split", [f"l{i}.qk.r", step.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [q, f"l{i}.k"], axis=-1)
+    nodes("Split", [f"l{i}.qk.r", nodes.constant(f"l{i}.qk.sizes", [at.q_size, at.kv_size], np.int64)], [q, f"l{i}.k"], axis=-1)
     if scaling is not None:
-        step("Mul", [q, scaling], [f"l{i}.q"])
-    for part, t in (("keys", "k"), ("values", "v")):
-        step("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"])  # (rows, Hkv, hd)
-        step("ScatterND", [f"l{i}.{part}", "slot", f"l{i}.{t}.rows"], [f"l{i}.{part}.out"])
+        nodes("Mul", [q, scaling], [f"l{i}.q"])
+    return tuple(nodes("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"]) for t in ("k", "v"))  # (rows, Hkv, hd)
 
 
-def _attend(nodes: _Nodes, i: int, at, q: str, out: str) -> None:
+def _write(nodes: _Nodes, i: int, keys: str, values: str, outs: tuple[str, str] | None = None, slot: str = "slot") -> None:
+    """A token's key and value rows (rows, Hkv, hd) written into layer i's cache buffers in place (ScatterND at
+    `slot`, the cache's inputs and outputs bound to the same memory), as l{i}.keys.out and l{i}.values.out (or
+    `outs`)."""
+    for part, t, out in zip(("keys", "values"), (keys, values), outs or (f"l{i}.keys.out", f"l{i}.values.out")):
+        nodes("ScatterND", [f"l{i}.{part}", slot, t], [out])
+
+
+def _attend(nodes: _Nodes, i: int, at, q: str, out: str, mask: str = "mask", caches: tuple[str, str] | None = None) -> None:
     """The rotated, scaled queries q (rows, 1, q_size) against layer i's cache: each query against its KV head's keys
-    (`_groups`; a head's keys read from memory once for its group, again from the core's cache), the `mask` (0 where
-    a row holds a key, -inf elsewhere), softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one
+    (`_groups`; a head's keys read from memory once for its group, again from the core's cache), `mask` (0 where
+    a row holds a key, -inf elsewhere; the step's, or a routed layer's own under `drop`), softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one
     node, was 0.82x as fast at 2,048 tokens of context as groups of G rows, 1.03x at 512; one-off, AMX Xeon.)"""
+    keys, values = caches or (f"l{i}.keys.out", f"l{i}.values.out")
     nodes("Reshape", [q, "qk.shape"], [f"l{i}.q.groups"])  # (rows, Hkv, G, 1, hd)
     # alpha 1 (the scaling is in q): MLAS's one-row kernel takes only that
-    nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=1.0, domain="com.microsoft")
-    nodes("Add", [f"l{i}.scores", "mask"], [f"l{i}.masked"])
+    nodes("FusedMatMul", [f"l{i}.q.groups", keys], [f"l{i}.scores"], transB=1, alpha=1.0, domain="com.microsoft")
+    nodes("Add", [f"l{i}.scores", mask], [f"l{i}.masked"])
     nodes("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
-    nodes("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
+    nodes("MatMul", [f"l{i}.probs", values], [f"l{i}.att.groups"])
     nodes("Reshape", [f"l{i}.att.groups", "att.shape"], [out])
 
 
@@ -289,6 +310,38 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: 
          else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
     return f"l{i}.o"
 
+def _dropped_attention(step: _Nodes, i: int, at, x: str, router, qkv_codes, o_codes, scaling: str | None) -> str:
+    """Layer i's attention under its router and `drop`: a row that skips writes nothing a later token reads (its
+    entry in the layer's own mask stays -inf), and where no row runs the layer nothing of it is computed, its q|k|v
+    product and the key's and value's writes included (under an `If`: the caches are its outputs, bound to the
+    buffers of its inputs, so neither branch copies them). Returns the update's name."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
+    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
+    step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])
+    step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
+    step("Where", [f"l{i}.runs", "zero", "absent"], [f"l{i}.held"])  # the token's entry in the layer's mask
+    step("ScatterND", [f"l{i}.mask", f"l{i}.mslot", f"l{i}.held"], [f"l{i}.mask.out"])
+    step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
+    step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
+    runs = _Nodes(step.inits)
+    written = (f"l{i}.keys.written", f"l{i}.values.written")
+    _write(runs, i, *_rotate(runs, i, at, runs.product(f"l{i}.qkv", x, qkv_codes), scaling), outs=written, slot=f"l{i}.slot")
+    _attend(runs, i, at, f"l{i}.q", f"l{i}.att", mask=f"l{i}.mask.out", caches=written)
+    runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
+    runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
+    skips = _Nodes(step.inits)
+    skips("Mul", [x, "zero"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
+    kept = [skips("Identity", [f"l{i}.{part}"], [f"l{i}.{part}.kept"]) for part in ("keys", "values")]
+    value = {k: [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ns]
+             for k, ns in (("then", [f"l{i}.ran", *written]), ("else", [f"l{i}.skipped", *kept]))}
+    step("If", [f"l{i}.any"], [f"l{i}.o", f"l{i}.keys.out", f"l{i}.values.out"],
+         then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], value["then"]),
+         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], value["else"]))
+    return f"l{i}.o"
+
+
 def bind(binding, name: str, t: torch.Tensor, output: bool = False) -> None:
     """Bind a CPU tensor (fp32 or int64) to a graph input or output by address: it must outlive the binding's runs."""
     dtype = np.float32 if t.dtype == torch.float32 else np.int64
@@ -301,6 +354,36 @@ def copied(t: torch.Tensor) -> torch.Tensor:
     before routerlab, as a notebook may, so routerlab/spin.py came too late) they took a core from the graph's next
     run: a step took about 1.4 times as long after torch's clone of its logits (issue 51's note)."""
     return torch.from_numpy(t.numpy().copy())
+
+
+def _held(cache) -> torch.Tensor:
+    """The positions a layer's cache (core/cache.LayerCache) holds, on the CPU (none yet: empty)."""
+    return torch.zeros(0, dtype=torch.int64) if cache.pos is None else cache.pos[: cache.n].to(device="cpu", dtype=torch.int64)
+
+
+class _Own:
+    """A routed layer's own entries under `drop` for a request alone: its first `n` entries hold the tokens that ran
+    it (`ran`: the positions of those added since `load`); `mask` 0 there, -inf elsewhere (the graph writes entry n
+    each step: 0 where the token ran the layer); `slot` and `mslot` point at entry n."""
+
+    def __init__(self, heads: int, capacity: int, n: int):
+        with torch.inference_mode(False):
+            self.mask = torch.full((1, 1, 1, 1, capacity), -math.inf)
+            self.mask[..., :n] = 0
+            self.slot = torch.tensor([[[0, h, 0, 0] for h in range(heads)]], dtype=torch.int64)
+            self.mslot = torch.zeros(1, 1, 5, dtype=torch.int64)
+        self.n, self.first, self.ran = n, n, []
+        self.point()
+
+    def point(self) -> None:
+        self.slot[..., 3] = self.mslot[..., 4] = self.n
+
+    def count(self, position: int) -> None:
+        """After a step at `position`: the entry the graph wrote counts where the token ran the layer."""
+        if self.mask[0, 0, 0, 0, self.n] == 0:
+            self.ran.append(position)
+            self.n += 1
+            self.point()
 
 
 class StepGraph:
@@ -338,6 +421,9 @@ class StepGraph:
             self.threshold = torch.full((1, 1), 0.5)
             self.logits_of_routers = torch.full((an.n_layers,), math.nan)  # the token's routers' raw logits (NaN: not routed)
         self.routed = [i for i in range(an.n_layers) if routers is not None and routers.get(i) is not None]
+        self.policy = policy
+        self.dropped = self.routed if policy == "drop" else []  # layers with entries of their own: a skipped token is not there
+        self.own: dict[int, _Own] = {}
         self.calibration = routers.calibration if routers is not None else None
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mask = torch.empty(0)
@@ -355,18 +441,19 @@ class StepGraph:
             twin.outs = tuple(torch.empty_like(t) for t in self.outs)
             twin.slot, twin.threshold = self.slot.clone(), self.threshold.clone()
             twin.logits_of_routers = self.logits_of_routers.clone()
-        twin.caches, twin.binding, twin.busy, twin.capacity, twin.n = [], (), False, 0, 0
+        twin.caches, twin.own, twin.binding, twin.busy, twin.capacity, twin.n = [], {}, (), False, 0, 0
         return twin
 
-    def _bind(self, capacity: int) -> None:
+    def _bind(self, capacity: int, entries: dict[int, int]) -> None:
         """Buffers of `capacity` tokens (keys and values of every layer, the mask; a multiple of ALIGN entries),
-        bound as inputs and outputs."""
+        bound as inputs and outputs; `entries`: the entries each routed layer under `drop` holds."""
         heads, dim = self.kv_shape
         self.capacity, capacity = capacity, -(-capacity // ALIGN) * ALIGN
         with torch.inference_mode(False):
             self.mask = torch.full((1, 1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
             self.caches = [(torch.zeros(1, heads, capacity, dim, dtype=CACHE), torch.zeros(1, heads, capacity, dim, dtype=CACHE))
                            for _ in range(self.layers)]
+        self.own = {i: _Own(heads, capacity, entries[i]) for i in self.dropped}
         self.binding = tuple(self._binding(out) for out in self.outs)
 
     def _binding(self, logits: torch.Tensor):
@@ -377,6 +464,10 @@ class StepGraph:
             bind(b, name, t)
         for i in self.routed:
             bind(b, f"l{i}.score", self.logits_of_routers[i : i + 1].view(1, 1), output=True)
+        for i, own in self.own.items():
+            for name, t in (("slot", own.slot), ("mslot", own.mslot), ("mask", own.mask)):
+                bind(b, f"l{i}.{name}", t)
+            bind(b, f"l{i}.mask.out", own.mask, output=True)
         bind(b, "logits", logits, output=True)
         for i, pair in enumerate(self.caches):
             for kind, t in zip(("keys", "values"), pair):
@@ -384,20 +475,26 @@ class StepGraph:
                 bind(b, f"l{i}.{kind}.out", t.unsqueeze(2), output=True)
         return b
 
-    def load(self, caches, new_tokens: int, threshold: float = 0.5) -> None:
-        """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill, with room for
-        `new_tokens` more: every layer holds the same positions 0..n-1 (the full model, and `kv`, write every token
-        at every layer). `threshold`: where a routed layer's score runs its attention (routers given)."""
-        n = caches[0].n
+    def load(self, caches, new_tokens: int, threshold: float = 0.5, tokens: int | None = None) -> None:
+        """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill of `tokens`
+        tokens (default: what the first layer holds), with room for `new_tokens` more: every layer holds positions
+        0..n-1 (the full model, `kv` and `mask` write every token at every layer), but for a routed layer under
+        `drop`, which holds the positions that ran it. `threshold`: where a routed layer's score runs its attention
+        (routers given)."""
+        n = caches[0].n if tokens is None else tokens
         if n + new_tokens > self.max_positions:
             raise ValueError(f"{n} tokens and {new_tokens} new ones do not fit a step graph of {self.max_positions}")
-        for cache in caches:
-            if cache.n != n or not torch.equal(cache.pos[:n].cpu(), torch.arange(n)):
+        every = torch.arange(n)
+        for i, cache in enumerate(caches):
+            held = _held(cache)
+            if i in self.dropped and not bool((held < n).all()):
+                raise ValueError(f"layer {i}'s cache holds positions beyond the {n} tokens read")
+            if i not in self.dropped and not torch.equal(held, every):
                 raise ValueError("the step graph takes caches that hold every position from 0 (a full-model prefill)")
-        self._bind(n + new_tokens)
+        self._bind(n + new_tokens, {i: caches[i].n for i in self.dropped})
         for cache, (keys, values) in zip(caches, self.caches):
-            keys[:, :, :n] = cache.k[:, :, :n]
-            values[:, :, :n] = cache.v[:, :, :n]
+            if cache.n:  # a routed layer under `drop` holds its first cache.n entries, each token's key rotated at its position
+                keys[:, :, : cache.n], values[:, :, : cache.n] = cache.k[:, :, : cache.n], cache.v[:, :, : cache.n]
         self.mask[..., :n] = 0
         self._threshold = None
         self.set_threshold(threshold)  # as the raw logit where the calibrated score reaches it
@@ -428,10 +525,15 @@ class StepGraph:
         they hold what the request wrote, as if the engine had decoded it."""
         first, n = self.loaded, self.n
         if n > first:
-            positions = torch.arange(first, n)
+            every = torch.arange(first, n)
             with torch.inference_mode():  # the engine's caches are inference tensors
-                for cache, (keys, values) in zip(caches, self.caches):
-                    cache.append(keys[:, :, first:n].to(cache.dtype), values[:, :, first:n].to(cache.dtype), positions)
+                for i, (cache, (keys, values)) in enumerate(zip(caches, self.caches)):
+                    own = self.own.get(i)
+                    if own is None:
+                        cache.append(keys[:, :, first:n].to(cache.dtype), values[:, :, first:n].to(cache.dtype), every)
+                    elif own.ran:  # under `drop`: the entries of the tokens that ran layer i, at their positions
+                        a, b = own.first, own.n
+                        cache.append(keys[:, :, a:b].to(cache.dtype), values[:, :, a:b].to(cache.dtype), torch.tensor(own.ran))
 
     def scores(self) -> dict[int, float]:
         """The last token's calibrated router scores, routed layer -> score, as the engine's traces hold them."""
@@ -452,5 +554,7 @@ class StepGraph:
         self.mask[..., self.n] = 0
         which = self.n % 2
         self.session.run_with_iobinding(self.binding[which])
+        for own in self.own.values():
+            own.count(self.n)
         self.n += 1
         return self.outs[which].view(-1)
