@@ -514,7 +514,8 @@ class StepGraph:
 
     def scores(self) -> dict[int, float]:
         """The last token's calibrated router scores, routed layer -> score, as the engine's traces hold them."""
-        return {i: self.score(float(self.logits_of_routers[i])) for i in self.routed}
+        raw = self.logits_of_routers.numpy()  # a numpy view: torch's indexing takes microseconds a layer
+        return {i: self.score(float(raw[i])) for i in self.routed}
 
     def score(self, raw: float) -> float:
         """A router's raw logit as the calibrated score the engine's traces hold."""
