@@ -136,7 +136,7 @@ def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
     n_i, n_i counting the tokens that ran it): inputs l{i}.slot (as `slot`, at the entry n_i), l{i}.mslot (rows, 1,
     5) int64 (row, 0, 0, 0, n_i) and l{i}.mask with output l{i}.mask.out (rows, 1, 1, 1, capacity), bound to one
     buffer as the caches are: the graph writes 0 at entry n_i where the row runs the layer (the host reads it there,
-    and counts it), -inf where it skips; the attention under an `If` as under `kv`."""
+    and counts it), -inf where it skips; the q|k|v product goes under the `If` too."""
     from onnx import TensorProto, helper, numpy_helper
 
     from routerlab.core.weights import Codes
@@ -189,18 +189,19 @@ def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
         router = routers.get(i) if routers is not None else None
         q = _scaled(codes[names[0]], at.scaling) if exact else codes[names[0]]
         qkv_codes = Codes.cat([q] + [codes[n] for n in names[1:3]])
-        own = router is not None and policy == "drop"  # the layer's entries are its own: written at l{i}.slot
-        if own:
+        if router is not None and policy == "drop":
             inputs += [helper.make_tensor_value_info(f"l{i}.slot", TensorProto.INT64, ["rows", a.n_kv_heads, 4]),
                        helper.make_tensor_value_info(f"l{i}.mslot", TensorProto.INT64, ["rows", 1, 5]),
                        helper.make_tensor_value_info(f"l{i}.mask", TensorProto.FLOAT, ["rows", 1, 1, 1, "capacity"])]
             outputs.append(helper.make_tensor_value_info(f"l{i}.mask.out", TensorProto.FLOAT, ["rows", 1, 1, 1, "capacity"]))
-        _write(step, i, *_rotate(step, i, at, step.product(f"l{i}.qkv", x, qkv_codes), scaling), slot=f"l{i}.slot" if own else "slot")
-        if router is None:
-            _attend(step, i, at, f"l{i}.q", f"l{i}.att")
-            o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
+            o = _dropped_attention(step, i, at, x, router, qkv_codes, codes[names[3]], scaling)
         else:
-            o = _routed_attention(step, i, at, x, router, codes[names[3]], skips=policy != "mask", own=own)
+            _write(step, i, *_rotate(step, i, at, step.product(f"l{i}.qkv", x, qkv_codes), scaling))
+            if router is None:
+                _attend(step, i, at, f"l{i}.q", f"l{i}.att")
+                o = step.product(f"l{i}.o", f"l{i}.att", codes[names[3]])
+            else:
+                o = _routed_attention(step, i, at, x, router, codes[names[3]], skips=policy == "kv")
         if router is not None:
             outputs.append(helper.make_tensor_value_info(f"l{i}.score", TensorProto.FLOAT, ["rows", 1]))
         x = f"l{i}.xm"
@@ -252,48 +253,42 @@ def _rotate(nodes: _Nodes, i: int, at, qkv: str, scaling: str | None) -> tuple[s
     return tuple(nodes("Reshape", [f"l{i}.{t}", "row.shape"], [f"l{i}.{t}.rows"]) for t in ("k", "v"))  # (rows, Hkv, hd)
 
 
-def _write(step: _Nodes, i: int, keys: str, values: str, slot: str = "slot") -> None:
+def _write(nodes: _Nodes, i: int, keys: str, values: str, outs: tuple[str, str] | None = None, slot: str = "slot") -> None:
     """A token's key and value rows (rows, Hkv, hd) written into layer i's cache buffers in place (ScatterND at
-    `slot`, the cache's inputs and outputs bound to the same memory)."""
-    for part, t in (("keys", keys), ("values", values)):
-        step("ScatterND", [f"l{i}.{part}", slot, t], [f"l{i}.{part}.out"])
+    `slot`, the cache's inputs and outputs bound to the same memory), as l{i}.keys.out and l{i}.values.out (or
+    `outs`)."""
+    for part, t, out in zip(("keys", "values"), (keys, values), outs or (f"l{i}.keys.out", f"l{i}.values.out")):
+        nodes("ScatterND", [f"l{i}.{part}", slot, t], [out])
 
 
-def _attend(nodes: _Nodes, i: int, at, q: str, out: str, mask: str = "mask") -> None:
+def _attend(nodes: _Nodes, i: int, at, q: str, out: str, mask: str = "mask", caches: tuple[str, str] | None = None) -> None:
     """The rotated, scaled queries q (rows, 1, q_size) against layer i's cache: each query against its KV head's keys
     (`_groups`; a head's keys read from memory once for its group, again from the core's cache), `mask` (0 where
     a row holds a key, -inf elsewhere; the step's, or a routed layer's own under `drop`), softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one
     node, was 0.82x as fast at 2,048 tokens of context as groups of G rows, 1.03x at 512; one-off, AMX Xeon.)"""
+    keys, values = caches or (f"l{i}.keys.out", f"l{i}.values.out")
     nodes("Reshape", [q, "qk.shape"], [f"l{i}.q.groups"])  # (rows, Hkv, G, 1, hd)
     # alpha 1 (the scaling is in q): MLAS's one-row kernel takes only that
-    nodes("FusedMatMul", [f"l{i}.q.groups", f"l{i}.keys.out"], [f"l{i}.scores"], transB=1, alpha=1.0, domain="com.microsoft")
+    nodes("FusedMatMul", [f"l{i}.q.groups", keys], [f"l{i}.scores"], transB=1, alpha=1.0, domain="com.microsoft")
     nodes("Add", [f"l{i}.scores", mask], [f"l{i}.masked"])
     nodes("Softmax", [f"l{i}.masked"], [f"l{i}.probs"], axis=-1)
-    nodes("MatMul", [f"l{i}.probs", f"l{i}.values.out"], [f"l{i}.att.groups"])
+    nodes("MatMul", [f"l{i}.probs", values], [f"l{i}.att.groups"])
     nodes("Reshape", [f"l{i}.att.groups", "att.shape"], [out])
 
 
-def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: bool = True, own: bool = False) -> str:
+def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: bool = True) -> str:
     """Layer i's attention under its router (the key and value are written before, either way): each row's raw logit
     (output l{i}.score; the calibration and the sigmoid are monotone, so the host compares the logit with each row's
     threshold as a raw logit, input threshold, and computes the score from it), a row whose logit does not clear its
-    threshold adding nothing. `skips` (`kv`, `drop`): the attention and the output map under `If` any row's logit
-    clears its threshold; else (`mask`) computed for every row. `own` (`drop`): the layer's own mask says which of
-    its entries hold a key: the graph writes the row's new entry, 0 where it runs the layer, -inf where it skips (its
-    key and value, written there, are then nobody's: the host counts the entry only where it is 0, and the row's next
-    token writes over it). Returns the update's name."""
+    threshold adding nothing. `skips` (`kv`): the attention and the output map under `If` any row's logit clears its
+    threshold; else (`mask`) computed for every row. Returns the update's name."""
     from onnx import TensorProto, helper, numpy_helper
 
     step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
     step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
     step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])  # >= 0 exactly where the score reaches the threshold
-    mask = "mask"
-    if own:
-        step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.holds"])  # (rows, 1)
-        step("Where", [f"l{i}.holds", "zero", "absent"], [f"l{i}.held"])
-        mask = step("ScatterND", [f"l{i}.mask", f"l{i}.mslot", f"l{i}.held"], [f"l{i}.mask.out"])
     if not skips:
-        _attend(step, i, at, f"l{i}.q", f"l{i}.att", mask=mask)
+        _attend(step, i, at, f"l{i}.q", f"l{i}.att")
         step.product(f"l{i}.attended", f"l{i}.att", o_codes)
         step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
         step("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.o"])
@@ -304,7 +299,7 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: 
     # outer values: with initializers of its own, a branch ran measurably slower (one-off comparisons in issue 51's
     # note; `make bench-step-graph`'s routing lines measure what routing costs).
     runs = _Nodes(step.inits)
-    _attend(runs, i, at, f"l{i}.q", f"l{i}.att", mask=mask)
+    _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
     runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
     runs("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
     runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
@@ -314,6 +309,43 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: 
     step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
          else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
     return f"l{i}.o"
+
+def _dropped_attention(step: _Nodes, i: int, at, x: str, router, qkv_codes, o_codes, scaling: str | None) -> str:
+    """Layer i's attention under its router and `drop`: a row that skips writes nothing a later token reads (its
+    entry in the layer's own mask stays -inf), and where no row runs the layer nothing of it is computed, its q|k|v
+    product and the key's and value's writes included (under an `If`: the caches are its outputs, bound to the
+    buffers of its inputs, so neither branch copies them). The key and value go to the layer's next entry (l{i}.slot)
+    and the graph writes that entry in the layer's mask: 0 where the row runs the layer, -inf where it skips (a key
+    written there for a row that skips while others run is then nobody's: the host counts the entry only where it is
+    0, and the row's next token writes over it). With the q|k|v product outside the `If` (as under `kv`), a step that
+    skips every routed cell saved a fifth less and one that never skips cost the same (issue 51's note). Returns the
+    update's name."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
+    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
+    step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])
+    step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
+    step("Where", [f"l{i}.runs", "zero", "absent"], [f"l{i}.held"])  # the token's entry in the layer's mask
+    step("ScatterND", [f"l{i}.mask", f"l{i}.mslot", f"l{i}.held"], [f"l{i}.mask.out"])
+    step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
+    step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
+    runs = _Nodes(step.inits)
+    written = (f"l{i}.keys.written", f"l{i}.values.written")
+    _write(runs, i, *_rotate(runs, i, at, runs.product(f"l{i}.qkv", x, qkv_codes), scaling), outs=written, slot=f"l{i}.slot")
+    _attend(runs, i, at, f"l{i}.q", f"l{i}.att", mask=f"l{i}.mask.out", caches=written)
+    runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
+    runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
+    skips = _Nodes(step.inits)
+    skips("Mul", [x, "zero"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
+    kept = [skips("Identity", [f"l{i}.{part}"], [f"l{i}.{part}.kept"]) for part in ("keys", "values")]
+    value = {k: [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ns]
+             for k, ns in (("then", [f"l{i}.ran", *written]), ("else", [f"l{i}.skipped", *kept]))}
+    step("If", [f"l{i}.any"], [f"l{i}.o", f"l{i}.keys.out", f"l{i}.values.out"],
+         then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], value["then"]),
+         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], value["else"]))
+    return f"l{i}.o"
+
 
 def bind(binding, name: str, t: torch.Tensor, output: bool = False) -> None:
     """Bind a CPU tensor (fp32 or int64) to a graph input or output by address: it must outlive the binding's runs."""
