@@ -326,3 +326,4 @@ def test_bench_step_graph_reports_the_graph_the_engine_and_the_routers_side_by_s
     assert set(r["routing"]["prompts"]) == {"first example", "24-token passage"}
     for p in r["routing"]["prompts"].values():
         assert p["never_skip_vs_full"] > 0 and 0 <= p["skipped_at_default"] <= 1
+        assert p["default_drop_vs_full"] > 0 and 0 <= p["skipped_at_default_drop"] <= 1

@@ -38,15 +38,16 @@ def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
 
 
 def _graph_decode(engine, graph, ids: list[int], n: int, routers=None, threshold: float = 0.5) -> tuple[float, list[int], float]:
-    """The same through the step graph: the engine's prefill (under the routers where given), its caches loaded, then
-    `n` greedy steps; seconds a token, the tokens, and the share of routed cells skipped."""
+    """The same through the step graph: the engine's prefill (under the routers and the graph's KV policy where
+    given), its caches loaded, then `n` greedy steps; seconds a token, the tokens, and the share of routed cells
+    skipped."""
     from routerlab.core.engine import Plan, forward
 
     caches = engine.new_caches(len(ids) + 1)
-    plan = Plan(routers, threshold, "kv") if routers is not None else Plan(None)
+    plan = Plan(routers, threshold, graph.policy) if routers is not None else Plan(None)
     with torch.inference_mode():
         logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
-        graph.load(caches, n, threshold)
+        graph.load(caches, n, threshold, tokens=len(ids))
         token, out, scores = int(logits[0, -1].max(0).indices), [], []
         start = time.perf_counter()
         for _ in range(n):
@@ -61,7 +62,8 @@ def _graph_decode(engine, graph, ids: list[int], n: int, routers=None, threshold
 
 def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, rounds: int, log=print) -> dict:
     """The shipped attention-token routers inside the graph against the full graph, in alternating rounds: never
-    skipping (threshold 0: the cost of routing) and at the set's default threshold, per prompt."""
+    skipping (threshold 0: the cost of routing) and at the set's default threshold under `kv`, and at the default
+    threshold under `drop` (a skipped token's keys and values neither computed nor kept), per prompt."""
     from routerlab.core.step_graph import StepGraph
     from routerlab.tuning.checkpoint import resolve_routers
 
@@ -69,9 +71,11 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
     threshold = float(defaults["threshold"])
     longest = max(len(ids) for ids in prompts.values()) + new_tokens + 1
     full, routed = StepGraph(engine.anatomy, longest), StepGraph(engine.anatomy, longest, routers=routers)
+    dropped = StepGraph(engine.anatomy, longest, routers=routers, policy="drop")
     out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {}}
     for label, ids in prompts.items():
-        runs = {"full": (full, None, 0.0), "never_skip": (routed, routers, 0.0), "default": (routed, routers, threshold)}
+        runs = {"full": (full, None, 0.0), "never_skip": (routed, routers, 0.0), "default": (routed, routers, threshold),
+                "default_drop": (dropped, routers, threshold)}
         rates: dict[str, list[float]] = {k: [] for k in runs}
         skipped: dict[str, float] = {}
         for r in range(rounds):
@@ -81,11 +85,13 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
                 rates[name].append(1.0 / seconds)
         med = {k: statistics.median(v) for k, v in rates.items()}
         entry = {"prompt_tokens": len(ids), "tokens_per_second": med, "never_skip_vs_full": med["never_skip"] / med["full"],
-                 "default_vs_full": med["default"] / med["full"], "skipped_at_default": skipped["default"]}
+                 "default_vs_full": med["default"] / med["full"], "skipped_at_default": skipped["default"],
+                 "default_drop_vs_full": med["default_drop"] / med["full"], "skipped_at_default_drop": skipped["default_drop"]}
         out["prompts"][label] = entry
         log(f"routers in the graph, {label} ({len(ids)} tokens): full {med['full']:.1f} tok/s, never skip {med['never_skip']:.1f} "
             f"({entry['never_skip_vs_full']:.3f}x), threshold {threshold} {med['default']:.1f} ({entry['default_vs_full']:.3f}x, "
-            f"{entry['skipped_at_default']:.1%} of routed cells skipped)")
+            f"{entry['skipped_at_default']:.1%} of routed cells skipped), under drop {med['default_drop']:.1f} "
+            f"({entry['default_drop_vs_full']:.3f}x, {entry['skipped_at_default_drop']:.1%} skipped)")
     return out
 
 
