@@ -9,8 +9,9 @@ dispatch (more inside a step, as every layer's weights stream through the caches
 
 What it covers: any number of rows at once (one request alone is one row; a room's rows, core/graph_rows.py), each
 with its own position, KV cache entry, mask and threshold, after the engine's own prefill (`load` copies a prefill's
-KV cache in for a request alone), the full model or attention-token routers under `kv` (the router's logit and each
-row's decision inside the graph, the attention under an `If`). Its activations are fp32 (the products quantise them to
+KV cache in for a request alone), the full model or attention-token routers under `kv`, `mask` or `drop` (the
+router's logit and each row's decision inside the graph, the attention under an `If` but for `mask`; under `drop` each
+routed layer's entries its own). Its activations are fp32 (the products quantise them to
 8 bits per block of 32, as llama.cpp does) where the engine's are bf16, so its logits differ from torch's path by that
 rounding (tested: KL per token, the same greedy tokens where the top two are not a near tie). Which path decodes is
 measured at start-up (core/decode_paths.py); where the graph wins, every request it can take decodes through it, alone
@@ -127,7 +128,7 @@ def build(an, max_positions: int, routers=None, policy: str = "kv") -> bytes:
     outputs the logits (rows, V) and the caches again (bound to the same buffers, so the new entries are written in
     place).
 
-    With `routers` (attention-token, `kv` or `mask`: `routing_why_not`), input threshold (rows, 1) fp32 too (each
+    With `routers` (attention-token, `kv`, `mask` or `drop`: `routing_why_not`), input threshold (rows, 1) fp32 too (each
     row's threshold as a raw logit), and each routed layer outputs its router's raw logit (rows, 1): each row decides in
     the graph; a row that skips adds nothing (its key and value are written either way). Under `kv` the attention
     sub-layer runs under an `If` that any row runs it; under `mask` it always runs (the reference: it saves nothing).
