@@ -4,9 +4,10 @@ with its own position, cache, threshold and decisions, as core/batch.py's `_step
 The rows' caches sit in fp32 slots (core/slots.py, the graph's buffer type) while they step together: the graph reads
 and writes slots 0..B-1 of every layer's buffers in place (one capacity for every layer), each row masked to its own
 keys (under `drop`, each routed layer's own: a row's entries there are the tokens that ran it, first to last, as in
-the engine's caches; the graph writes the next one and says in that layer's mask whether it counts). A row's numbers do not depend on the other rows' decisions (a sub-layer that some rows skip runs for all of them
-and adds nothing to the ones that skip), so a request decodes the same in a batch as alone through the graph, within
-the rounding of products of more rows. Knows nothing about sampling, traces, threads or the UI.
+the engine's caches; the graph writes the next one and says in that layer's mask whether it counts). A row's numbers
+do not depend on the other rows' decisions (a sub-layer that some rows skip runs for all of them and adds nothing to
+the ones that skip), so a request decodes the same in a batch as alone through the graph, within the rounding of
+products of more rows. Knows nothing about sampling, traces, threads or the UI.
 """
 
 from __future__ import annotations
