@@ -10,8 +10,8 @@ dispatch (more inside a step, as every layer's weights stream through the caches
 What it covers: any number of rows at once (one request alone is one row; a room's rows, core/graph_rows.py), each
 with its own position, KV cache entry, mask and threshold, after the engine's own prefill (`load` copies a prefill's
 KV cache in for a request alone), the full model or attention-token routers under `kv`, `mask` or `drop` (the
-router's logit and each row's decision inside the graph, the attention under an `If` but for `mask`; under `drop` each
-routed layer's entries its own). Its activations are fp32 (the products quantise them to
+router's logit and each row's decision inside the graph, the attention under an `If` but for `mask`; under `drop`
+each routed layer with entries of its own). Its activations are fp32 (the products quantise them to
 8 bits per block of 32, as llama.cpp does) where the engine's are bf16, so its logits differ from torch's path by that
 rounding (tested: KL per token, the same greedy tokens where the top two are not a near tie). Which path decodes is
 measured at start-up (core/decode_paths.py); where the graph wins, every request it can take decodes through it, alone
@@ -264,9 +264,11 @@ def _write(nodes: _Nodes, i: int, keys: str, values: str, outs: tuple[str, str] 
 
 def _attend(nodes: _Nodes, i: int, at, q: str, out: str, mask: str = "mask", caches: tuple[str, str] | None = None) -> None:
     """The rotated, scaled queries q (rows, 1, q_size) against layer i's cache: each query against its KV head's keys
-    (`_groups`; a head's keys read from memory once for its group, again from the core's cache), `mask` (0 where
-    a row holds a key, -inf elsewhere; the step's, or a routed layer's own under `drop`), softmax, values; out (rows, q_size). (onnxruntime's GroupQueryAttention, one
-    node, was 0.82x as fast at 2,048 tokens of context as groups of G rows, 1.03x at 512; one-off, AMX Xeon.)"""
+    (`_groups`; a head's keys read from memory once for its group, again from the core's cache), `mask` (0 where a
+    row holds a key, -inf elsewhere; the step's, or a routed layer's own under `drop`), softmax, values (`caches`:
+    the keys' and values' names, default the layer's cache outputs); out (rows, q_size). (onnxruntime's
+    GroupQueryAttention, one node, was 0.82x as fast at 2,048 tokens of context as groups of G rows, 1.03x at 512;
+    one-off, AMX Xeon.)"""
     keys, values = caches or (f"l{i}.keys.out", f"l{i}.values.out")
     nodes("Reshape", [q, "qk.shape"], [f"l{i}.q.groups"])  # (rows, Hkv, G, 1, hd)
     # alpha 1 (the scaling is in q): MLAS's one-row kernel takes only that
@@ -310,6 +312,7 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: 
     step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
          else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
     return f"l{i}.o"
+
 
 def _dropped_attention(step: _Nodes, i: int, at, x: str, router, qkv_codes, o_codes, scaling: str | None) -> str:
     """Layer i's attention under its router and `drop`: a row that skips writes nothing a later token reads (its
