@@ -212,8 +212,16 @@ def test_drop_writes_only_the_keys_of_tokens_that_ran_and_decides_as_the_engine(
         with torch.inference_mode():
             forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
             drop.load(caches, len(fed), threshold, tokens=len(ids))
-            ours = [(drop.step(token).clone(), drop.scores()) for token in fed]
+            twin = drop.twin()  # another request at the same time: entries of its own
+            again = engine.new_caches(len(ids) + len(fed) + 1)
+            forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), again, plan)
+            twin.load(again, len(fed), threshold, tokens=len(ids))
+            ours, its = [], []
+            for token in fed:  # the two requests' steps interleaved
+                ours.append((drop.step(token).clone(), drop.scores()))
+                its.append(twin.step(token).clone())
             drop.store(caches)
+        assert all(torch.equal(a, b) for (a, _), b in zip(ours, its))
         theirs, engine_caches = _engine_logits(engine, ids, fed, plan, caches=True)
         agreed = 0
         for (a, ours_scores), (b, scores) in zip(ours, theirs):
