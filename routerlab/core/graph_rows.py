@@ -26,7 +26,9 @@ def graph_ok(row) -> bool:
     the graph's masks and rotary assume."""
     caches, (_, position) = row.caches, row.feed
     plan = row.plan
-    own = set(plan.routers.config.layers) if plan.routers is not None and plan.policy == "drop" else ()
+    if plan.routers is None or plan.policy != "drop":  # every layer holds every position: the first and last say so
+        return caches[0].n == position == caches[-1].n
+    own = set(plan.routers.config.layers)
     return all(c.n <= position if i in own else c.n == position for i, c in enumerate(caches))
 
 

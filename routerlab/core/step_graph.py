@@ -279,25 +279,38 @@ def _attend(nodes: _Nodes, i: int, at, q: str, out: str, mask: str = "mask", cac
     nodes("Reshape", [f"l{i}.att.groups", "att.shape"], [out])
 
 
+def _margin(step: _Nodes, i: int, x: str, router) -> None:
+    """Layer i's router on its normed input x: its raw logit l{i}.score (rows, 1) and l{i}.margin, the logit less
+    the row's threshold, >= 0 exactly where the score reaches the threshold."""
+    from onnx import numpy_helper
+
+    step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
+    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
+    step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])
+
+
+def _any(step: _Nodes, i: int) -> None:
+    """l{i}.any: whether any row runs layer i (the condition of its `If`)."""
+    step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
+    step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
+
+
 def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: bool = True) -> str:
     """Layer i's attention under its router (the key and value are written before, either way): each row's raw logit
     (output l{i}.score; the calibration and the sigmoid are monotone, so the host compares the logit with each row's
     threshold as a raw logit, input threshold, and computes the score from it), a row whose logit does not clear its
     threshold adding nothing. `skips` (`kv`): the attention and the output map under `If` any row's logit clears its
     threshold; else (`mask`) computed for every row. Returns the update's name."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
-    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
-    step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])  # >= 0 exactly where the score reaches the threshold
+    _margin(step, i, x, router)
     if not skips:
         _attend(step, i, at, f"l{i}.q", f"l{i}.att")
         step.product(f"l{i}.attended", f"l{i}.att", o_codes)
         step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
         step("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.o"])
         return f"l{i}.o"
-    step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
-    step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
+    _any(step, i)
     # The branches' initializers (the output map's codes, constants) are the step graph's, which the branches read as
     # outer values: with initializers of its own, a branch ran measurably slower (one-off comparisons in issue 51's
     # note; `make bench-step-graph`'s routing lines measure what routing costs).
@@ -324,16 +337,13 @@ def _dropped_attention(step: _Nodes, i: int, at, x: str, router, qkv_codes, o_co
     0, and the row's next token writes over it). With the q|k|v product outside the `If` (as under `kv`), a step that
     skips every routed cell saved a fifth less and one that never skips cost the same (issue 51's note). Returns the
     update's name."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    step.inits.append(numpy_helper.from_array(router.proj.weight.detach().float().numpy().T.copy(), f"l{i}.router"))  # (D, 1)
-    step("MatMul", [x, f"l{i}.router"], [f"l{i}.score"])  # (rows, 1)
-    step("Sub", [f"l{i}.score", "threshold"], [f"l{i}.margin"])
+    _margin(step, i, x, router)
     step("GreaterOrEqual", [f"l{i}.margin", "zero"], [f"l{i}.runs"])  # (rows, 1)
     step("Where", [f"l{i}.runs", "zero", "absent"], [f"l{i}.held"])  # the token's entry in the layer's mask
     step("ScatterND", [f"l{i}.mask", f"l{i}.mslot", f"l{i}.held"], [f"l{i}.mask.out"])
-    step("ReduceMax", [f"l{i}.margin"], [f"l{i}.most"], keepdims=0)
-    step("GreaterOrEqual", [f"l{i}.most", "zero"], [f"l{i}.any"])
+    _any(step, i)
     runs = _Nodes(step.inits)
     written = (f"l{i}.keys.written", f"l{i}.values.written")
     _write(runs, i, *_rotate(runs, i, at, runs.product(f"l{i}.qkv", x, qkv_codes), scaling), outs=written, slot=f"l{i}.slot")
