@@ -429,7 +429,7 @@ class StepGraph:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.force_spinning_stop", "1")
         # Each node's outputs from malloc, not onnxruntime's arena (locked bins): about 1-2% faster a step (0.99-1.07x in
-        # ten comparisons in one process, 1 to 32 rows) and less memory held (one-off figures in issue 51's note).
+        # 13 comparisons in one process, 1 to 32 rows) and less memory held (one-off figures in issue 51's note).
         options.enable_cpu_mem_arena = False
         self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
