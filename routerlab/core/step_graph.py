@@ -294,14 +294,31 @@ def _any(step: _Nodes, i: int) -> None:
     step("ReduceMax", [f"l{i}.runs"], [f"l{i}.any"], keepdims=0)
 
 
-def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: bool = True) -> str:
-    """Layer i's attention under its router (the key and value are written before, either way): each row's raw logit
-    (output l{i}.score; the calibration and the sigmoid are monotone, so the host compares the logit with each row's
-    threshold as a raw logit, input threshold, and computes the score from it), a row whose logit does not clear its
-    threshold adding nothing. `skips` (`kv`): the attention and the output map under `If` any row's logit clears its
-    threshold; else (`mask`) computed for every row. Returns the update's name."""
+def _skipped(step: _Nodes, i: int, x: str) -> _Nodes:
+    """The `If`'s else branch where no row runs layer i: its update l{i}.skipped, zeros shaped as x (rows, D)."""
+    skips = _Nodes(step.inits)
+    skips("Mul", [x, "zero"], [f"l{i}.skipped"])
+    return skips
+
+
+def _if(step: _Nodes, i: int, outs: list[str], runs: _Nodes, ran: list[str], skips: _Nodes, skipped: list[str]) -> None:
+    """Layer i's `If` on l{i}.any: `outs` from the branch `runs` (its outputs `ran`) where some row runs the layer,
+    else from `skips` (`skipped`)."""
     from onnx import TensorProto, helper
 
+    def values(names: list[str]) -> list:
+        return [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names]
+
+    step("If", [f"l{i}.any"], outs, then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], values(ran)),
+         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], values(skipped)))
+
+
+def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: bool = True) -> str:
+    """Layer i's attention under its router (the key and value are written before, either way): each row's raw logit
+    (output l{i}.score; the calibration and the sigmoid are monotone, so the graph compares the logit with each row's
+    threshold as a raw logit, input threshold, and the host computes the score from it), a row whose logit does not
+    clear its threshold adding nothing. `skips` (`kv`): the attention and the output map under `If` any row's logit
+    clears its threshold; else (`mask`) computed for every row. Returns the update's name."""
     _decide(step, i, x, router)
     if not skips:
         _attend(step, i, at, f"l{i}.q", f"l{i}.att")
@@ -316,11 +333,7 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: 
     _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
     runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
     runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
-    skips = _Nodes(step.inits)
-    skips("Mul", [x, "zero"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
-    value = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in (f"l{i}.ran", f"l{i}.skipped")]
-    step("If", [f"l{i}.any"], [f"l{i}.o"], then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], [value[0]]),
-         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], [value[1]]))
+    _if(step, i, [f"l{i}.o"], runs, [f"l{i}.ran"], _skipped(step, i, x), [f"l{i}.skipped"])
     return f"l{i}.o"
 
 
@@ -334,8 +347,6 @@ def _dropped_attention(step: _Nodes, i: int, at, x: str, router, qkv_codes, o_co
     0, and the row's next token writes over it). With the q|k|v product outside the `If` (as under `kv`), a step that
     skips every routed cell saved a fifth less and one that never skips cost the same (issue 51's note). Returns the
     update's name."""
-    from onnx import TensorProto, helper
-
     _decide(step, i, x, router)
     step("Where", [f"l{i}.runs", "zero", "absent"], [f"l{i}.held"])  # the token's entry in the layer's mask
     step("ScatterND", [f"l{i}.mask", f"l{i}.mslot", f"l{i}.held"], [f"l{i}.mask.out"])
@@ -346,14 +357,9 @@ def _dropped_attention(step: _Nodes, i: int, at, x: str, router, qkv_codes, o_co
     _attend(runs, i, at, f"l{i}.q", f"l{i}.att", mask=f"l{i}.mask.out", caches=written)
     runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
     runs("Where", [f"l{i}.runs", f"l{i}.attended", "zero"], [f"l{i}.ran"])
-    skips = _Nodes(step.inits)
-    skips("Mul", [x, "zero"], [f"l{i}.skipped"])  # zeros shaped as x (rows, D)
+    skips = _skipped(step, i, x)
     kept = [skips("Identity", [f"l{i}.{part}"], [f"l{i}.{part}.kept"]) for part in ("keys", "values")]
-    value = {k: [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ns]
-             for k, ns in (("then", [f"l{i}.ran", *written]), ("else", [f"l{i}.skipped", *kept]))}
-    step("If", [f"l{i}.any"], [f"l{i}.o", f"l{i}.keys.out", f"l{i}.values.out"],
-         then_branch=helper.make_graph(runs.nodes, f"l{i}.runs", [], value["then"]),
-         else_branch=helper.make_graph(skips.nodes, f"l{i}.skips", [], value["else"]))
+    _if(step, i, [f"l{i}.o", f"l{i}.keys.out", f"l{i}.values.out"], runs, [f"l{i}.ran", *written], skips, [f"l{i}.skipped", *kept])
     return f"l{i}.o"
 
 
