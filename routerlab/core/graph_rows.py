@@ -6,8 +6,9 @@ and writes slots 0..B-1 of every layer's buffers in place (one capacity for ever
 keys (under `drop`, each routed layer's own: a row's entries there are the tokens that ran it, first to last, as in
 the engine's caches; the graph writes the next one and says in that layer's mask whether it counts). A row's numbers
 do not depend on the other rows' decisions (a sub-layer that some rows skip runs for all of them and adds nothing to
-the ones that skip), so a request decodes the same in a batch as alone through the graph, within the rounding of
-products of more rows. Knows nothing about sampling, traces, threads or the UI.
+the ones that skip), so a request decodes in a batch as alone through the graph: to the bit where MatMulNBits gives a
+row the same bits among others (AVX-512, AMX), within the rounding of 8-bit activations where its one-row kernel sums
+in another order (AVX2; docs/method.md, "Which parity holds where"). Knows nothing about sampling, traces, threads or the UI.
 """
 
 from __future__ import annotations

@@ -30,6 +30,37 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
 
 
+def rows_independent() -> bool:
+    """Whether this machine's `MatMulNBits` gives a row the same bits alone (M = 1) as among other rows (M > 1), probed
+    once a process on a small product of `product_nodes`' own kind (4-bit codes with zero points, 8-bit rests).
+
+    Read from MLAS's sources (onnxruntime/core/mlas/lib, sqnbitgemm_kernel_avx2.cpp and _avx512.cpp): at accuracy level
+    4, AVX-512 runs every M through one kernel, each row's sums in the same order, so the probe says True; AVX2 (with or
+    without VNNI) sends M = 1 to a kernel of its own that subtracts the zero point inside the integer dots, while M > 1
+    multiplies the raw codes and adds each block's zero point times the activations' block sum in a float product after:
+    the same sum in another order, other last bits, which the next product's 8-bit activations can turn into a step of
+    their rounding (a score 0.008 apart, a near tie's greedy token other). There, a request alone (one row) and the same
+    request in a room (several) agree within that rounding, not to the bit: docs/method.md, "Which parity holds where"."""
+    global _ROWS_INDEPENDENT
+    if _ROWS_INDEPENDENT is None:
+        import onnxruntime as ort
+
+        from routerlab.core.weights import quantize_int4
+
+        g = torch.Generator().manual_seed(0)
+        codes = quantize_int4(torch.randn(40, 128, generator=g) * 0.05)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.log_severity_level = 1, 3
+        session = ort.InferenceSession(nbits_graph(codes), options, providers=["CPUExecutionProvider"])
+        x = torch.randn(5, 128, generator=g).numpy()
+        together = session.run(None, {"A": x})[0]
+        _ROWS_INDEPENDENT = all(np.array_equal(session.run(None, {"A": x[i : i + 1]})[0], together[i : i + 1]) for i in range(5))
+    return _ROWS_INDEPENDENT
+
+
+_ROWS_INDEPENDENT: bool | None = None
+
+
 def _graph(nodes, inits, k: int, n: int) -> bytes:
     from onnx import TensorProto, helper
 
