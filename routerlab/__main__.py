@@ -64,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object with the text and the per-token trace")
     g.add_argument("--no-quality", action="store_true", help="skip the per-token quality cost (KL to the full model, "
                    "its top token): a full-depth pass over the generated tokens, which slows decoding")
-    g.add_argument("--decode", choices=("torch", "graph"), default="torch",
-                   help="graph: decode through the whole step as one onnxruntime graph (the embedded model on a CPU; the "
-                   "full model or attention-token routers under kv; docs/method.md), else torch's ops as the app does")
+    g.add_argument("--decode", choices=("auto", "torch", "graph"), default="auto",
+                   help="auto: the path measured fastest at start-up, as the app takes it (printed); graph: the whole step "
+                   "as one onnxruntime graph (the embedded model on a CPU; the full model or attention-token routers "
+                   "under kv, mask or drop; docs/method.md); torch: torch's ops")
     g.set_defaults(func=_generate)
 
     bench = sub.add_parser("bench", help="measured benchmarks").add_subparsers(dest="bench", required=True)
@@ -338,6 +339,7 @@ def _eval(args) -> int:
 
 def _generate(args) -> int:
     from routerlab.core.config import GenerateConfig, RoutingConfig
+    from routerlab.core import decode_paths
     from routerlab.core.engine import Control, Engine
     from routerlab.core.models import load_model
     from routerlab.tuning.checkpoint import resolve_routers
@@ -363,8 +365,11 @@ def _generate(args) -> int:
         quality_refresh=None,  # no live view here: score in full chunks (cheapest) and at the end
     )
     engine = Engine.from_loaded(loaded)
-    engine.decode = args.decode
+    if args.decode != "auto":
+        engine.decode_choice = decode_paths.forced(engine, args.decode)
     stream = not args.json
+    if stream:
+        print(decode_paths.describe(engine.decode_choice), file=sys.stderr)
     control = Control(config.threshold)
     for step in engine.generate(args.prompt, routers, config, control):
         if stream and not step.is_prompt:
@@ -391,7 +396,8 @@ def _generate(args) -> int:
         "decode_tokens_per_second": trace.decode_tokens_per_second(),
         "prefill_seconds": trace.meta["prefill_seconds"],
         "stop_reason": trace.meta["stop_reason"],
-        "decode": trace.meta.get("decode", "torch ops"),
+        "decode": trace.meta.get("decode", "torch ops"),  # the path this run's steps took
+        "decode_choice": engine.decode_choice,  # what the start-up measured and chose, or what --decode forced
         "quality": config.quality,
         "mean_kl": trace.mean_kl(),  # over generated tokens, nats; null with --no-quality
         "agreement": trace.agreement(),  # top-1 agreement with the full model; null with --no-quality

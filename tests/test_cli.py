@@ -23,6 +23,25 @@ def test_generate_json_has_the_promised_fields(embedded, capsys):
     assert math.isfinite(out["decode_tokens_per_second"]) and 0 <= out["skip_rate"] <= 1
 
 
+def test_generate_decodes_through_the_start_up_choice_and_names_it(embedded, capsys):
+    """The command line takes the path the start-up measured (as the app does) unless --decode forces one, and
+    --json says which: the choice with its measurement, and the path this run's steps took."""
+    from routerlab.core.step_graph import DECODES
+
+    common = ["generate", "--prompt", "Name a colour.", "--max-new-tokens", "4", "--no-quality", "--json"]
+    assert main(common + ["--threshold", "0.5", "--kv-policy", "kv"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    choice = out["decode_choice"]
+    assert choice["decode"] in ("torch", "graph") and choice["why"]
+    assert out["decode"] == DECODES if choice["decode"] == "graph" else out["decode"].startswith("torch ops")
+    assert main(common + ["--decode", "torch"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decode_choice"]["why"] == "--decode torch" and out["decode"] == "torch ops"
+    assert main(["generate", "--prompt", "Name a colour.", "--max-new-tokens", "2", "--no-quality", "--decode", "graph"]) == 0
+    err = capsys.readouterr().err
+    assert "decode steps: the step graph" in err and DECODES in err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

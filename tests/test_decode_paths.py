@@ -39,6 +39,23 @@ def test_auto_measures_both_paths_and_takes_the_graph_only_where_it_is_faster(en
     assert f"{t:.2f} ms through torch's ops, {g:.2f} ms through the graph" in result["why"]
 
 
+def test_a_busy_moment_during_the_measurement_does_not_lock_in_the_slower_path():
+    """Steps of 25 ms through torch's ops and 10 ms through the graph, measured while another process took the cores
+    for 30 of the 48 graph steps in a row (4x as long): the graph is still measured at 10 ms, and chosen."""
+    steps = decode_paths.ROUNDS * decode_paths.STEPS
+    busy = {"torch": [0.025] * steps, "graph": [0.040 if 10 <= k < 40 else 0.010 for k in range(steps)]}
+    assert decode_paths.decide(busy) == {"torch": 25.0, "graph": 10.0}
+    assert sorted(busy["graph"])[steps // 2] > 0.025  # the median would have taken torch's ops
+
+
+def test_the_command_lines_decode_forced_and_a_graph_it_cannot_take_said_so(engine):
+    assert decode_paths.forced(engine, "torch") == {"decode": "torch", "why": "--decode torch", "step_ms": {}} and engine.decode == "torch"
+    assert decode_paths.forced(engine, "graph")["decode"] == "graph" == engine.decode
+    tiny = Engine(tiny_model("llama"))
+    result = decode_paths.forced(tiny, "graph")
+    assert result["decode"] == "torch" == tiny.decode and "no file codes" in result["why"]
+
+
 def test_a_model_without_file_codes_keeps_torchs_ops_and_says_why(monkeypatch):
     monkeypatch.setenv(decode_paths.ENV, "auto")
     engine = Engine(tiny_model("llama"))
