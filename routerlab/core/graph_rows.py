@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from routerlab.core import graph_forms
 from routerlab.core.slots import Slots
 from routerlab.core.step_graph import ALIGN, CACHE, DECODES, bind, copied
 
@@ -40,7 +41,7 @@ class _Bound:
     leave or outgrow them). Holds every tensor bound: onnxruntime reads and writes their memory by address."""
 
     def __init__(self, graph):
-        self.graph, self.binding = graph, graph.session.io_binding()
+        self.graph, self.bindings = graph, [session.io_binding() for session in graph.sessions]  # one a form (graph_forms)
         self.shape: tuple = ()  # (B, capacity) the step buffers have
         self.caches: tuple = ()  # (B, the slots' buffers) bound
 
@@ -71,6 +72,7 @@ class _Bound:
         for i in g.routed:
             self._bind(f"l{i}.score", self.raw[i].view(b, 1), output=True)
         self.shape = (b, cap)
+        self.history = graph_forms.History(g.layers, b)  # the rows' last steps' router logits (the form's choice)
 
     def cache_buffers(self, slots: Slots, b: int) -> None:
         if self.caches and self.caches[0] == b and all(x is y for x, y in zip(self.caches[1:], (*slots.k, *slots.v))):
@@ -82,7 +84,8 @@ class _Bound:
         self.caches = (b, *slots.k, *slots.v)  # the buffers themselves: held while bound
 
     def _bind(self, name: str, t: torch.Tensor, output: bool = False) -> None:
-        bind(self.binding, name, t, output)
+        for binding in self.bindings:
+            bind(binding, name, t, output)
 
 
 @torch.inference_mode()
@@ -110,7 +113,12 @@ def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
         mask.fill_(0.0).view(b, cap).masked_fill_(bound.steps >= entries[i][:, None], -math.inf)  # the graph writes entry n_i
     if graph.routed:
         bound.threshold.copy_(torch.tensor([[graph.raw_threshold(r.plan.threshold)] for r in rows]))
-    graph.session.run_with_iobinding(bound.binding)
+    form = graph_forms.BRANCH
+    if graph.plain is not None:  # under `kv`: the form that pays for these rows now (the same numbers either way)
+        form = bound.history.choose(graph.costs, bound.threshold.numpy()[:, 0], int(at.float().mean()))
+    graph.sessions[form].run_with_iobinding(bound.bindings[form])
+    if graph.plain is not None:
+        bound.history.add(bound.raw.numpy())
     rows_at = torch.arange(b)
     for i, pos in enumerate(slots.pos):
         if i in bound.own:  # under `drop`: the rows whose token ran layer i (0 where the graph wrote their entry)

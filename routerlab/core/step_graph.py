@@ -23,18 +23,20 @@ Covers Llama-family anatomies whose every map has the file's codes (the embedded
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
 import torch
 
-from routerlab.core import nbits
+from routerlab.core import graph_forms, nbits
 from routerlab.core.router import logit, sigmoid
 
 
 # Caches hold a multiple of ALIGN entries: MLAS's one-row products (attention, `_groups`) treat a last partial block of
 # 16 keys their own way, so a query's numbers would change with the capacity (a request alone, in a room) without it.
 ALIGN = 16
+log = logging.getLogger(__name__)
 CACHE = torch.float32  # the KV caches' type in the graph (a request's own buffers, a room's slots)
 DECODES = "the step graph (one onnxruntime run a step)"  # a trace's meta["decode"] where it decoded
 
@@ -438,6 +440,11 @@ class StepGraph:
         # 13 comparisons in one process, 1 to 32 rows) and less memory held (one-off figures in issue 51's note).
         options.enable_cpu_mem_arena = False
         self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
+        # Under `kv`, the same step in mask's form too (no `If`: the same numbers to the bit), run where few cells skip
+        # (core/graph_forms.py): both sessions read and write the same bound buffers, so a step may take either.
+        self.plain = (ort.InferenceSession(build(an, max_positions, routers, "mask"), options, providers=["CPUExecutionProvider"])
+                      if routers is not None and policy == "kv" else None)
+        self.sessions = (self.session,) if self.plain is None else (self.session, self.plain)
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
         self.busy = False  # a request is decoding through it (core/engine.Engine._step_graph)
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
@@ -455,8 +462,13 @@ class StepGraph:
         self.calibration = routers.calibration if routers is not None else None
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mask = torch.empty(0)
-        self.binding: tuple = ()  # a binding a buffer of `outs`, the same inputs and caches
+        self.binding: tuple = ()  # bindings a buffer of `outs` (one a session), the same inputs and caches
         self.bindings: dict = {}  # a room's slots -> their binding (core/graph_rows.py)
+        self.history = graph_forms.History(self.layers)  # the request's last steps' router logits (its form's choice)
+        self.costs = None  # what the branching form costs and saves on this machine (graph_forms.measure), under `kv`
+        if self.plain is not None:
+            self.costs = graph_forms.measure(self)
+            log.info("step graph under kv: %s", self.costs.describe())
 
     def twin(self) -> StepGraph:
         """The same session with buffers of its own for a request alone (`load`, `step`, `store`): another request
@@ -470,7 +482,16 @@ class StepGraph:
             twin.slot, twin.threshold = self.slot.clone(), self.threshold.clone()
             twin.logits_of_routers = self.logits_of_routers.clone()
         twin.caches, twin.own, twin.binding, twin.busy, twin.capacity, twin.n = [], {}, (), False, 0, 0
+        twin.history = graph_forms.History(self.layers)
         return twin
+
+    def fill(self, context: int, new_tokens: int) -> None:
+        """Buffers of `context` tokens (zero keys and values) and room for `new_tokens`, at position `context`: a
+        stand-in request for measuring steps (graph_forms.measure), no prefill's."""
+        self._bind(context + new_tokens + 1, {})
+        self.mask[..., :context] = 0
+        self.n = self.loaded = context
+        self._threshold = None
 
     def _bind(self, capacity: int, entries: dict[int, int]) -> None:
         """Buffers of `capacity` tokens (keys and values of every layer, the mask; a multiple of ALIGN entries),
@@ -484,9 +505,12 @@ class StepGraph:
         self.own = {i: _Own(heads, capacity, entries[i]) for i in self.dropped}
         self.binding = tuple(self._binding(out) for out in self.outs)
 
-    def _binding(self, logits: torch.Tensor):
-        """A binding of this request's buffers, its logits to `logits`."""
-        b = self.session.io_binding()
+    def _binding(self, logits: torch.Tensor) -> tuple:
+        """Bindings of this request's buffers, its logits to `logits`: one a session (the forms share the buffers)."""
+        return tuple(self._bound(session, logits) for session in self.sessions)
+
+    def _bound(self, session, logits: torch.Tensor):
+        b = session.io_binding()
         bound = [("h", self.h), ("position", self.where), ("slot", self.slot), ("mask", self.mask)]
         for name, t in bound + ([("threshold", self.threshold)] if self.routed else []):
             bind(b, name, t)
@@ -527,6 +551,7 @@ class StepGraph:
         self._threshold = None
         self.set_threshold(threshold)  # as the raw logit where the calibrated score reaches it
         self.n = self.loaded = n
+        self.history = graph_forms.History(self.layers)
 
     def set_threshold(self, threshold: float) -> None:
         """The threshold in force from the next step (a live slider): its raw logit, where routers are in the graph."""
@@ -574,7 +599,16 @@ class StepGraph:
         return sigmoid(c.scale * raw + c.shift)
 
     def step(self, token: int) -> torch.Tensor:
-        """Token `token` at position `n` through every layer: its logits (V,) in fp32."""
+        """Token `token` at position `n` through every layer: its logits (V,) in fp32. Under `kv`, through the form
+        that pays where the request's routers are now (core/graph_forms.py): the same numbers either way."""
+        if self.plain is None:
+            return self.run(token)
+        out = self.run(token, self.history.choose(self.costs, self.threshold.numpy()[0], self.n))
+        self.history.add(self.logits_of_routers.numpy()[:, None])
+        return out
+
+    def run(self, token: int, form: int = graph_forms.BRANCH, advance: bool = True) -> torch.Tensor:
+        """`step` through the session of `form`; `advance` False: the position stays (a measurement's steps)."""
         if self.n >= self.capacity:
             raise ValueError(f"the step graph holds {self.capacity} tokens for this request")
         self.h.copy_(self.embed.weight[token])
@@ -582,8 +616,9 @@ class StepGraph:
         self.slot[..., 3] = self.n
         self.mask[..., self.n] = 0
         which = self.n % 2
-        self.session.run_with_iobinding(self.binding[which])
-        for own in self.own.values():
-            own.count(self.n)
-        self.n += 1
+        self.sessions[form].run_with_iobinding(self.binding[which][form])
+        if advance:
+            for own in self.own.values():
+                own.count(self.n)
+            self.n += 1
         return self.outs[which].view(-1)

@@ -1,0 +1,114 @@
+"""Which form of a routed step graph runs a step under `kv`: the branching form (each routed layer's attention under
+an `If` that any row runs it, so a layer every row skips costs nothing) or the plain form (mask's: every attention
+computed, a skipping row's update zeroed by a `Where`). Both give the same numbers to the bit (a row's update is its
+attention's where it runs and 0 where it skips either way; tested), so the choice changes a step's time, never a token.
+
+Why: an `If` costs about as much as a small attention on its own (onnxruntime runs its branch as a subgraph of its
+own), so where few cells skip the branching form is slower than computing everything, and where many skip it is
+faster. Which wins where is measured, not assumed: `measure` times both forms side by side when a graph is built
+(every token through each form in turn, lower quartiles), giving what the branches cost a step when nothing skips
+and what one skipped cell saves at two contexts. `History` keeps each row's routers' raw logits over its last W
+steps; before a step, the cells every row of the step would skip (at each row's threshold now, a moved slider
+included) are predicted from them, and the branching form runs where they save more than the branches cost.
+
+Knows nothing about models, sampling or the UI: a StepGraph's sessions and buffers only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+W = 8  # steps of router logits a prediction reads
+EVERY = 4  # steps a choice holds (unless the threshold moves): choosing costs tens of microseconds of numpy
+BRANCH, PLAIN = 0, 1  # a graph's sessions: the form with `If`s, the form without
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Milliseconds a step's branches cost when no cell skips (against the plain form), and what one routed cell
+    every row skips saves the branching form, at `contexts` (tokens of context; linear between and beyond)."""
+
+    branches_ms: float
+    saved_ms: tuple[float, ...]
+    contexts: tuple[int, ...]
+
+    def saved_at(self, context: int) -> float:
+        if len(self.contexts) == 1:
+            return self.saved_ms[0]
+        (a, b), (sa, sb) = self.contexts[:2], self.saved_ms[:2]
+        return max(0.0, sa + (sb - sa) * (context - a) / (b - a))
+
+    def branch(self, skipped: float, context: int) -> bool:
+        """Whether the branching form pays for a step where `skipped` routed cells are expected to be skipped by
+        every row, at `context` tokens."""
+        return skipped * self.saved_at(context) > self.branches_ms
+
+    def describe(self) -> str:
+        saved = ", ".join(f"{s:.3f} ms at {c} tokens" for s, c in zip(self.saved_ms, self.contexts))
+        return f"the If branches cost {self.branches_ms:.3f} ms a step where nothing skips; a skipped cell saves {saved}"
+
+
+class History:
+    """The raw router logits of a request's rows over their last W steps, (W, layers, rows) (NaN where a layer is not
+    routed: it never counts as skipped), and the form chosen for the next steps."""
+
+    def __init__(self, layers: int, rows: int = 1):
+        self.logits = np.full((W, layers, rows), np.nan, np.float32)
+        self.k = 0
+        self.form, self.until, self.at = PLAIN, 0, None  # the choice, the step it holds to, the thresholds it read
+
+    def add(self, raw: np.ndarray) -> None:
+        """One step's raw logits, (layers, rows)."""
+        self.logits[self.k % W] = raw
+        self.k += 1
+
+    def choose(self, costs: Costs, thresholds: np.ndarray, context: int) -> int:
+        """The form for the next step: BRANCH where the cells every row is expected to skip save more than the
+        branches cost at `context` tokens, else PLAIN; chosen again every EVERY steps or when a threshold moves."""
+        if self.k >= self.until or self.at is None or not np.array_equal(thresholds, self.at):
+            self.form = BRANCH if costs.branch(self.skipped(thresholds), context) else PLAIN
+            self.until, self.at = self.k + EVERY, thresholds.copy()
+        return self.form
+
+    def skipped(self, thresholds: np.ndarray) -> float:
+        """Routed cells the next step is expected to skip for every row: per layer, the product over rows of the share
+        of their last W steps whose logit fell below the row's threshold now (a raw logit, (rows,)). 0 until W steps
+        were seen (the plain form, never much slower, runs first)."""
+        if self.k < W:
+            return 0.0
+        share = (self.logits < thresholds).mean(0)  # (layers, rows)
+        return float(share.prod(-1).sum())
+
+
+def measure(graph, steps: int = 12, rounds: int = 2, contexts: tuple[int, ...] = (64, 512)) -> Costs:
+    """Time a routed graph's two forms side by side on buffers of its own (a twin, no request's): each step in turn
+    through the branching form never skipping, the same always skipping and the plain form, at each context that
+    fits the graph; lower quartiles of each."""
+    fits = tuple(c for c in contexts if c + steps + 1 <= graph.max_positions) or (max(1, graph.max_positions - steps - 1),)
+    twin = graph.twin()
+    runs = {"never": (BRANCH, -math.inf), "every": (BRANCH, math.inf), "plain": (PLAIN, -math.inf)}
+    quartile: dict[tuple[str, int], float] = {}
+    for context in fits:
+        twin.fill(context, steps)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        order = list(runs)
+        for r in range(rounds):
+            twin.n = context
+            for k in range(steps):
+                for name in order[k % 3:] + order[: k % 3]:
+                    form, raw = runs[name]
+                    twin.threshold.fill_(raw)
+                    start = time.perf_counter()
+                    twin.run(k + 1, form, advance=False)
+                    times[name].append(time.perf_counter() - start)
+                twin.n += 1
+        for name, ts in times.items():
+            quartile[name, context] = 1e3 * float(np.quantile(ts, 0.25))
+    cells = len(graph.routed)
+    branches = float(np.median([quartile["never", c] - quartile["plain", c] for c in fits]))
+    saved = tuple(max(0.0, (quartile["never", c] - quartile["every", c]) / cells) for c in fits)
+    return Costs(round(branches, 4), tuple(round(s, 4) for s in saved), fits)
