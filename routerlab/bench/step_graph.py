@@ -62,9 +62,13 @@ def _graph_decode(engine, graph, ids: list[int], n: int, routers=None, threshold
 
 
 def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, rounds: int, log=print) -> dict:
-    """The shipped attention-token routers inside the graph against the full graph, in alternating rounds: never
-    skipping (threshold 0: the cost of routing) and at the set's default threshold under `kv`, and at the default
-    threshold under `drop` (a skipped token's keys and values neither computed nor kept), per prompt."""
+    """The shipped attention-token routers inside the graph against the full graph: never skipping (threshold 0: the
+    cost of routing) and at the set's default threshold under `kv`, and at the default threshold under `drop` (a
+    skipped token's keys and values neither computed nor kept), per prompt. Each round prefills every run alike, then
+    steps them in turn, token by token (which goes first rotating), so a busy moment falls on all of them; a run's rate
+    is its round's mean step, medians over rounds. (Whole decodes in alternating rounds moved the same ratio by up to
+    5% between runs on a 2-core EPYC.)"""
+    from routerlab.core.engine import Plan, forward
     from routerlab.core.step_graph import StepGraph
     from routerlab.tuning.checkpoint import resolve_routers
 
@@ -73,20 +77,37 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
     longest = max(len(ids) for ids in prompts.values()) + new_tokens + 1
     full, routed = StepGraph(engine.anatomy, longest), StepGraph(engine.anatomy, longest, routers=routers)
     dropped = StepGraph(engine.anatomy, longest, routers=routers, policy="drop")
-    out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {},
+    out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {}, "interleaved": "steps",
            "forms": {"branches_ms": routed.costs.branches_ms, "saved_ms": list(routed.costs.saved_ms), "contexts": list(routed.costs.contexts)}}
     log(f"routers in the graph under kv, measured at its build (core/graph_forms.py): {routed.costs.describe()}")
+    runs = {"full": (full, None, 0.0), "never_skip": (routed, routers, 0.0), "default": (routed.twin(), routers, threshold),
+            "default_drop": (dropped, routers, threshold)}
+    names = list(runs)
     for label, ids in prompts.items():
-        runs = {"full": (full, None, 0.0), "never_skip": (routed, routers, 0.0), "default": (routed, routers, threshold),
-                "default_drop": (dropped, routers, threshold)}
         rates: dict[str, list[float]] = {k: [] for k in runs}
-        skipped: dict[str, float] = {}
-        for r in range(rounds):
-            for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-                graph, rs, t = runs[name]
-                seconds, _, skipped[name] = _graph_decode(engine, graph, ids, new_tokens, rs, t)
-                rates[name].append(1.0 / seconds)
+        cells: dict[str, list[float]] = {k: [] for k in runs}
+        for _ in range(rounds):
+            token = {}
+            with torch.inference_mode():
+                for name, (graph, rs, t) in runs.items():
+                    caches = engine.new_caches(len(ids) + 1)
+                    plan = Plan(rs, t, graph.policy) if rs is not None else Plan(None)
+                    logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
+                    graph.load(caches, new_tokens, t, tokens=len(ids))
+                    token[name] = int(logits[0, -1].max(0).indices)
+                seconds = {name: 0.0 for name in runs}
+                for k in range(new_tokens):
+                    for name in names[k % len(names):] + names[: k % len(names)]:
+                        graph = runs[name][0]
+                        start = time.perf_counter()
+                        token[name] = int(graph.step(token[name]).max(0).indices)
+                        seconds[name] += time.perf_counter() - start
+                        if graph.routed:  # read after the clock stops
+                            cells[name].append(float((graph.logits_of_routers[graph.routed] < graph.threshold[0, 0]).float().mean()))
+            for name in runs:
+                rates[name].append(new_tokens / seconds[name])
         med = {k: statistics.median(v) for k, v in rates.items()}
+        skipped = {k: statistics.mean(v) if v else 0.0 for k, v in cells.items()}
         entry = {"prompt_tokens": len(ids), "tokens_per_second": med, "never_skip_vs_full": med["never_skip"] / med["full"],
                  "default_vs_full": med["default"] / med["full"], "skipped_at_default": skipped["default"],
                  "default_drop_vs_full": med["default_drop"] / med["full"], "skipped_at_default_drop": skipped["default_drop"]}
