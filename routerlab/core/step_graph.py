@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from routerlab.core import graph_forms, nbits
+from routerlab.core.own_entries import OwnEntries
 from routerlab.core.router import logit, sigmoid
 
 
@@ -384,35 +385,6 @@ def _held(cache) -> torch.Tensor:
     return torch.zeros(0, dtype=torch.int64) if cache.pos is None else cache.pos[: cache.n].to(device="cpu", dtype=torch.int64)
 
 
-class _Own:
-    """A routed layer's own entries under `drop` for a request alone: its first `n` entries hold the tokens that ran
-    it (`ran`: the positions of those added since `load`); `mask` 0 there, -inf elsewhere (the graph writes entry n
-    each step: 0 where the token ran the layer); `slot` and `mslot` point at entry n."""
-
-    def __init__(self, heads: int, capacity: int, n: int):
-        with torch.inference_mode(False):
-            self.mask = torch.full((1, 1, 1, 1, capacity), -math.inf)
-            self.mask[..., :n] = 0
-            self.slot = torch.tensor([[[0, h, 0, 0] for h in range(heads)]], dtype=torch.int64)
-            self.mslot = torch.zeros(1, 1, 5, dtype=torch.int64)
-        # numpy views of the same memory: read and written each step for every such layer, a few hundred
-        # nanoseconds each where torch's indexing takes microseconds
-        self.entries, self.at, self.mat = self.mask.numpy().reshape(-1), self.slot.numpy()[0, :, 3], self.mslot.numpy().reshape(-1)
-        self.n, self.first, self.ran = n, n, []
-        self.point()
-
-    def point(self) -> None:
-        self.at[:] = self.n
-        self.mat[4] = self.n
-
-    def count(self, position: int) -> None:
-        """After a step at `position`: the entry the graph wrote counts where the token ran the layer."""
-        if self.entries[self.n] == 0:
-            self.ran.append(position)
-            self.n += 1
-            self.point()
-
-
 class StepGraph:
     """The graph's session, and decode steps through it for a request alone: `load` takes a request's prefill caches
     into fp32 buffers of its own capacity (its prompt and the tokens it may add), bound to the session; `step(token)`
@@ -460,7 +432,7 @@ class StepGraph:
         self.routed = [i for i in range(an.n_layers) if routers is not None and routers.get(i) is not None]
         self.policy = policy
         self.dropped = self.routed if policy == "drop" else []  # layers with entries of their own: a skipped token is not there
-        self.own: dict[int, _Own] = {}
+        self.own: dict[int, OwnEntries] = {}
         self.calibration = routers.calibration if routers is not None else None
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.mask = torch.empty(0)
@@ -489,8 +461,7 @@ class StepGraph:
         return twin
 
     def fill(self, context: int, new_tokens: int) -> None:
-        """Buffers of `context` tokens (zero keys and values) and room for `new_tokens`, at position `context`: a
-        stand-in request for measuring steps (graph_forms.measure), no prefill's."""
+        """Buffers of `context` tokens (zero keys and values) and `new_tokens` more: a stand-in for graph_forms.measure."""
         self._bind(context + new_tokens + 1, {})
         self.mask[..., :context] = 0
         self.n = self.loaded = context
@@ -505,7 +476,7 @@ class StepGraph:
             self.mask = torch.full((1, 1, 1, 1, capacity), -math.inf)  # 0 where the cache holds a token
             self.caches = [(torch.zeros(1, heads, capacity, dim, dtype=CACHE), torch.zeros(1, heads, capacity, dim, dtype=CACHE))
                            for _ in range(self.layers)]
-        self.own = {i: _Own(heads, capacity, entries[i]) for i in self.dropped}
+        self.own = {i: OwnEntries(heads, capacity, entries[i]) for i in self.dropped}
         self.binding = tuple(self._binding(out) for out in self.outs)
 
     def _binding(self, logits: torch.Tensor) -> tuple:
