@@ -5,7 +5,7 @@
 
 Environment (all optional): GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, ROUTERLAB_MODEL,
 ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTERLAB_MAX_NEW_TOKENS
-(256), ROUTERLAB_MAX_PROMPT_CHARS (4000), ROUTERLAB_QUEUE_SIZE (64), ROUTERLAB_CONCURRENCY (32),
+(256), ROUTERLAB_MAX_PROMPT_CHARS (16000), ROUTERLAB_QUEUE_SIZE (64), ROUTERLAB_CONCURRENCY (32),
 ROUTERLAB_ROOM (on|off: one batched decode loop for every visitor), ROUTERLAB_MAX_BATCH (32), ROUTERLAB_ROOM_CACHE_MB (2048),
 ROUTERLAB_ENGINE (process|thread: the room's loop in an engine process of its own, which loads the model too, or in
 this process beside the web server; a process that cannot start falls back to thread, said in the log),

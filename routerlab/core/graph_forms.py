@@ -111,7 +111,7 @@ class History:
         return float(share.prod(-1).sum())
 
 
-def measure(graph, steps: int = 16, rounds: int = 2, contexts: tuple[int, ...] = (64, 512)) -> Costs:
+def measure(graph, steps: int = 16, rounds: int = 1, contexts: tuple[int, ...] = (64, 512)) -> Costs:
     """Time a routed graph's two forms side by side on buffers of its own (a twin, no request's): each step in turn
     through the branching form never skipping, the same always skipping and the plain form, at each context that
     fits the graph; lower quartiles of each."""
