@@ -11,8 +11,8 @@ ROUTERLAB_ENGINE (process|thread: the room's loop in an engine process of its ow
 this process beside the web server; a process that cannot start falls back to thread, said in the log),
 ROUTERLAB_DEVICE (cpu, cuda or cuda:N; default cuda where torch sees one), ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16),
 ROUTERLAB_ROUTERS (extra router sets: folders or Hub repo ids), ROUTERLAB_TRAINING (on|off) and its caps, the upload
-budget (ROUTERLAB_UPLOAD_SESSION_MB 40, ROUTERLAB_UPLOAD_TOTAL_MB 200, ..._FILES) and ROUTERLAB_ALLOWED_ORIGINS (other
-sites' pages that may upload), and Gradio's GRADIO_ROOT_PATH (the public URL: the app's root whatever Host a request
+budget (ROUTERLAB_UPLOAD_SESSION_MB 40, ROUTERLAB_UPLOAD_TOTAL_MB 200, ..._FILES), ROUTERLAB_TRUSTED_PROXIES (whose
+X-Forwarded-For names a visitor) and ROUTERLAB_ALLOWED_ORIGINS (other sites' pages that may upload), and Gradio's GRADIO_ROOT_PATH (the public URL: the app's root whatever Host a request
 claims). docs/operators.md, "A public host", says what a public server should set.
 """
 

@@ -24,8 +24,9 @@ from routerlab.ui.train_tab import upload_set
 from routerlab.ui.uploads import Ledger, UploadBudget
 
 KB = 1024
+# These tests stand in for visitors behind a proxy: each "visitor" is an X-Forwarded-For value from 127.0.0.1, trusted.
 BUDGET = UploadBudget(session_bytes=300 * KB, session_files=4, total_bytes=700 * KB, total_files=12,
-                      allowed_origins=("https://embed.example",))
+                      allowed_origins=("https://embed.example",), trusted_proxies=("127.0.0.1",))
 
 
 def free_port() -> int:
@@ -197,4 +198,64 @@ def test_a_file_gradio_refuses_as_too_large_leaves_the_visitors_budget_as_it_was
         for k in range(3):  # a reservation left behind would refuse these
             assert post(url, size=120 * KB, tag=str(k)).status_code == 200
     finally:
+        demo.close()
+
+
+def _scope(peer, forwarded=None):
+    headers = [(b"x-forwarded-for", forwarded.encode())] if forwarded is not None else []
+    return {"client": (peer, 50000), "headers": headers}
+
+
+def test_a_visitor_is_the_peer_unless_the_peer_is_a_trusted_proxy():
+    visitor = uploads.visitor_of
+    assert visitor(_scope("203.0.113.9", "10.9.9.9")) == "203.0.113.9"  # nobody trusted: the header is ignored
+    assert visitor(_scope("203.0.113.9", "10.9.9.9"), ("10.0.0.0/8",)) == "203.0.113.9"  # the peer is no proxy of ours
+    trusted = ("10.0.0.0/8", "127.0.0.1")
+    assert visitor(_scope("10.1.2.3", "198.51.100.7"), trusted) == "198.51.100.7"
+    # a forged hop before the real one, then a chain of our own proxies: the last hop none of them added
+    assert visitor(_scope("127.0.0.1", "1.2.3.4, 198.51.100.7, 10.4.4.4"), trusted) == "198.51.100.7"
+    assert visitor(_scope("10.1.2.3", "10.5.5.5"), trusted) == "10.5.5.5"  # every hop ours: the first
+    assert visitor(_scope("10.1.2.3"), trusted) == "10.1.2.3"  # no header
+    assert visitor(_scope("10.1.2.3", "not-an-address"), trusted) == "not-an-address"
+    assert visitor(_scope("::1", "2001:db8::5"), ("::1/128",)) == "2001:db8::5"
+
+
+def test_trusted_proxies_come_from_the_environment_or_a_spaces_private_network(monkeypatch, caplog):
+    monkeypatch.delenv("ROUTERLAB_TRUSTED_PROXIES", raising=False)
+    monkeypatch.delenv("SPACE_HOST", raising=False)
+    assert uploads.trusted_proxies() == ()
+    monkeypatch.setenv("SPACE_HOST", "someone-routerlab.hf.space")
+    assert "10.0.0.0/8" in uploads.trusted_proxies() and UploadBudget.from_env().trusted_proxies == uploads.PRIVATE
+    monkeypatch.setenv("ROUTERLAB_TRUSTED_PROXIES", "none")
+    assert uploads.trusted_proxies() == ()
+    monkeypatch.setenv("ROUTERLAB_TRUSTED_PROXIES", "192.0.2.1, 10.0.0.0/8, proxy.example")
+    with caplog.at_level("WARNING"):
+        assert uploads.trusted_proxies() == ("192.0.2.1", "10.0.0.0/8")
+    assert "proxy.example" in caplog.text
+
+
+def test_a_forged_header_from_an_untrusted_peer_fills_only_that_peers_share(tmp_path, monkeypatch):
+    """Reached directly, a client sending a new X-Forwarded-For with every upload is one visitor: its uploads evict its
+    own, the server's space stays free, and a visitor from another address uploads as usual. (From 127.0.0.2 and
+    127.0.0.3: uvicorn itself takes X-Forwarded-For from 127.0.0.1, its FORWARDED_ALLOW_IPS default.)"""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    demo, url = launch(budget=UploadBudget(session_bytes=300 * KB, session_files=4, total_bytes=700 * KB, total_files=12))
+
+    def upload(client, name, forged=None):
+        headers = {"x-forwarded-for": forged} if forged else {}
+        return client.post(f"{url}/gradio_api/upload", files=[("files", (name, f"{name} {time.time()}".encode().ljust(4 * KB, b"x")))],
+                           headers=headers, timeout=60)
+
+    forger = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    visitor = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"))
+    try:
+        for k in range(16):  # a new address claimed each time: 16 uploads would be 16 visitors were the header believed
+            r = upload(forger, f"f{k}.bin", forged=f"198.51.100.{k}")
+            assert r.status_code == 200, (k, r.text)
+        assert sum(1 for p in (tmp_path / "gradio").rglob("*") if p.is_file()) <= BUDGET.session_files
+        for k in range(12):  # the server's count would be full from the forger's 16; it holds 4: room for another visitor
+            assert upload(visitor, f"v{k}.bin").status_code == 200
+    finally:
+        forger.close()
+        visitor.close()
         demo.close()

@@ -12,17 +12,20 @@ to an hour; anyone may post, and a browser posts for any page it has open (a mul
   - records the stored files (the route's JSON answer lists them) by visitor, to count and evict them later.
 `discard(paths)` deletes uploads the app has read (a router set is read at once); the next upload forgets them.
 
-A visitor is the client's address: the last `X-Forwarded-For` hop when a proxy sent one (the address the proxy saw),
-else the socket's peer. Gradio's browser client sends no session hash with an upload (only a random `upload_id`), so
-the address is what is reliably there; a client that forges the header gets a budget per forged address, and the
-server's budget still bounds the disk. Knows nothing about what an upload holds, nor of Gradio beyond the route's
+A visitor is the client's address: the socket's peer, or, when the peer is a proxy the operator trusts
+(`ROUTERLAB_TRUSTED_PROXIES`; on a Hugging Face Space, its own proxy in the private ranges), the last
+`X-Forwarded-For` hop the trusted proxies did not add (the address the first of them saw). Gradio's browser client sends
+no session hash with an upload (only a random `upload_id`), so the address is what is reliably there; a client that
+forges the header, reaching the server directly, is still one visitor: its own share, never the others'. Knows nothing about what an upload holds, nor of Gradio beyond the route's
 path and its answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
+import ipaddress
 import json
 import logging
 import os
@@ -48,6 +51,7 @@ class UploadBudget:
     total_bytes: int = 200 * MB  # five visitors' largest files at once; a small share of a Space's disk
     total_files: int = 256
     allowed_origins: tuple[str, ...] = ()  # "scheme://host[:port]", or "*" for any (embedding)
+    trusted_proxies: tuple[str, ...] = ()  # addresses or networks ("10.0.0.0/8") whose X-Forwarded-For is believed
 
     @classmethod
     def from_env(cls) -> UploadBudget:
@@ -59,12 +63,36 @@ class UploadBudget:
                    session_files=env_int("ROUTERLAB_UPLOAD_SESSION_FILES", d.session_files),
                    total_bytes=env_int("ROUTERLAB_UPLOAD_TOTAL_MB", d.total_bytes // MB) * MB,
                    total_files=env_int("ROUTERLAB_UPLOAD_TOTAL_FILES", d.total_files),
-                   allowed_origins=tuple(_origin(o) if o not in ("*", "null") else o for o in origins))
+                   allowed_origins=tuple(_origin(o) if o not in ("*", "null") else o for o in origins),
+                   trusted_proxies=trusted_proxies())
 
     def describe(self) -> dict:
         return {"session_mb": round(self.session_bytes / MB, 2), "session_files": self.session_files,
                 "total_mb": round(self.total_bytes / MB, 2), "total_files": self.total_files,
-                "allowed_origins": list(self.allowed_origins)}
+                "allowed_origins": list(self.allowed_origins), "trusted_proxies": list(self.trusted_proxies)}
+
+
+PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "fc00::/7", "::1/128")
+
+
+def trusted_proxies() -> tuple[str, ...]:
+    """The proxies whose `X-Forwarded-For` names the visitor: `ROUTERLAB_TRUSTED_PROXIES` (comma-separated addresses or
+    networks; "none" for none), else on a Hugging Face Space (`SPACE_HOST` set: its proxy reaches the app from inside
+    the private ranges) the private ranges, else none. A malformed entry is left out, with a warning."""
+    raw = os.environ.get("ROUTERLAB_TRUSTED_PROXIES")
+    if raw is None:
+        return PRIVATE if os.environ.get("SPACE_HOST") else ()
+    kept = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry or entry.lower() == "none":
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            LOG.warning("ROUTERLAB_TRUSTED_PROXIES: %r is not an address or a network; left out", entry)
+            continue
+        kept.append(entry)
+    return tuple(kept)
 
 
 def upload_folder() -> Path:
@@ -208,15 +236,35 @@ class Ledger:
             self.reserved.pop(rid, None)
 
 
-def visitor_of(scope) -> str:
-    """The visitor an upload counts against: the last X-Forwarded-For hop, else the socket's peer."""
+def visitor_of(scope, trusted: tuple[str, ...] = ()) -> str:
+    """The visitor an upload counts against: the socket's peer; where the peer is a `trusted` proxy, the last
+    X-Forwarded-For hop that is not one too (what the first trusted proxy saw). A header from anyone else is ignored."""
+    client = scope.get("client")
+    peer = client[0] if client else "unknown"
+    networks = _networks(trusted)
+    if not _within(peer, networks):
+        return peer
+    hops: list[str] = []
     for name, value in scope.get("headers", ()):
         if name == b"x-forwarded-for":
-            hops = [h.strip() for h in value.decode("latin-1").split(",") if h.strip()]
-            if hops:
-                return hops[-1][:64]
-    client = scope.get("client")
-    return client[0] if client else "unknown"
+            hops += [h.strip() for h in value.decode("latin-1").split(",") if h.strip()]
+    for hop in reversed(hops):
+        if not _within(hop, networks):
+            return hop[:64]
+    return hops[0][:64] if hops else peer
+
+
+@functools.lru_cache(maxsize=8)
+def _networks(trusted: tuple[str, ...]) -> tuple:
+    return tuple(ipaddress.ip_network(t, strict=False) for t in trusted)
+
+
+def _within(address: str, networks: tuple) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    return any(ip.version == n.version and ip in n for n in networks)
 
 
 class UploadGuard:
@@ -240,7 +288,7 @@ class UploadGuard:
             size = int(headers.get("content-length", ""))
         except ValueError:
             return await _refuse(receive, send, 411, "Upload refused: the request must say its length (Content-Length).")
-        visitor = visitor_of(scope)
+        visitor = visitor_of(scope, self.budget.trusted_proxies)
         if size > self.budget.session_bytes:
             return await _refuse(receive, send, 413, f"Upload refused: it is {_size(size)}, and one visitor may keep at most "
                                             f"{_size(self.budget.session_bytes)} of uploads on this server. Upload a smaller file.")
