@@ -147,6 +147,28 @@ def test_a_second_visitor_waits_in_line_and_can_cancel():
     _wait(res, first)
 
 
+def test_a_full_line_refuses_the_next_training_at_once_and_a_place_frees_it():
+    """Past ROUTERLAB_TRAINING_QUEUE trainings waiting, a new one is refused with a message (not the 20th place in a
+    line); the visitor's settings and text are untouched; one cancelled frees its place."""
+    from dataclasses import replace
+
+    res = tiny_resources()
+    res.limits = replace(res.limits, training_queue=2)
+    running, *waiting = [ui.Session() for _ in range(3)]
+    _start(res, running, steps=10_000)  # runs until stopped
+    for s in waiting:
+        assert "ahead of yours" in _start(res, s)[4]
+    late = ui.Session()
+    refused = _start(res, late)
+    assert "2 trainings are already waiting" in refused[4] and late.job is None
+    assert "Cancelled" in train_stop(waiting[0])
+    assert "ahead of yours" in _start(res, late)[4]
+    for s in (late, waiting[1], running):
+        train_stop(s)
+    for s in (late, waiting[1], running, waiting[0]):
+        _wait(res, s)
+
+
 def test_closing_the_tab_stops_the_training():
     from routerlab.ui.session import _delete_session
 

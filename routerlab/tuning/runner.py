@@ -53,6 +53,11 @@ class TrainingRunner:
                 return self._running.phase
             return "queued" if any(j.phase != "cancelled" for j in self._queue) else None
 
+    def waiting(self) -> int:
+        """Jobs in the line that have not started (cancelled ones left out)."""
+        with self._lock:
+            return sum(1 for j in self._queue if j.phase != "cancelled")
+
     @property
     def busy(self) -> bool:
         return self._running is not None or any(j.phase != "cancelled" for j in self._queue)

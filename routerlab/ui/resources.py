@@ -69,6 +69,7 @@ class Limits:
     training: bool = True  # the Train tab (ROUTERLAB_TRAINING=on|off)
     training_minutes: float = 10.0  # the longest training a visitor may ask for
     training_max_chars: int = 1_000_000  # the most text a visitor may train on
+    training_queue: int = 4  # trainings that may wait behind the running one; a visitor beyond is told at once
     training_nice: int = 10  # how much lower the training worker's scheduling priority is than generation's (0: the same)
     max_upload_mb: int = 32  # the largest file Gradio accepts (a router set is ~100 KB, 32 MB at most unpacked; text 4 bytes a character)
     session_sets: int = 8  # router sets one tab keeps (trained or uploaded); a new one drops the oldest
@@ -89,6 +90,7 @@ class Limits:
             training=os.environ.get("ROUTERLAB_TRAINING", "on").strip().lower() not in ("off", "0", "false", "no"),
             training_minutes=float(_env_int("ROUTERLAB_TRAINING_MINUTES", 10)),
             training_max_chars=_env_int("ROUTERLAB_TRAINING_MAX_CHARS", 1_000_000),
+            training_queue=_env_int("ROUTERLAB_TRAINING_QUEUE", 4),
             training_nice=min(19, _env_int("ROUTERLAB_TRAINING_NICE", 10, low=0)),
             max_upload_mb=_env_int("ROUTERLAB_MAX_UPLOAD_MB", 32),
             session_sets=_env_int("ROUTERLAB_SESSION_SETS", 8),

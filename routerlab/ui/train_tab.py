@@ -76,6 +76,9 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
             raise RouterLabError("Training is turned off on this server.", "The operator can turn it on with ROUTERLAB_TRAINING=on.")
         if session.job is not None and session.job.phase not in ("done", "stopped", "failed", "cancelled"):
             raise RouterLabError("Your last training is still going.", "Stop it first, or wait for it to end.")
+        if res.trainer.waiting() >= res.limits.training_queue:
+            raise RouterLabError(f"{res.trainer.waiting()} trainings are already waiting on this server, the most it queues.",
+                                 "Try again when one has finished; the Explore tab works meanwhile.")
         settings = JobSettings(granularity=fields.GRANULARITY.check(granularity), skip=fields.SKIP_TARGET.check(skip_pct) / 100,
                                minutes=fields.MINUTES.within(maximum=res.limits.training_minutes).check(minutes),
                                lr=fields.LEARNING_RATE.check(lr), kd_weight=fields.KD_WEIGHT.check(kd_weight),
