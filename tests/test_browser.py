@@ -338,7 +338,7 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
         page.get_by_label("my own text").check()
         page.locator("#rl-tr-text textarea").fill("Far too short.")
         page.locator("#rl-tr-start").click()
-        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('training needs at least')")
+        page.wait_for_function("document.querySelector('#rl-status')?.innerText.includes('training needs at least')")
         assert page.locator("#rl-tr-text textarea").input_value() == "Far too short."
         page.locator("#rl-tr-text textarea").fill(TRAIN_TEXT)  # what a visitor pasted stays while the built-in data trains
         # a real training on the built-in prompts, stopped after its first held-out checkpoint (or seen to its end, if the
@@ -356,9 +356,9 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
             page.locator("#rl-tr-stop").click()
             page.wait_for_function("!document.querySelector('#rl-tr-start').disabled")  # Stop, then its chained tick
             print(f"\nStart enabled again {time.perf_counter() - asked:.1f} s after Stop")
-            page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('uncalibrated')")
+            page.wait_for_function("document.querySelector('#rl-tr-result')?.innerText.includes('uncalibrated')")
         else:  # it ended by itself: calibrated and compared
-            page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('mine at 0.5')")
+            page.wait_for_function("document.querySelector('#rl-tr-result')?.innerText.includes('mine at 0.5')")
         # the set generates in Explore, with skipped cells at a high threshold
         _pick_set(page, "mine: attention-token")
         page.get_by_role("tab", name="Explore").click()
@@ -375,7 +375,7 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
         archive = tmp_path / got.value.suggested_filename
         got.value.save_as(archive)
         page.locator("#rl-tr-upload input[type=file]").set_input_files(str(archive))
-        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('Loaded uploaded')")
+        page.wait_for_function("document.querySelector('#rl-status')?.innerText.includes('Loaded uploaded')")
         _pick_set(page, "uploaded: attention-token")
         page.get_by_role("tab", name="Explore").click()
         page.locator("#rl-threshold input[type=number]").fill("0.8")
@@ -386,7 +386,7 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
         bad = tmp_path / "bad.zip"
         bad.write_bytes(b"PK not a zip at all")
         page.locator("#rl-tr-upload input[type=file]").set_input_files(str(bad))
-        page.wait_for_function("document.querySelector('#rl-status').innerText.includes('not a readable zip')")
+        page.wait_for_function("document.querySelector('#rl-status')?.innerText.includes('not a readable zip')")
     except Exception:
         page.screenshot(path=str(Path(tempfile.gettempdir()) / "routerlab-browser-train-failure.png"), full_page=True)
         raise
@@ -418,7 +418,7 @@ def test_what_if_redraw_latency_for_300_tokens(browser, long_run_url, capsys):
         page.evaluate(WATCH_JS, f"{value:.2f}")
         box.press("Enter")
         page.wait_for_function("window.__server !== null")
-        page.wait_for_function("document.querySelector('#rl-heatmap .gtitle').textContent.includes('not a new run):')")
+        page.wait_for_function("document.querySelector('#rl-heatmap .gtitle')?.textContent.includes('not a new run):')")
         server.append(page.evaluate("window.__server - window.__t0"))
         assert page.evaluate(COUNT_RAN_JS) == previewed, "the browser preview and the server disagree"
     page.close()
@@ -764,7 +764,7 @@ def test_report_train_tab_in_the_browser(browser, app_url, capsys):
         _open_train_tab(page, app_url)
         started = time.perf_counter()
         page.locator("#rl-tr-start").click()
-        page.wait_for_function("document.querySelector('#rl-tr-result').innerText.includes('mine at 0.5')")
+        page.wait_for_function("document.querySelector('#rl-tr-result')?.innerText.includes('mine at 0.5')")
         result = page.inner_text("#rl-tr-result")
     finally:
         page.close()
