@@ -1,6 +1,6 @@
 """`python -m routerlab bench kernels`: which product each kind of linear map is fastest with on this machine.
 
-A decode step's products are most of its time (issue 51: on an AVX2-only CPU torch's int4 products alone took longer
+A decode step's products are most of its time (on an AVX2-only CPU torch's int4 products alone took longer
 than llama.cpp's whole step). This times the candidates torch's CPU wheel offers, over every map of a kind as a step
 streams them (never one weight kept warm in a cache), at 1 row (a decode step) and at a room's row counts:
 

@@ -8,7 +8,7 @@ first greedy tokens the graph and the engine share (the graph's activations are 
 bf16: a near tie may go either way). Then the shipped attention-token routers inside the graph (`routing`): never
 skipping (what routing costs) and at their default threshold, against the full graph, on the app's first example
 prompt and the passage; under `kv` each step takes the form that pays (core/graph_forms.py), whose measured costs
-are printed and saved too. Knows nothing about the UI beyond its example prompts.
+are printed and saved too, beside the same runs with an `If` at every step (the form alone before). Knows nothing about the UI beyond its example prompts.
 """
 
 from __future__ import annotations
@@ -38,18 +38,24 @@ def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
         return (time.perf_counter() - start) / n, out
 
 
-def _graph_decode(engine, graph, ids: list[int], n: int, routers=None, threshold: float = 0.5) -> tuple[float, list[int], float]:
-    """The same through the step graph: the engine's prefill (under the routers and the graph's KV policy where
-    given), its caches loaded, then `n` greedy steps; seconds a token, the tokens, and the share of routed cells
-    skipped."""
+def _prefilled(engine, graph, ids: list[int], n: int, routers=None, threshold: float = 0.5) -> int:
+    """The engine's prefill of `ids` (under the routers and the graph's KV policy where given), its caches loaded into
+    `graph` with room for `n` tokens; the first greedy token."""
     from routerlab.core.engine import Plan, forward
 
     caches = engine.new_caches(len(ids) + 1)
     plan = Plan(routers, threshold, graph.policy) if routers is not None else Plan(None)
+    logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
+    graph.load(caches, n, threshold, tokens=len(ids))
+    return int(logits[0, -1].max(0).indices)
+
+
+def _graph_decode(engine, graph, ids: list[int], n: int, routers=None, threshold: float = 0.5) -> tuple[float, list[int], float]:
+    """The same through the step graph: the engine's prefill (under the routers and the graph's KV policy where
+    given), its caches loaded, then `n` greedy steps; seconds a token, the tokens, and the share of routed cells
+    skipped."""
     with torch.inference_mode():
-        logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
-        graph.load(caches, n, threshold, tokens=len(ids))
-        token, out, scores = int(logits[0, -1].max(0).indices), [], []
+        token, out, scores = _prefilled(engine, graph, ids, n, routers, threshold), [], []
         start = time.perf_counter()
         for _ in range(n):
             out.append(token)
@@ -68,7 +74,7 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
     steps them in turn, token by token (which goes first rotating), so a busy moment falls on all of them; a run's rate
     is its round's mean step, medians over rounds. (Whole decodes in alternating rounds moved the same ratio by up to
     5% between runs on a 2-core EPYC.)"""
-    from routerlab.core.engine import Plan, forward
+    from routerlab.core import graph_forms
     from routerlab.core.step_graph import StepGraph
     from routerlab.tuning.checkpoint import resolve_routers
 
@@ -80,21 +86,19 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
     out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {}, "interleaved": "steps",
            "forms": {"branches_ms": routed.costs.branches_ms, "saved_ms": list(routed.costs.saved_ms), "contexts": list(routed.costs.contexts)}}
     log(f"routers in the graph under kv, measured at its build (core/graph_forms.py): {routed.costs.describe()}")
+    with_if = [routed.twin(), routed.twin()]  # the form with an If around every routed attention, at every step
+    for g in with_if:
+        g.form = graph_forms.BRANCH
     runs = {"full": (full, None, 0.0), "never_skip": (routed, routers, 0.0), "default": (routed.twin(), routers, threshold),
-            "default_drop": (dropped, routers, threshold)}
+            "default_drop": (dropped, routers, threshold), "never_skip_if": (with_if[0], routers, 0.0),
+            "default_if": (with_if[1], routers, threshold)}
     names = list(runs)
     for label, ids in prompts.items():
         rates: dict[str, list[float]] = {k: [] for k in runs}
         cells: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(rounds):
-            token = {}
             with torch.inference_mode():
-                for name, (graph, rs, t) in runs.items():
-                    caches = engine.new_caches(len(ids) + 1)
-                    plan = Plan(rs, t, graph.policy) if rs is not None else Plan(None)
-                    logits, _ = forward(engine.anatomy, torch.tensor([ids]), torch.arange(len(ids)), caches, plan)
-                    graph.load(caches, new_tokens, t, tokens=len(ids))
-                    token[name] = int(logits[0, -1].max(0).indices)
+                token = {name: _prefilled(engine, graph, ids, new_tokens, rs, t) for name, (graph, rs, t) in runs.items()}
                 seconds = {name: 0.0 for name in runs}
                 for k in range(new_tokens):
                     for name in names[k % len(names):] + names[: k % len(names)]:
@@ -110,12 +114,14 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
         skipped = {k: statistics.mean(v) if v else 0.0 for k, v in cells.items()}
         entry = {"prompt_tokens": len(ids), "tokens_per_second": med, "never_skip_vs_full": med["never_skip"] / med["full"],
                  "default_vs_full": med["default"] / med["full"], "skipped_at_default": skipped["default"],
-                 "default_drop_vs_full": med["default_drop"] / med["full"], "skipped_at_default_drop": skipped["default_drop"]}
+                 "default_drop_vs_full": med["default_drop"] / med["full"], "skipped_at_default_drop": skipped["default_drop"],
+                 "never_skip_if_vs_full": med["never_skip_if"] / med["full"], "default_if_vs_full": med["default_if"] / med["full"]}
         out["prompts"][label] = entry
         log(f"routers in the graph, {label} ({len(ids)} tokens): full {med['full']:.1f} tok/s, never skip {med['never_skip']:.1f} "
             f"({entry['never_skip_vs_full']:.3f}x), threshold {threshold} {med['default']:.1f} ({entry['default_vs_full']:.3f}x, "
             f"{entry['skipped_at_default']:.1%} of routed cells skipped), under drop {med['default_drop']:.1f} "
-            f"({entry['default_drop_vs_full']:.3f}x, {entry['skipped_at_default_drop']:.1%} skipped)")
+            f"({entry['default_drop_vs_full']:.3f}x, {entry['skipped_at_default_drop']:.1%} skipped); with an If at every step: "
+            f"never skip {entry['never_skip_if_vs_full']:.3f}x, threshold {threshold} {entry['default_if_vs_full']:.3f}x")
     return out
 
 

@@ -3,8 +3,8 @@ an `If` that any row runs it, so a layer every row skips costs nothing) or the p
 computed, a skipping row's update zeroed by a `Where`). Both give the same numbers to the bit (a row's update is its
 attention's where it runs and 0 where it skips either way; tested), so the choice changes a step's time, never a token.
 
-Why: an `If` costs about half of what skipping a short context's attention saves (onnxruntime runs its branch as a
-subgraph of its own: ~20 us a call on a 2-core EPYC, against ~50 us saved), so where few cells skip the branching form is slower than computing everything, and where many skip it is
+Why: an `If` costs a good part of what skipping a short context's attention saves (onnxruntime runs its branch as a
+subgraph of its own; `make bench-step-graph` prints both, measured), so where few cells skip the branching form is slower than computing everything, and where many skip it is
 faster. Which wins where is measured, not assumed: `measure` times both forms side by side when a graph is built
 (every token through each form in turn, lower quartiles), giving what the branches cost a step when nothing skips
 and what one skipped cell saves at two contexts. `History` samples each row's routers' raw logits over its last
@@ -26,7 +26,7 @@ W = 8  # samples of router logits a prediction reads
 STRIDE = 2  # a sample every STRIDE steps (W of them span 16 steps)
 EVERY = 4  # steps a choice holds unless a threshold moves
 # Sampling and choosing cost a step little: right after a run, whose weights streamed through the core's caches, each
-# numpy call runs cold (recording and choosing at every step took ~0.13 ms a step, 1.5%, on a 2-core EPYC).
+# numpy call runs cold (recording and choosing at every step cost about 1.5% of a step in a one-off comparison).
 BRANCH, PLAIN = 0, 1  # a graph's sessions: the form with `If`s, the form without
 
 

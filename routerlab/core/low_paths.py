@@ -1,7 +1,7 @@
 """Which kernel each kind of linear map multiplies one row with (a decode step): torch's int4 kernel on the file's
 codes, or onnxruntime's `MatMulNBits` on the same codes (core/nbits.py); measured at start-up, never assumed.
 
-Issue 51: the best one-row kernel differs between machines. On a 2-core Xeon with AMX (2026-12-06) the head alone took
+The best one-row kernel differs between machines. On a 2-core Xeon with AMX (2026-12-06) the head alone took
 1.40 ms a call with torch's int4 kernel and 0.64 ms with `MatMulNBits` on the file's Q8_0 codes, and decode ran 1.06x
 faster with the head through it (`python -m routerlab.bench.nbits --maps head`); the layers' maps were slower through
 it there (docs/method.md). On an AVX2-only CPU, where torch's int4 kernel is slow, other maps may win: `tune` finds out.

@@ -85,7 +85,7 @@ def product_nodes(codes, x: str, y: str, prefix: str = "") -> tuple[list, list]:
     block holds both signs) times the block's input sum. One `MatMulNBits` gives both the codes' product and, in K / 32
     extra columns (codes 1 on their own block), the sums of the 8-bit activations it multiplied, as llama.cpp's Q8_1
     carries them; a second multiplies the sums by the rests in 8 bits. The rests held in fp32 beside the codes, an fp32
-    product of their own, made the step graph measurably slower (issue 51's note has the comparison)."""
+    product of their own, made the step graph measurably slower (a one-off comparison, not kept)."""
     from onnx import helper, numpy_helper
 
     c, d, m = codes.codes.numpy(), codes.scale.numpy(), codes.minimum.numpy()

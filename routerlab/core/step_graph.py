@@ -1,4 +1,4 @@
-"""A whole decode step of the model as one onnxruntime graph on a GGUF file's own codes (issue 51): every layer's
+"""A whole decode step of the model as one onnxruntime graph on a GGUF file's own codes: every layer's
 norms, products (`MatMulNBits`, core/nbits.py), rotary, attention over its KV cache, residual adds, then the head,
 in one `run`, so no tensor op a step is dispatched from Python.
 
@@ -330,8 +330,8 @@ def _routed_attention(step: _Nodes, i: int, at, x: str, router, o_codes, skips: 
         return f"l{i}.o"
     _any(step, i)
     # The branches' initializers (the output map's codes, constants) are the step graph's, which the branches read as
-    # outer values: with initializers of its own, a branch ran measurably slower (one-off comparisons in issue 51's
-    # note; `make bench-step-graph`'s routing lines measure what routing costs).
+    # outer values: with initializers of its own, a branch ran measurably slower (one-off comparisons, not
+    # kept; `make bench-step-graph`'s routing lines measure what routing costs).
     runs = _Nodes(step.inits)
     _attend(runs, i, at, f"l{i}.q", f"l{i}.att")
     runs.product(f"l{i}.attended", f"l{i}.att", o_codes)
@@ -348,7 +348,7 @@ def _dropped_attention(step: _Nodes, i: int, at, x: str, router, qkv_codes, o_co
     and the graph writes that entry in the layer's mask: 0 where the row runs the layer, -inf where it skips (a key
     written there for a row that skips while others run is then nobody's: the host counts the entry only where it is
     0, and the row's next token writes over it). With the q|k|v product outside the `If` (as under `kv`), a step that
-    skips every routed cell saved a fifth less and one that never skips cost the same (issue 51's note). Returns the
+    skips every routed cell saved a fifth less and one that never skips cost the same (a one-off comparison, not kept). Returns the
     update's name."""
     _decide(step, i, x, router)
     step("Where", [f"l{i}.runs", "zero", "absent"], [f"l{i}.held"])  # the token's entry in the layer's mask
@@ -376,7 +376,7 @@ def copied(t: torch.Tensor) -> torch.Tensor:
     """A copy of a CPU tensor made by numpy on this thread. torch copies a tensor this size (the logits, above its
     grain of 32,768 elements) on its OpenMP workers, which then spin: with libgomp's own spin count (torch imported
     before routerlab, as a notebook may, so routerlab/spin.py came too late) they took a core from the graph's next
-    run: a step took about 1.4 times as long after torch's clone of its logits (issue 51's note)."""
+    run: a step took about 1.4 times as long after torch's clone of its logits (a one-off comparison, not kept)."""
     return torch.from_numpy(t.numpy().copy())
 
 
@@ -409,10 +409,9 @@ class StepGraph:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.force_spinning_stop", "1")
         # Each node's outputs from malloc, not onnxruntime's arena (locked bins): about 1-2% faster a step (0.99-1.07x in
-        # 13 comparisons in one process, 1 to 32 rows) and less memory held (one-off figures in issue 51's note).
+        # 13 comparisons in one process, 1 to 32 rows) and less memory held (one-off figures, not kept).
         options.enable_cpu_mem_arena = False
-        # Under `kv`, the same step in mask's form too (no `If`: the same numbers to the bit), run where few cells skip
-        # (core/graph_forms.py): both sessions read and write the same bound buffers, so a step may take either.
+        # Under `kv`, the step in mask's form too (no `If`, the same numbers to the bit; core/graph_forms.py), on the same buffers
         self.plain = (ort.InferenceSession(build(an, max_positions, routers, "mask"), options, providers=["CPUExecutionProvider"])
                       if routers is not None and policy == "kv" else None)
         self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
@@ -440,6 +439,7 @@ class StepGraph:
         self.bindings: dict = {}  # a room's slots -> their binding (core/graph_rows.py)
         self.history = graph_forms.History(self.layers)  # the request's last steps' router logits (its form's choice)
         self.costs = None  # what the branching form costs and saves on this machine (graph_forms.measure), under `kv`
+        self.form = None  # a form every step takes (benchmarks' comparisons); None: the one that pays
         if self.plain is not None:
             self.costs = graph_forms.measure(self)
             log.info("step graph under kv: %s", self.costs.describe())
@@ -579,7 +579,7 @@ class StepGraph:
         that pays where the request's routers are now (core/graph_forms.py): the same numbers either way."""
         if self.plain is None:
             return self.run(token)
-        out = self.run(token, self.history.choose(self.costs, self._raw, self.n))
+        out = self.run(token, self.history.choose(self.costs, self._raw, self.n) if self.form is None else self.form)
         self.history.after(self._sample)
         return out
 

@@ -2,7 +2,7 @@
 
 On 2 cores, two OpenMP threads make a quiet step fastest, but a parallel region waits for its slowest thread: when
 anything else runs (the web server, the visitors' browsers or clients, a training job), one of the two loses its
-core and the step stalls. Measured on a 2-core Xeon (issue 42): the room's step with 2 threads ran 174 tokens/s alone
+core and the step stalls. Measured on a 2-core Xeon: the room's step with 2 threads ran 174 tokens/s alone
 and 94 beside a process keeping half a core busy; with 1 thread 120 alone and 120 beside it. Which wins depends on
 the machine and on the load of the moment, so `ThreadTuner` keeps measuring: it runs most steps with the count that
 has been faster per token lately, for batches of about the same size, and now and then tries each other count for a

@@ -1,4 +1,4 @@
-"""The upload flood: what strangers' uploads can do to the server's disk (issue 50's probe, as the fault phase runs it).
+"""The upload flood: what strangers' uploads can do to the server's disk (as the fault phase runs it).
 
 Owns `upload_flood_test`: ten 31 MB uploads in a row from one visitor, then one each from ten visitors (told apart by
 `X-Forwarded-For`, as a proxy in front of a Space tells them apart), an upload sent from another site's page (`Origin:

@@ -95,7 +95,7 @@ def bad_input_cases(default_model: str, cap: int, max_chars: int) -> list[tuple]
         ("set_threshold a word", "/set_threshold", ["abc"], "Threshold"),
         ("set_threshold 1e308", "/set_threshold", [1e308], "Threshold"),
         ("set_threshold None", "/set_threshold", [None], "Threshold"),
-        # issue 50: a boolean is not a number, a string of a number is not a number, -0.0 is 0.00, a flag is true or false
+        # a boolean is not a number, a string of a number is not a number, -0.0 is 0.00, a flag is true or false
         gen(1, True, "threshold true", names="Threshold"),
         gen(1, "0.5", "threshold the string '0.5'", names="Threshold"),
         gen(5, True, "temperature true", names="Temperature"),
@@ -143,7 +143,7 @@ def train_cases(folder: Path) -> list[tuple]:
         train(9, "   \n\n  ", "train: pasted text only blanks"),
         train(4, -1.0, "train: distillation weight negative", "Distillation weight"),
         train(2, 1e9, "train: minutes 1e9", "Time budget"),
-        # issue 50: each ended in {"error": null} for the client and a TypeError traceback in the log, or started a training
+        # each ended in {"error": null} for the client and a TypeError traceback in the log, or started a training
         train(3, "x", "train: learning rate 'x'", "Learning rate"),
         train(4, "nan", "train: distillation weight 'nan'", "Distillation weight"),
         train(5, "1", "train: LM-loss weight '1'", "LM-loss weight"),
