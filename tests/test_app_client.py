@@ -249,12 +249,12 @@ def test_api_names_every_parameter(app):
 
 
 def test_generate_takes_named_arguments(app):
-    """docs/operators.md's example: named arguments, the rest left at the page's values; 9 values come back."""
+    """docs/operators.md's example: named arguments, the rest left at the page's values; 8 values come back."""
     url, res = app
     c = client(url)
     out = c.predict(prompt="Name three colours.", threshold=0.6, router_set=ui.UNTRAINED, max_new_tokens=4, measure_quality=False,
                     api_name="/generate")
-    assert len(out) == 9 and "rl-tok" in out[0] and out[1]["type"] == "plotly" and out[3].startswith("✓ Done") and out[8] == ""
+    assert len(out) == 8 and "rl-tok" in out[0] and out[1]["type"] == "plotly" and out[3].startswith("✓ Done") and out[7] == ""
     trace = trace_from(out)
     assert 1 <= len(trace.generated_steps) <= 4 and {s.threshold for s in trace.steps} == {0.6} and not trace.meta["quality"]
     page = {p["parameter_name"]: p["parameter_default"] for p in c.view_api(print_info=False, return_format="dict")["named_endpoints"]["/generate"]["parameters"]}

@@ -168,9 +168,20 @@ def _explore_tour(page, app_url, engine):
         page.locator("#rl-dl-trace").click()
     saved = json.loads(Path(got.value.path()).read_text())
     assert any(not step["is_prompt"] for step in saved["steps"]) and saved["meta"]["kv_policy"]
-    with page.expect_download() as got:
+    with page.expect_download() as got:  # made in the page from what it shows (ui/heatmap_export.py), plotly.js inside
         page.locator("#rl-dl-html").click()
-    assert "Plotly" in Path(got.value.path()).read_text(encoding="utf-8")
+    assert got.value.suggested_filename == "routerlab-heatmap.html"
+    shown = page.evaluate("document.querySelector('#rl-heatmap .js-plotly-plot').data.length")
+    with tempfile.TemporaryDirectory() as folder:
+        exported = Path(folder) / "heatmap.html"
+        got.value.save_as(exported)
+        alone = page.context.browser.new_page()  # a page of its own, offline: nothing but the file itself may load
+        alone.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else route.abort())
+        alone.goto(exported.as_uri())
+        alone.locator(".js-plotly-plot g.xtick text").first.wait_for()
+        assert alone.evaluate("document.querySelector('.js-plotly-plot').data.length") == shown
+        assert "WHAT-IF" in alone.locator(".gtitle").text_content()  # what the page showed when clicked
+        alone.close()
 
     # 3. the other tabs
     page.get_by_role("tab", name="Layers").click()

@@ -176,31 +176,6 @@ def test_tradeoff_curve_one_line_per_method():
     assert fig.data[-1].x == (1.2,)
 
 
-def test_figure_html_is_standalone():
-    page = plots.figure_html(plots.heatmap(synthetic_trace()))
-    assert "<html>" in page[:100] and "plotly" in page.lower() and "<script src=\"https://cdn" not in page
-
-
-def test_figure_page_written_as_built_with_plotly_once_and_the_figure_escaped(tmp_path):
-    from plotly.offline import get_plotlyjs
-
-    from routerlab.ui import figure_page
-
-    fig = go.Figure(go.Heatmap(z=[[1, 2]], x=["</script><img src=/hostile>", "b"], y=["L0"]))
-    page = figure_page.page(fig)
-    assert page.count(get_plotlyjs()) == 1 and page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
-    assert "Plotly.newPlot" in page and '"displaylogo": false' in page
-    assert "</script><img" not in page and "\\u003c\\u002fscript\\u003e\\u003cimg" in page  # plotly's own escaping
-    path = tmp_path / "page.html"
-    figure_page.write_page(fig, path)
-    written = path.read_text()
-    assert written.replace(_div_id(written), "X") == page.replace(_div_id(page), "X")  # the same page (plotly's div id is random)
-
-
-def _div_id(page: str) -> str:
-    return page.split('<div id="', 1)[1].split('"', 1)[0]
-
-
 def test_heatmap_redraw_time_300_tokens_x_30_layers():
     """Prints the redraw time (the figure and its JSON); timing is reported, not asserted."""
     trace = synthetic_trace(n_layers=30, n_prompt=40, n_gen=260)
@@ -327,22 +302,3 @@ def test_layer_shares_bin_as_numpys_histogram_does():
             assert np.array_equal(shares[i], np.histogram(np.clip(row, 0.0, 1.0), bins=edges)[0] / row.size)
         else:
             assert np.isnan(shares[i]).all()
-
-
-def test_figure_page_of_json_draws_the_same_figure_escaped(tmp_path):
-    import json
-
-    from plotly.offline import get_plotlyjs
-
-    from routerlab.ui import figure_page
-
-    trace = synthetic_trace(n_gen=8, texts=["</script><img src=/hostile>", "<!--", "&amp;"])
-    fig_json = plots.heatmap_json(trace)
-    path = tmp_path / "page.html"
-    figure_page.write_json_page(fig_json, path)
-    page = path.read_text()
-    assert page.count(get_plotlyjs()) == 1 and page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
-    figure = page.split("const figure = ", 1)[1].split(";\nPlotly.newPlot(", 1)[0]
-    assert "<" not in figure and ">" not in figure and "&" not in figure  # nothing the model wrote can end the script
-    assert json.loads(figure) == json.loads(fig_json) and '"displaylogo": false' in page
-    assert page.count("</script>") == 3  # PlotlyConfig's, plotly.js's and the figure's: no token closed one

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from routerlab import ui
-from routerlab.ui import uploads
+from routerlab.ui import http_guard, uploads
 from routerlab.ui.train_tab import upload_set
 from routerlab.ui.uploads import Ledger, UploadBudget
 
@@ -145,9 +145,10 @@ def test_the_apps_launch_options_carry_the_guard_with_the_environments_budget(mo
     monkeypatch.setenv("ROUTERLAB_UPLOAD_SESSION_MB", "12")
     monkeypatch.setenv("ROUTERLAB_UPLOAD_TOTAL_FILES", "9")
     monkeypatch.setenv("ROUTERLAB_ALLOWED_ORIGINS", "https://Example.org:443/, https://b.example:8443")
-    (guard,) = ui.launch_options(ui.Limits())["app_kwargs"]["middleware"]
+    page, guard = ui.launch_options(ui.Limits(training_max_chars=1000))["app_kwargs"]["middleware"]
     budget = guard.kwargs["budget"]
-    assert guard.cls is uploads.UploadGuard
+    assert guard.cls is uploads.UploadGuard and page.cls is http_guard.PageGuard  # the page's guard first, outermost
+    assert page.kwargs == {"limit": 4000 + 2**20, "allowed_origins": ("https://example.org", "https://b.example:8443")}
     assert (budget.session_bytes, budget.total_files, budget.total_bytes) == (12 * 2**20, 9, 200 * 2**20)
     assert budget.allowed_origins == ("https://example.org", "https://b.example:8443")
 

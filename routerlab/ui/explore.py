@@ -21,6 +21,7 @@ from routerlab.core.trace import Trace
 from routerlab.ui import fields, plots
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
+from routerlab.ui.heatmap_export import LABEL
 from routerlab.ui.resources import Resources
 from routerlab.ui.session import Session, _export, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.stream import Decoder, prefill_progress
@@ -69,7 +70,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     each generated token against the full model (core/quality.py), shown as the heatmap's strip, the
     text's underline and the stats' mean KL and agreement.
 
-    Yields 10 values: text, heatmap, stats, status, trace file, heatmap html file, layer bar, score histogram, generate button,
+    Yields 10 values: text, heatmap, stats, status, trace file, the heatmap download button's label, layer bar, score histogram, generate button,
     live heatmap frame. While streaming, the heatmap holds a placeholder and the heatmap's frames (figure JSON,
     `plots.heatmap_json(live=True)`) go to the last value, which the page draws into the heatmap's plot
     (layout.LIVE_HEATMAP_JS); the final figure goes to the heatmap itself, and the last value is emptied.
@@ -105,7 +106,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     status = _status("run", f"Prefilling the prompt on {safe.text(engine.name)}{note}…")
     columns: dict = {}  # this run's heatmap columns, converted once each (plots._columns)
     spans: dict = {}  # this run's token spans, built once each (plots.token_html)
-    yield plots.token_html(trace, cache=spans), heat, stats, status, None, None, bar, hist, gr.Button(interactive=False), live_frame
+    yield plots.token_html(trace, cache=spans), heat, stats, status, None, LABEL, bar, hist, gr.Button(interactive=False), live_frame
 
     start = next_stats = time.perf_counter()
     decoder = Decoder([steps])
@@ -118,7 +119,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
             if len(snap.steps) < snap.meta.get("prompt_tokens", 1 << 30):  # still reading the prompt: say how far
                 reading = prefill_progress([control])
                 if reading:
-                    yield plots.token_html(snap, cache=spans), heat, stats, _status("run", f"{reading.capitalize()} on {safe.text(engine.name)}{note}…"), None, None, bar, hist, "Generate", live_frame
+                    yield plots.token_html(snap, cache=spans), heat, stats, _status("run", f"{reading.capitalize()} on {safe.text(engine.name)}{note}…"), None, LABEL, bar, hist, "Generate", live_frame
                 continue
             if draw_plot:
                 live_frame = plots.heatmap_json(snap, live=True, cache=columns)
@@ -126,7 +127,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
                 if time.perf_counter() >= next_stats:
                     next_stats = time.perf_counter() + STATS_INTERVAL
                     stats = session.views["stats"] = plots.stats_html(plots.live_stats(snap, costs), running=True)
-            yield plots.token_html(snap, cache=spans), heat, stats, status, None, None, bar, hist, "Generate", live_frame
+            yield plots.token_html(snap, cache=spans), heat, stats, status, None, LABEL, bar, hist, "Generate", live_frame
         decoder.raise_error()
     except RouterLabError as err:
         yield skip, _heat_note("No heatmap: the generation failed (see the status line)."), skip, _warn(err), skip, skip, skip, skip, gr.Button(interactive=True), ""
@@ -182,7 +183,7 @@ def _final_view(res: Resources, session: Session, trace: Trace, wall: float, col
     The download buttons are shown by a component update once per session, later runs only give them new files:
     each component update makes Gradio rebuild that component's whole config (milliseconds of the server's CPU)."""
     heatmap = plots.heatmap_json(trace, cache=columns)
-    trace_file, html_file = _export(session, trace, heatmap)
+    trace_file = _export(session, trace)
     views = session.views
     stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")))
     views["stats"] = plots.stats_html(stats)
@@ -195,7 +196,7 @@ def _final_view(res: Resources, session: Session, trace: Trace, wall: float, col
         views["stats"],
         _done_status(trace, res, wall, stats),
         trace_file if shown else gr.DownloadButton(value=trace_file, visible=True),
-        html_file if shown else gr.DownloadButton(value=html_file, visible=True),
+        LABEL if shown else gr.Button(LABEL, visible=True),  # the page makes the file on the click (ui/heatmap_export.py)
         views["bar"],
         views["hist"],
         gr.Button(interactive=True),

@@ -26,6 +26,8 @@ from routerlab.ui.session import Session, _delete_session, _status, _warn, close
 from routerlab.ui import tradeoff_plots, train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
+from routerlab.ui import heatmap_export
+from routerlab.ui.http_guard import body_limit, middleware as page_guard
 from routerlab.ui.uploads import UploadBudget, middleware as upload_guard
 
 CSS_FILE = ASSETS / "css" / "app.css"
@@ -298,12 +300,15 @@ def launch_options(limits: Limits | None = None, uploads: UploadBudget | None = 
     large share of the browser's time while streaming, CPU a laptop's decoder also needs.
     max_file_size: Gradio refuses a larger upload before storing it (ROUTERLAB_MAX_UPLOAD_MB; `limits`: the
     environment's when not given).
-    app_kwargs: the upload guard (uploads.py: the disk budget per visitor and per server, other sites' pages
-    refused; `uploads`: the environment's budget when not given)."""
+    app_kwargs: the page's guard (http_guard.py: a body cap from the training text's, file fields that take uploads
+    only, the framing headers, plotly.js for the page's exports), then the upload guard (uploads.py: the disk budget
+    per visitor and per server, other sites' pages refused; `uploads`: the environment's budget when not given)."""
     limits = limits or Limits.from_env()
+    uploads = uploads or UploadBudget.from_env()
+    page = page_guard(body_limit(limits.training_max_chars), uploads.allowed_origins)
     return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS,
                 run_history=False, max_file_size=limits.max_upload_mb * 2**20,
-                app_kwargs={"middleware": [upload_guard(uploads or UploadBudget.from_env())]})
+                app_kwargs={"middleware": [page, upload_guard(uploads)]})
 
 
 def threshold_help(res: Resources, label: str) -> str:
@@ -370,7 +375,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         live_heat = gr.HTML("", html_template="<span></span>", js_on_load=LIVE_HEATMAP_JS, visible="hidden", elem_id="rl-live-heat")
                         with gr.Row():
                             trace_dl = gr.DownloadButton("Download trace (JSON)", visible=False, size="sm", elem_id="rl-dl-trace")
-                            html_dl = gr.DownloadButton("Download heatmap (HTML)", visible=False, size="sm", elem_id="rl-dl-html")
+                            html_dl = gr.Button(heatmap_export.LABEL, visible=False, size="sm", elem_id="rl-dl-html")
                         gr.Markdown("PNG: use the camera icon in the heatmap's toolbar.", elem_classes=["rl-muted"])
                     with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare") as tab_compare:
                         gr.Markdown("A **threshold ladder**: the same prompt through the **full model** and the router set on the left at up to three thresholds, "
@@ -477,6 +482,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
+        html_dl.click(None, js=heatmap_export.EXPORT_HEATMAP_JS)  # made in the browser: the server keeps no page
         stop_btn.click(stop_run, [session], [status], api_name="stop", cancels=[gen_evt, prompt_evt, regen_evt], queue=False).then(
             _show_last, [session], run_outputs, api_name=False
         )

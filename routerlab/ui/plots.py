@@ -588,9 +588,3 @@ def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "p
     )
     return fig
 
-
-def figure_html(fig: go.Figure) -> str:
-    """A standalone HTML page of a figure that works offline (plotly.js embedded; ui/figure_page.py)."""
-    from routerlab.ui.figure_page import page
-
-    return page(fig)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from routerlab.core.trace import Trace
-from routerlab.ui import figure_page, plots, safe
+from routerlab.ui import exports, safe
 from routerlab.ui.uploads import upload_folder
 
 log = logging.getLogger(__name__)
@@ -168,21 +168,14 @@ def _warn(err: Exception) -> str:
     return _status("warn", message)
 
 
-def _export(session: Session, trace: Trace, heatmap=None) -> tuple[str, str]:
-    """Write the run's trace JSON and a standalone heatmap HTML page; return their paths. Each run's files go in a
-    folder of their own: they are served as they are from Gradio's cache, so a new run's must not take an old run's
-    address, and an earlier run's files stay readable (an API client may fetch them later) until Gradio's sweep of
-    served files (layout.EXPORT_TTL) or the visitor's session ends, as the cached copies did before. `heatmap`: the
-    run's final heatmap, when the caller has built it (a figure costs milliseconds of the server's CPU): a Figure, or
-    its JSON (`plots.heatmap_json`), written as it is."""
+def _export(session: Session, trace: Trace) -> str:
+    """Write the run's trace JSON; return its path. Each run's file goes in a folder of its own: files are served as
+    they are from Gradio's cache, so a new run's must not take an old run's address, and an earlier run's stays
+    readable (an API client may fetch it later) until the exports' bounds evict it (ui/exports.py: a session's last
+    few runs, a budget in all), Gradio's sweep of served files (layout.EXPORT_TTL) or the visitor's session ends.
+    The heatmap's page is made in the browser (ui/heatmap_export.py)."""
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=session.workdir()))
     trace_path = folder / "routerlab-trace.json"
     trace_path.write_text(trace.to_json(one_step_per_line=True))
-    html_path = folder / "routerlab-heatmap.html"
-    if heatmap is None:
-        heatmap = plots.heatmap_json(trace)
-    if isinstance(heatmap, str):
-        figure_page.write_json_page(heatmap, html_path)  # the final view's own figure
-    else:
-        figure_page.write_page(heatmap, html_path)
-    return str(trace_path), str(html_path)
+    exports.ledger().add(folder, session)
+    return str(trace_path)
