@@ -299,3 +299,25 @@ def test_report_streaming_rate_and_overhead(app, capsys):
             f"\n[app] heatmap updates while streaming: {f'{m(rates):.1f}/s' if rates else 'fewer than 2 per run'}; decode tokens/s direct "
             f"{m(direct):.2f} vs streamed through the app {m(through_app):.2f} (ratio {m(through_app) / m(direct):.2f})"
         )
+
+
+def test_a_file_field_given_no_file_and_a_bad_example_index_are_refused_by_name(app):
+    """Values of the wrong kind where a file goes (Train's text file, a router set upload) or an example index that is
+    not one (the page's `load_example`, reached by its index) get a message naming the field, not `{"error": null}`."""
+    from routerlab.bench.load.driver import _fn_index, _raw_call
+    from routerlab.tuning.job import JobSettings
+    from routerlab.ui.train_tab import OWN, STARTS
+
+    url, res = app
+    train = _fn_index(url, "train")
+    ok = [None, "attention-token", 15, 0.5, JobSettings.lr, JobSettings.kd_weight, JobSettings.lm_weight, JobSettings.max_steps,
+          next(iter(STARTS)), OWN, "", None]
+    for value in (12345, "not-a-file", [1, 2], {"a": 1}, True):
+        said = _raw_call(url, train, json.dumps(ok[:11] + [value]), timeout=60)
+        assert "… or a .txt / .jsonl file takes a file uploaded to this app" in html.unescape(said), (value, said)
+    deps = client(url).config["dependencies"]
+    example = next(d.get("id", i) for i, d in enumerate(deps) if d.get("api_name") == "load_example")
+    for value in (-1, 10_000, "0", 1.5, [0]):
+        said = _raw_call(url, example, json.dumps([value]), timeout=60)
+        assert "Example prompts:" in said and "is not one of the" in said, (value, said)
+    assert res.prompts[1] in _raw_call(url, example, "[1]", timeout=60)  # a real index loads its prompt

@@ -119,6 +119,14 @@ def _explore_tour(page, app_url, engine):
     except Exception:
         raise AssertionError("the what-if preview script did not load within 30 s of the page") from None
 
+    # 0. an example prompt clicked goes into the prompt box (ui/checked_inputs.ExamplePrompts), and back to the first
+    examples = page.locator("#rl-examples button")
+    first = page.locator("#rl-prompt textarea").input_value()
+    examples.nth(1).click()
+    page.wait_for_function(f"document.querySelector('#rl-prompt textarea')?.value !== {json.dumps(first)}")
+    examples.nth(0).click()
+    page.wait_for_function(f"document.querySelector('#rl-prompt textarea')?.value === {json.dumps(first)}")
+
     # 1. a streamed run with the shipped token-level routers (untrained ones where none ship), steered while it runs:
     # held after 12 tokens until the slider's move reached the server, then held at 40 for the streaming screenshot.
     page.locator("#rl-prompt textarea").fill("Write a short story about a lighthouse keeper who finds a message in a bottle.")

@@ -169,6 +169,24 @@ def test_a_full_line_refuses_the_next_training_at_once_and_a_place_frees_it():
         _wait(res, s)
 
 
+def test_a_visitor_trains_one_set_at_a_time_whatever_tab_they_ask_from():
+    """A second training from the same visitor (another tab: another session) is refused with a message while their
+    first runs or waits; another visitor is queued; the first visitor may start again once theirs is stopped."""
+    res = tiny_resources()
+    tab1, tab2, other = ui.Session(), ui.Session(), ui.Session()
+    assert "Training" in _start(res, tab1, steps=10_000, visitor="10.0.0.1")[4]
+    refused = _start(res, tab2, visitor="10.0.0.1")
+    assert "A training you started" in refused[4] and "one set at a time" in refused[4] and tab2.job is None
+    assert "ahead of yours" in _start(res, other, visitor="10.0.0.2")[4]
+    train_stop(tab1)
+    _wait(res, tab1)
+    assert "ahead of yours" in _start(res, tab2, visitor="10.0.0.1")[4] or tab2.job is not None
+    for s in (tab2, other):
+        train_stop(s)
+    for s in (tab2, other):
+        _wait(res, s)
+
+
 def test_closing_the_tab_stops_the_training():
     from routerlab.ui.session import _delete_session
 

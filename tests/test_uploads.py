@@ -260,3 +260,13 @@ def test_a_forged_header_from_an_untrusted_peer_fills_only_that_peers_share(tmp_
         forger.close()
         visitor.close()
         demo.close()
+
+
+def test_a_handlers_request_names_its_visitor_as_an_upload_does():
+    from types import SimpleNamespace as NS
+
+    direct = NS(client=NS(host="203.0.113.9"), headers={"x-forwarded-for": "198.51.100.1"})
+    assert uploads.visitor_of_request(direct, trusted=()) == "203.0.113.9"  # a forged header from a stranger: ignored
+    proxied = NS(client=NS(host="10.0.0.5"), headers={"x-forwarded-for": "198.51.100.1, 10.0.0.7"})
+    assert uploads.visitor_of_request(proxied, trusted=("10.0.0.0/8",)) == "198.51.100.1"
+    assert uploads.visitor_of_request(None) is None and uploads.visitor_of_request(NS(client=None, headers={})) is None

@@ -25,10 +25,12 @@ class TrainingRunner:
         self._running = None
         self._lock = threading.Condition()
         self._worker: threading.Thread | None = None
+        self._owners: dict[int, str | None] = {}  # id(job) -> its visitor, while it waits or runs
 
-    def submit(self, job) -> int:
-        """Queue `job`; its place in the line (0: it runs next / now)."""
+    def submit(self, job, owner: str | None = None) -> int:
+        """Queue `job` for `owner` (a visitor, or None); its place in the line (0: it runs next / now)."""
         with self._lock:
+            self._owners[id(job)] = owner
             self._queue.append(job)
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._loop, name="routerlab-training", daemon=True)
@@ -53,6 +55,12 @@ class TrainingRunner:
                 return self._running.phase
             return "queued" if any(j.phase != "cancelled" for j in self._queue) else None
 
+    def held_by(self, owner: str) -> int:
+        """`owner`'s jobs running or waiting (cancelled ones left out)."""
+        with self._lock:
+            jobs = [j for j in self._queue if j.phase != "cancelled"] + ([self._running] if self._running is not None else [])
+            return sum(1 for j in jobs if self._owners.get(id(j)) == owner)
+
     def waiting(self) -> int:
         """Jobs in the line that have not started (cancelled ones left out)."""
         with self._lock:
@@ -76,6 +84,7 @@ class TrainingRunner:
                         return
                 job = self._queue.popleft()
                 if job.phase == "cancelled":
+                    self._owners.pop(id(job), None)
                     continue
                 self._running = job
             try:
@@ -85,3 +94,4 @@ class TrainingRunner:
             finally:
                 with self._lock:
                     self._running = None
+                    self._owners.pop(id(job), None)

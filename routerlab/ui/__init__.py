@@ -33,7 +33,8 @@ from routerlab.ui import plots
 from routerlab.ui.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.compare import LADDER, column_html, compare_run, decode_speed, ladder_html, ladder_rows, ladder_thresholds
 from routerlab.ui.explore import STATS_INTERVAL, explore_run, show_last, stop_run, threshold_moved
-from routerlab.ui.layout import CSS_FILE, EXPORT_TTL, WHAT_IF_PREVIEW_JS, NumberSlider, build_demo, enable_queue, launch_options, router_set_chosen, theme
+from routerlab.ui.checked_inputs import NumberSlider
+from routerlab.ui.layout import CSS_FILE, EXPORT_TTL, WHAT_IF_PREVIEW_JS, build_demo, enable_queue, launch_options, router_set_chosen, theme
 from routerlab.ui.resources import (
     FALLBACK_PROMPTS,
     FULL,

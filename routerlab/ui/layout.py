@@ -1,7 +1,7 @@
 """The page: components, look and event wiring; `build_demo(res)` is the whole app.
 
 Owns `build_demo` (the settings column, the five tabs, and which handler each event calls with
-which inputs and outputs, API names and concurrency), `NumberSlider`, the theme, `launch_options`
+which inputs and outputs, API names and concurrency), the theme, `launch_options`
 (theme, CSS, the in-browser what-if preview script), `EXPORT_TTL`, and `router_set_chosen` (the
 settings column's own handler). Knows nothing about how a run is streamed or drawn: the tabs'
 handlers live in explore.py, compare.py and tradeoff_tab.py, and nothing here touches tensors.
@@ -27,8 +27,11 @@ from routerlab.ui import tradeoff_plots, train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 from routerlab.ui import heatmap_export
+from routerlab.ui.checked_inputs import (CheckedCheckbox, CheckedDropdown, CheckedRadio, CheckedTextbox, LadderNumber,
+                                         UploadedFile, checked, field_number, field_slider)
+from routerlab.ui.checked_inputs import examples as example_list
 from routerlab.ui.http_guard import body_limit, middleware as page_guard
-from routerlab.ui.uploads import UploadBudget, middleware as upload_guard
+from routerlab.ui.uploads import UploadBudget, middleware as upload_guard, visitor_of_request
 
 CSS_FILE = ASSETS / "css" / "app.css"
 THRESHOLD_INFO = "a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view"
@@ -51,118 +54,6 @@ def document_chosen(res: Resources, title):
         return gr.skip(), _warn(err)
     return prompt, _status("ok", f"Prompt: **{safe.text(title)}** ({len(prompt):,} characters) and its task. Press **Generate** "
                                  "(or **Compare**); the status line counts the prompt's tokens while the model reads them.")
-
-
-class _Checked:
-    """An input component whose refusals of a bad value (out of bounds, not one of the choices) are expected bad input:
-    the client gets the message, shown as text (Gradio renders an error's message as HTML and the value is the
-    client's), and the server's log gets no traceback (Gradio prints one for every gr.Error unless told not to)."""
-
-    def preprocess(self, payload):
-        try:
-            return super().preprocess(payload)
-        except gr.Error as err:  # named by the component's label: "KV policy: Value: 'fast' is not in the list of choices"
-            raise refused(f"{self.label}: {err.message}" if self.label else err.message) from None
-
-
-def refused(message: str) -> gr.Error:
-    """The gr.Error for an input the app refuses: escaped, no traceback in the log."""
-    return gr.Error(safe.text(message), print_exception=False)
-
-
-class _Field(_Checked):
-    """An input component whose payload its field checks (fields.py) before Gradio sees it: a string, a list, a
-    boolean, NaN or a value out of range is refused with the field's message (naming the field, what is allowed),
-    the same message its handler gives for the same value. `field`: set by `checked` (an attribute, not a
-    constructor parameter, which Gradio would send to the browser with the component's config)."""
-
-    field = None
-
-    def preprocess(self, payload):
-        field = self.field if self.field is not None else self.default_field()
-        if field is not None:
-            try:
-                payload = field.check(payload)
-            except RouterLabError as err:
-                raise refused(str(err)) from None
-        return super().preprocess(payload)
-
-    def default_field(self):
-        return None
-
-
-def checked(component, field):
-    """`component` (a _Field) checked by `field`."""
-    component.field = field
-    return component
-
-
-class NumberSlider(_Field, gr.Slider):
-    """A Slider that answers a non-number from the API with a clear message (gr.Slider raises a bare
-    TypeError on a string, None or a list, which a client sees only as "the app raised an exception")."""
-
-    def default_field(self):
-        return fields.Number(self.label or "Value", self.minimum, self.maximum)
-
-    def get_block_name(self) -> str:
-        return "slider"  # the browser draws it with gr.Slider's own component
-
-
-def field_slider(field: fields.Number, **kwargs) -> NumberSlider:
-    """A NumberSlider over `field`'s range, labelled as the field (so its messages name what the visitor sees)."""
-    return checked(NumberSlider(field.minimum, field.maximum, label=field.label, **kwargs), field)
-
-
-class CheckedDropdown(_Checked, gr.Dropdown):
-    def get_block_name(self) -> str:
-        return "dropdown"
-
-
-class CheckedRadio(_Checked, gr.Radio):
-    def get_block_name(self) -> str:
-        return "radio"
-
-
-class CheckedNumber(_Field, gr.Number):
-    def get_block_name(self) -> str:
-        return "number"
-
-
-def field_number(field: fields.Number, value, **kwargs) -> CheckedNumber:
-    """A number box over `field`'s range, labelled as the field."""
-    return checked(CheckedNumber(value, label=field.label, minimum=field.minimum, maximum=field.maximum,
-                                 precision=0 if field.whole else None, **kwargs), field)
-
-
-class CheckedCheckbox(_Field, gr.Checkbox):
-    """A checkbox that takes only true or false from the API ("<img>" or 1 is refused, not counted as true)."""
-
-    def get_block_name(self) -> str:
-        return "checkbox"
-
-
-class CheckedTextbox(_Field, gr.Textbox):
-    """A textbox that takes only a string from the API (gr.Textbox turns a number or a list into its str())."""
-
-    def get_block_name(self) -> str:
-        return "textbox"
-
-
-class LadderNumber(_Checked, gr.Number):
-    """A Compare threshold box that also takes a string from the API, such as "0.3, 0.5, 0.7" (the ladder in one
-    argument), or any other value: `ladder_thresholds` reads it or answers what is wrong, naming the box
-    (gr.Number compares a string with its bounds and raises a bare TypeError)."""
-
-    def preprocess(self, payload):
-        if isinstance(payload, (int, float)) and not isinstance(payload, bool) and 0.0 <= payload <= 1.0:
-            return super().preprocess(payload)
-        return payload  # None (no column), a string of thresholds, or a bad value the handler names
-
-    def api_info(self) -> dict:
-        return {"anyOf": [{"type": "number"}, {"type": "string"}, {"type": "null"}]}
-
-    def get_block_name(self) -> str:
-        return "number"  # the browser draws it with gr.Number's own component
 
 
 def router_set_chosen(res: Resources, label: str, session: Session | None = None):
@@ -363,7 +254,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                 with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
                     with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore") as tab_explore:
                         prompt = checked(CheckedTextbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt"), prompt_field)
-                        gr.Examples([[p] for p in res.prompts], inputs=[prompt], label="Example prompts")
+                        examples = example_list(res.prompts, prompt, label="Example prompts", elem_id="rl-examples")
                         doc_pick = CheckedDropdown(_doc_titles(res), value=None, label=DOC_LABEL, info=DOC_INFO, visible=bool(res.documents), elem_id="rl-doc")
                         with gr.Row():
                             go_btn = gr.Button("Generate", variant="primary", elem_id="rl-generate")
@@ -417,7 +308,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         with gr.Row():
                             tr_text = checked(CheckedTextbox(label=f"{fields.TRAIN_TEXT.label}: paragraphs separated by blank lines, or JSON lines (messages / instruction / prompt / text)",
                                                                  lines=4, max_lines=12, elem_id="rl-tr-text"), fields.TRAIN_TEXT.within(limits.training_max_chars))
-                            tr_file = gr.File(label="… or a .txt / .jsonl file", file_types=[".txt", ".jsonl"], type="filepath", elem_id="rl-tr-file")
+                            tr_file = UploadedFile(label="… or a .txt / .jsonl file", file_types=[".txt", ".jsonl"], type="filepath", elem_id="rl-tr-file")
                         with gr.Accordion("Advanced", open=False):
                             with gr.Row():
                                 tr_lr = field_number(fields.LEARNING_RATE, JobSettings.lr, elem_id="rl-tr-lr")
@@ -434,7 +325,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         tr_result = gr.Markdown("", elem_id="rl-tr-result")
                         with gr.Row():
                             tr_download = gr.DownloadButton("Download (zip)", visible=False, elem_id="rl-tr-download")
-                            tr_upload = gr.File(label="Upload a router set: its zip, or router.json + routers.safetensors", file_count="multiple",
+                            tr_upload = UploadedFile(label="Upload a router set: its zip, or router.json + routers.safetensors", file_count="multiple",
                                                 file_types=[".zip", ".json", ".safetensors", ".md"], elem_id="rl-tr-upload")
                         tr_timer = gr.Timer(2.0, active=False)
                     with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers") as tab_layers:
@@ -474,9 +365,11 @@ def build_demo(res: Resources) -> gr.Blocks:
             """A quick sweep: tokens/s and agreement with the full model's greedy output, per threshold."""
             return tradeoff_sweep(res, prompt, router_set, kv_policy, model, progress, session.router_sets if isinstance(session, Session) else None)
 
-        def _train(session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text=None, file=None):
+        def _train(session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text=None, file=None,
+                   request: gr.Request = None):
             """Queue a router training for this session (skip_target in % of routed cells; file: a .txt or .jsonl path)."""
-            return train_start(res, session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text, file)
+            return train_start(res, session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text, file,
+                               visitor=visitor_of_request(request))
 
         limit = max(1, limits.concurrency)
         gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
@@ -493,6 +386,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         cmp_evt = c_btn.click(_compare, [c_prompt, *c_thresholds, router_label, kv_policy, max_new, temperature, model, session], [*c_columns, c_stats, c_heat, status],
                               api_name="compare", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal")
         c_stop.click(stop_run, [session], [status], api_name="stop_compare", queue=False)  # every column ends; the stream shows them
+        examples.click(examples.prompt, [examples], [prompt], api_name="load_example", show_progress="hidden", queue=False)
         doc_pick.input(lambda title: document_chosen(res, title), [doc_pick], [prompt, status], api_name=False, queue=False)
         c_doc_pick.input(lambda title: document_chosen(res, title), [c_doc_pick], [c_prompt, status], api_name=False, queue=False)
         router_label.input(lambda label, s: router_set_chosen(res, label, s), [router_label, session], [threshold, kv_policy, status], api_name=False)

@@ -65,8 +65,9 @@ def _shipped_folder(res: Resources, granularity: str):
 
 
 def train_start(res: Resources, session: Session, granularity, skip_pct, minutes, lr, kd_weight, lm_weight, max_steps,
-                start_from, source, pasted, upload):
-    """Queue a training; returns progress, curves, layer map, result, status, timer, start button."""
+                start_from, source, pasted, upload, visitor: str | None = None):
+    """Queue a training; returns progress, curves, layer map, result, status, timer, start button. `visitor`: who
+    asks (uploads.visitor_of_request), one training running or waiting each, whatever tab they ask from."""
     from routerlab.tuning.job import JobSettings, TrainJob
 
     skip = gr.skip()
@@ -76,6 +77,9 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
             raise RouterLabError("Training is turned off on this server.", "The operator can turn it on with ROUTERLAB_TRAINING=on.")
         if session.job is not None and session.job.phase not in ("done", "stopped", "failed", "cancelled"):
             raise RouterLabError("Your last training is still going.", "Stop it first, or wait for it to end.")
+        if visitor is not None and res.trainer.held_by(visitor):
+            raise RouterLabError("A training you started (in this tab or another) is still running or waiting.",
+                                 "Each visitor trains one set at a time: wait for it to end, or stop it in its tab.")
         if res.trainer.waiting() >= res.limits.training_queue:
             raise RouterLabError(f"{res.trainer.waiting()} trainings are already waiting on this server, the most it queues.",
                                  "Try again when one has finished; the Explore tab works meanwhile.")
@@ -93,7 +97,7 @@ def train_start(res: Resources, session: Session, granularity, skip_pct, minutes
     except RouterLabError as err:
         return skip, skip, skip, skip, _warn(err), skip, skip
     session.job, session.job_drawn = job, None
-    position = res.trainer.submit(job)
+    position = res.trainer.submit(job, owner=visitor)
     what = "the built-in self-distilled prompts" if data is None else data.describe()
     wait = f" {position} training(s) ahead of yours." if position else ""
     return (train_plots.progress_html(job.snapshot(), settings.minutes * 60, position), train_plots.curves(None),

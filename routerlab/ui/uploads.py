@@ -254,6 +254,18 @@ def visitor_of(scope, trusted: tuple[str, ...] = ()) -> str:
     return hops[0][:64] if hops else peer
 
 
+def visitor_of_request(request, trusted: tuple[str, ...] | None = None) -> str | None:
+    """`visitor_of` for a handler's `gr.Request` (None without one: a direct call); `trusted`: the environment's."""
+    client = getattr(request, "client", None) if request is not None else None
+    if client is None:
+        return None
+    headers = getattr(request, "headers", None) or {}
+    forwarded = headers.get("x-forwarded-for") if hasattr(headers, "get") else None
+    scope = {"client": (getattr(client, "host", None) or "unknown", 0),
+             "headers": [(b"x-forwarded-for", forwarded.encode("latin-1", "replace"))] if forwarded else []}
+    return visitor_of(scope, trusted_proxies() if trusted is None else trusted)
+
+
 @functools.lru_cache(maxsize=8)
 def _networks(trusted: tuple[str, ...]) -> tuple:
     return tuple(ipaddress.ip_network(t, strict=False) for t in trusted)
