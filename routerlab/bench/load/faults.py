@@ -14,6 +14,7 @@ from typing import Any
 
 from routerlab.bench.load.driver import (LONG_PROMPT, PROMPTS, _drop_stream, _fn_index, client, probe, submit, trace_of,
                                          wait_done, wait_tokens, wait_until)
+from routerlab.bench.load.public import public_host_tests
 from routerlab.bench.load.flood import upload_flood_test
 from routerlab.bench.load.server import BROKEN_LABEL, FAULT_MARKER
 
@@ -142,7 +143,8 @@ def _serving(url: str, timeout: float) -> bool:
 
 def fault_tests(url: str, max_new: int = 48, timeout: float = 300.0, log=print, uploads: bool = True) -> dict:
     """Stop, cancel, a dropped connection, an injected exception, a broken router set, the token cap, and (`uploads`)
-    the upload flood (flood.py)."""
+    the upload flood (flood.py) and the public host's probes (public.py: exports, a forged header, a second training,
+    a 50 MB body, a URL in a file field, SIGINT)."""
     out: dict[str, Any] = {"concurrency": probe(url)["limits"]["concurrency"]}
     c = client(url)
     t0 = time.perf_counter()
@@ -162,5 +164,6 @@ def fault_tests(url: str, max_new: int = 48, timeout: float = 300.0, log=print, 
         info = probe(url)
         out["uploads"] = upload_flood_test(url, Path(info["upload_folder"]), info["limits"]["uploads"],
                                            serving=lambda: _serving(url, timeout), log=log)
+        out["public"] = public_host_tests(url, Path(info["upload_folder"]), log=log)
     out["server_after"] = {k: v for k, v in probe(url).items() if k in ("live", "decoders", "opened", "closed", "injected")}
     return out

@@ -247,6 +247,13 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
         ("raw: compare lone surrogate prompt", _fn_index(url, "compare"),
          json.dumps(["\ud800 hello \udfff", 0.5, None, None, ok[2], "kv", 2, 0.0, info["default_model"], None]), False, None, None),
     ]
+    # a file field given anything but an uploaded file, and the page's example list given an index that is not one
+    example_index = _fn_index(url, "load_example")
+    file_label = "… or a .txt / .jsonl file"
+    raw_cases += [(f"raw: train file field {v!r}", train_index, json.dumps(train_ok[:11] + [v]), False, None, file_label)
+                  for v in (12345, "not-a-file", [1], {"a": 1})]
+    raw_cases += [(f"raw: load_example index {v!r}", example_index, json.dumps([v]), False, None, "Example prompts")
+                  for v in (-1, 10_000, "0", 1.5)]
     for name, index, data, may_start, misread, names in raw_cases:
         t0 = time.perf_counter()
         session = uuid.uuid4().hex[:11]
@@ -266,7 +273,8 @@ def bad_input_test(url: str, timeout: float = 300.0, log=print) -> dict:
         clear = generated or (msg.startswith("⚠") or started or refused or "not a number" in msg or msg.startswith("HTTP 422")) and not any(
             u in msg for u in UNCLEAR) and not any(p in msg for p in SERVER_PATHS) and not (misread and misread in msg) and (
             names is None or names in html.unescape(msg))
-        endpoint = "/train (raw HTTP)" if index == train_index else "/compare (raw HTTP)" if "compare" in name else "/generate (raw HTTP)"
+        endpoint = ("/train (raw HTTP)" if index == train_index else "/load_example (raw HTTP)" if index == example_index
+                    else "/compare (raw HTTP)" if "compare" in name else "/generate (raw HTTP)")
         rows.append(dict(case=name, endpoint=endpoint, outcome="generated" if generated else kind,
                          message=msg[:220], names=names, clear=clear, seconds=round(time.perf_counter() - t0, 2)))
         if log:

@@ -61,6 +61,9 @@ def verdict(report: dict) -> list[str]:
             bad.append(f"faults/upload flood: the folder grew {up['one_visitor']['folder_growth_mb']} MB from one visitor "
                        f"(budget {up['budget']['session_mb']}), {up['folder_growth_mb']} MB in all (budget {up['budget']['total_mb']}); "
                        f"cross-origin {up['cross_origin']}, same-origin {up['same_origin']}, serving after: {up['serving_after']}")
+        public = faults.get("public")
+        if public and not public["ok"]:
+            bad += [f"faults/public host/{name}: {row}" for name, row in public.items() if isinstance(row, dict) and not row.get("ok")]
     bi = report.get("bad_input")
     if bi:
         if bi["unclear"]:
@@ -116,6 +119,14 @@ def summary(report: dict) -> str:
                          f"{up['ten_visitors']['accepted']}/{up['ten_visitors']['uploads']}, +{up['folder_growth_mb']} MB in all "
                          f"(budget {up['budget']['total_mb']}); cross-origin {up['cross_origin']['code']}, same-origin "
                          f"{up['same_origin']['code']}; serving after: {up['serving_after']}")
+        pub = f.get("public")
+        if pub:
+            e, g, t, bo, u = (pub[k] for k in ("exports", "forged_header", "second_training", "body", "url_file"))
+            lines.append(f"public host: {e['generations']} one-token runs grew the folder {e['folder_growth_mb']} MB; a real visitor's "
+                         f"upload after {g.get('forged_uploads')} forged-header uploads: HTTP {g.get('real_visitor_code')}; a second "
+                         f"training: {'refused' if t['ok'] else 'NOT refused'}; a {bo['body_mb']} MB body: HTTP {bo['code']}, server "
+                         f"+{bo['server_growth_mb']} MB; a URL in a file field: {u['answer'][:8]}; SIGINT: "
+                         f"{(pub.get('sigint') or {}).get('seconds')} s")
     b = report.get("bad_input")
     if b:
         lines.append(f"bad input: {b['clear']}/{b['cases']} clear; serving after: {b['serving_after']}")
