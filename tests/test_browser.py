@@ -56,7 +56,7 @@ def engine(embedded):
 @pytest.fixture(scope="module")
 def app(engine):
     """The app as `python app.py` serves it: per-layer costs measured at start-up (the estimated speedup)."""
-    res = ui.Resources(engine, ui.Limits(max_new_tokens=256), status=f"Model **{engine.name}** loaded ({engine.n_layers} layers). Pick a prompt and press **Generate**.")
+    res = ui.Resources(engine, ui.Limits(max_new_tokens=256), details=f"Model **{engine.name}** loaded ({engine.n_layers} layers).")
     res.measure_costs()
     demo = ui.build_demo(res)
     demo.queue(max_size=8)
@@ -153,7 +153,7 @@ def _explore_tour(page, app_url, engine):
     page.locator("#rl-stats", has_text="stopped:").wait_for()  # the run's final view
     assert page.locator("#rl-heatmap .js-plotly-plot").count() == 1
     page.locator("#rl-heatmap .gtitle", has_text="Recorded run").wait_for()
-    assert "t→0.55" in page.locator("#rl-heatmap").text_content(), "the dashed line where the threshold moved"
+    assert re.search(r"t→0\.55 · \d+ tok/s", page.locator("#rl-heatmap").text_content()), "the dashed line where the threshold moved, its stretch's speed"
     assert page.evaluate(PENDING_JS) == 0, "at the end every token's quality cost is measured"
     stats = page.locator("#rl-stats").inner_text()
     assert "mean KL" in stats and "agreement" in stats and "est. speedup" in stats

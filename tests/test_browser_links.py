@@ -59,10 +59,13 @@ def _open(page, url: str) -> str:
 
 def _on_screen(page) -> View:
     tab = page.locator("#rl-tabs [role=tab][aria-selected=true]").inner_text().strip()
-    prompt_box = "#rl-c-prompt textarea" if tab == "Compare" else "#rl-prompt textarea"
+    explore = page.locator("#rl-prompt textarea").input_value()
+    compare_box = page.locator("#rl-c-prompt textarea")  # drawn once its tab has been shown
+    compare = compare_box.input_value() if compare_box.count() else explore
     return View(
         tab={v: k for k, v in TAB_NAMES.items()}[tab],
-        prompt=page.locator(prompt_box).input_value(),
+        prompt=explore,
+        compare_prompt=compare if compare != explore else None,
         routers=page.locator("#rl-granularity input").input_value(),
         threshold=float(page.locator("#rl-threshold input[type=number]").input_value()),
         kv_policy=page.locator("#rl-kv input:checked").input_value(),
@@ -152,3 +155,39 @@ def test_the_link_note_goes_once_the_visitor_acts(app, page):
     note.wait_for(state="hidden")
     assert "Press Start training" in _open(page, url + "?tab=train").replace("**", "")
 
+
+
+def test_a_typed_threshold_survives_a_router_set_and_a_link_carries_both_prompts_and_the_document(app, page):
+    """The visitor types 0.62, then picks another router set: 0.62 stays (the status names the set's own). Compare gets
+    a long document, Explore keeps its prompt: the copied link reopens both, the threshold, and the document's name
+    in Compare's menu."""
+    url, res = app
+    page.goto(url)
+    page.get_by_role("button", name="Generate", exact=True).wait_for()
+    box = page.locator("#rl-threshold input[type=number]")
+    box.fill("0.62")
+    box.press("Enter")
+    page.locator("#rl-granularity input").click()
+    page.get_by_role("option", name="mlp-token").first.click()
+    page.locator("#rl-status", has_text="stays").wait_for()
+    assert "your threshold 0.62 stays" in page.locator("#rl-status").inner_text()
+    assert float(box.input_value()) == 0.62
+    page.get_by_role("tab", name="Compare").click()
+    doc = res.documents[0]
+    page.locator("#rl-c-doc input").click()
+    page.get_by_role("option", name=doc.title).first.click()
+    page.wait_for_function("() => (document.querySelector('#rl-c-prompt textarea') || {}).value?.length > 2000")
+    explore = page.locator("#rl-prompt textarea").input_value()
+    page.locator("#rl-copy-link").click()
+    page.wait_for_function("() => (document.querySelector('#rl-link textarea, #rl-link input') || {}).value?.startsWith('http')")
+    link = page.locator("#rl-link textarea, #rl-link input").first.input_value()
+    assert f"cdoc={doc.id}" in link and "threshold=0.62" in link
+    note = _open(page, link)
+    assert note.startswith("✓ Opened a link"), note
+    shown = _on_screen(page)
+    assert (shown.compare_prompt, shown.threshold, shown.tab) == (doc.prompt, 0.62, "compare")
+    page.get_by_role("tab", name="Explore").click()
+    assert page.locator("#rl-prompt textarea").input_value() == explore and page.locator("#rl-doc input").input_value() == ""
+    page.get_by_role("tab", name="Compare").click()
+    assert page.locator("#rl-c-doc input").input_value() == doc.title
+    assert page.locator("#rl-compare").is_visible() and page.locator("#rl-compare").bounding_box()["y"] < 900  # in view

@@ -25,12 +25,12 @@ def _shown(message: str) -> str:
 
 
 def test_every_setting_a_link_carries_is_applied():
-    view, problems, given = _read("?tab=Compare&prompt=Hi%20there&routers=mlp-token&threshold=0.7&kv=drop"
+    view, problems, given = _read("?tab=Compare&prompt=Hi%20there&cprompt=Compare%20me&routers=mlp-token&threshold=0.7&kv=drop"
                                   "&max_new_tokens=40&temperature=0.3&quality=off")
     assert problems == []
     assert given == set(FIELDS)
     assert view == View(tab="compare", prompt="Hi there", routers="mlp-token (trained)", threshold=0.7, kv_policy="drop",
-                        max_new_tokens=40, temperature=0.3, quality=False)
+                        max_new_tokens=40, temperature=0.3, quality=False, compare_prompt="Compare me")
 
 
 @pytest.mark.parametrize("value, label", [("full", FULL), ("untrained", UNTRAINED), ("attention-token", "attention-token (trained)"),
@@ -89,7 +89,7 @@ def test_a_hostile_value_comes_back_as_text(query):
 @pytest.mark.parametrize("tab", TABS)
 def test_link_query_round_trips(tab):
     view = View(tab=tab, prompt="Write a poem & a story? 100% = yes", routers="block-token (my-set)", threshold=0.42,
-                kv_policy="mask", max_new_tokens=17, temperature=1.25, quality=False)
+                kv_policy="mask", max_new_tokens=17, temperature=1.25, quality=False, compare_prompt="Compare this: a & b")
     again, problems, _ = _read(link_query(view, FULL, UNTRAINED))
     assert problems == [] and again == view
 
@@ -115,3 +115,13 @@ def test_a_prompt_too_long_for_a_link_is_left_out_and_an_unknown_document_is_nam
     assert "prompt=" not in query and "doc=" not in query and query.startswith("?tab=explore&routers=full")
     view, problems, _ = read_link({"doc": "moby-dick"}, DEFAULT, LABELS, FULL, UNTRAINED, 256, 16000, DOCS)
     assert view == DEFAULT and len(problems) == 1 and _shown(problems[0]).startswith("`doc=moby-dick` is not a long document on this server (tide-mill)")
+
+
+def test_both_prompts_travel_and_a_document_in_either_by_name():
+    """Explore's and Compare's prompts each travel (Compare's only where it differs); a document by its name."""
+    same = link_query(View(prompt="hi", compare_prompt="hi", routers=FULL), FULL, UNTRAINED)
+    assert "cprompt" not in same
+    query = link_query(View(prompt="hi", compare_prompt=DOCS["tide-mill"], routers=FULL), FULL, UNTRAINED, DOCS)
+    assert "prompt=hi" in query and "cdoc=tide-mill" in query and "cprompt" not in query
+    view, problems, given = read_link(dict(parse_qsl(query.lstrip("?"))), DEFAULT, LABELS, FULL, UNTRAINED, 256, 16000, DOCS)
+    assert problems == [] and view.prompt == "hi" and view.compare_prompt == DOCS["tide-mill"] and {"prompt", "cdoc"} <= given

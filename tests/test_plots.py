@@ -59,6 +59,12 @@ def test_heatmap_marks_prompt_boundary_and_threshold_changes():
     xs = sorted(s.x0 for s in fig.layout.shapes if s.yref == "paper")  # vertical lines (the rest part the rows)
     assert xs == [4.5, 11.5]
     assert any("t→0.30" in a.text for a in fig.layout.annotations)
+    # each stretch between moves says its own decode speed: steps of 20 ms, then of 10 ms after the move
+    for step in trace.generated_steps[7:]:
+        step.seconds = 0.01
+    texts = [a.text for a in plots.heatmap(trace).layout.annotations if "tok/s" in a.text]
+    assert texts == ["t=0.50 · 50 tok/s", "t→0.30 · 100 tok/s"]
+    assert trace.decode_speed(7) == pytest.approx(50) and trace.decode_speed(start=7) == pytest.approx(100)
     # decisions really follow the moved threshold in the synthetic trace
     z_skip = np.asarray(fig.data[1].z, float)
     assert np.nanmax(z_skip[:, 12:]) < 0.3

@@ -294,7 +294,7 @@ def test_a_link_threshold_is_not_announced_twice(res):
     session = ui.Session()
     request = SimpleNamespace(query_params={"threshold": "0.62"})
     out = open_link(res, View(prompt="Hi", routers=RANDOM), request, session)
-    assert out[5] == 0.62 and "threshold 0.62" in out[-1].value
+    assert out[5] == 0.62 and "threshold 0.62" in out[10].value
     assert ui.threshold_moved(res, 0.62, session) == (gr.skip(),) * 6
     assert "applies to the next generation" in ui.threshold_moved(res, 0.4, session)[3]  # a move of the user's own is
     assert "applies to the next generation" in ui.threshold_moved(res, 0.62, session)[3]
@@ -307,7 +307,7 @@ def test_a_link_note_names_the_button_of_its_tab(res, tab, button):
 
     from routerlab.ui.links import View, open_link
 
-    note = open_link(res, View(prompt="Hi", routers=RANDOM), SimpleNamespace(query_params={"tab": tab}), ui.Session())[-1].value
+    note = open_link(res, View(prompt="Hi", routers=RANDOM), SimpleNamespace(query_params={"tab": tab}), ui.Session())[10].value
     assert note.startswith("✓ Opened a link")
     if button is None:
         assert "Press" not in note
@@ -515,3 +515,37 @@ def test_prefill_progress_counts_a_ladders_prompts():
     assert prefill_progress([run(512)]) == "reading the prompt: 512 of 1,800 tokens"
     assert prefill_progress([run(1800), run(300), run(0, 0)]) == "reading the prompt: 2,100 of 5,400 tokens (3 runs, one after another)"
     assert prefill_progress([run(1800)]) is None and prefill_progress([run(0, 0)]) is None
+
+
+def test_a_typed_threshold_survives_choosing_a_router_set(tmp_path, res):
+    """The visitor set 0.62: choosing a calibrated set keeps it and says the set's own; untouched, the set's applies."""
+    from routerlab.tuning.checkpoint import save_routers
+
+    save_routers(random_routers(res.engine.model), tmp_path / "tiny-attn", res.engine.model, threshold=0.4, kv_policy="drop")
+    sets = ui.available_router_sets(tmp_path)
+    shipped = ui.Resources(res.engine, res.limits, router_sets=sets, prompts=["Hi"])
+    session = ui.Session()
+    slider, radio, status = ui.router_set_chosen(shipped, sets[0].label, session, 0.62, 0.5)  # the page opened at 0.5
+    assert "value" not in slider.constructor_args and radio.value == "drop" and "your threshold **0.62** stays" in status and "0.40" in status
+    fresh = ui.Session()
+    slider, _, status = ui.router_set_chosen(shipped, sets[0].label, fresh, 0.5, 0.5)  # untouched: the set's calibration
+    assert slider.value == 0.4 and "calibrated 0.40" in status and fresh.threshold_auto == 0.4
+    slider, _, status = ui.router_set_chosen(shipped, sets[0].label, fresh, 0.4, 0.5)  # still the app's value: applied again
+    assert slider.value == 0.4
+
+
+def test_a_link_opens_both_prompts_and_names_a_document_in_its_menu(res):
+    from types import SimpleNamespace
+
+    from routerlab.ui.links import View, open_link, view_link
+
+    from urllib.parse import parse_qsl
+
+    from routerlab.core.documents import load_documents
+
+    res = ui.Resources(res.engine, ui.Limits(), router_sets=res.router_sets, prompts=["Hi"], documents=load_documents())
+    doc, routers = res.documents[0], res.router_labels()[0]
+    query = view_link(res, "Explore's own prompt", doc.prompt, 0.62, routers, "kv", 16, 0.0, True, "compare")[0].value
+    out = open_link(res, View(prompt="Hi", routers=routers), SimpleNamespace(query_params=dict(parse_qsl(query.lstrip("?")))), ui.Session())
+    assert out[2] == "Explore's own prompt" and out[3] == doc.prompt and out[5] == 0.62
+    assert out[11] is None and out[12] == doc.title  # the Compare menu names its document; Explore's prompt is none

@@ -113,17 +113,17 @@ class Trace:
         timed = [s.seconds for s in self.generated_steps if s.seconds > 0]
         return len(timed) / sum(timed) if timed else 0.0
 
-    def decode_speed(self, tokens: int | None = None) -> float:
-        """Decode tokens/s over the first `tokens` generated tokens (None: all), without the time the per-token quality
-        pass took (the engine scores a chunk inside a step and records how much of each step's seconds that was,
-        `quality_seconds_by_step`): the routed model's speed, comparable with the full model's, which has no quality
-        pass, and the same with the quality meter on or off."""
-        steps = self.generated_steps if tokens is None else self.generated_steps[:tokens]
+    def decode_speed(self, tokens: int | None = None, start: int = 0) -> float:
+        """Decode tokens/s over generated tokens `start` .. `tokens` - 1 (None: to the end), without the time the
+        per-token quality pass took (the engine scores a chunk inside a step and records how much of each step's seconds
+        that was, `quality_seconds_by_step`): the routed model's speed, comparable with the full model's, which has no
+        quality pass, and the same with the quality meter on or off."""
+        steps = self.generated_steps[start:tokens]
         by_step = self.meta.get("quality_seconds_by_step")
         if by_step is not None:
-            quality = sum(by_step[: len(steps)])
+            quality = sum(by_step[start:start + len(steps)])
         else:  # a trace from before per-step records: only its whole run can be corrected
-            quality = float(self.meta.get("quality_seconds_in_steps", 0.0)) if tokens is None else 0.0
+            quality = float(self.meta.get("quality_seconds_in_steps", 0.0)) if tokens is None and start == 0 else 0.0
         timed = [s.seconds for s in steps if s.seconds > 0]
         seconds = sum(timed) - quality
         return len(timed) / seconds if timed and seconds > 0 else 0.0

@@ -56,14 +56,28 @@ def document_chosen(res: Resources, title):
                                  "(or **Compare**); the status line counts the prompt's tokens while the model reads them.")
 
 
-def router_set_chosen(res: Resources, label: str, session: Session | None = None):
-    """A router set was chosen (shipped, or trained or uploaded in this session): start from its calibrated
-    threshold and the KV policy it was trained for."""
+def router_set_chosen(res: Resources, label: str, session: Session | None = None, current=None, start: float | None = None):
+    """A router set was chosen (shipped, or trained or uploaded in this session): the KV policy it was trained for, and
+    its calibrated threshold, unless the visitor set the slider themselves (`current` differs from the value the app
+    last put there: a set's calibration, else `start`, the page's first): then their threshold stays, and the status
+    says so and names the set's own."""
     own = own_set(session, label)
     info = own[0] if own else next((r for r in res.router_sets if r.label == label), None)
     if info is None or info.path is None:  # the full model or untrained routers: no calibration to show
         return gr.Slider(info=THRESHOLD_INFO), gr.skip(), gr.skip()
     threshold, policy = float(info.meta.get("threshold", 0.5)), info.meta.get("kv_policy", "kv")
+    auto = getattr(session, "threshold_auto", None)
+    auto = start if auto is None else auto
+    typed = isinstance(current, (int, float)) and not isinstance(current, bool) and 0.0 <= current <= 1.0
+    if typed and auto is not None and abs(float(current) - auto) > 1e-9:
+        return (
+            gr.Slider(info=_threshold_info(info.expected_skips)),
+            gr.Radio(value=policy),
+            _status("ok", f"Router set **{safe.text(label)}**: your threshold **{float(current):.2f}** stays (its calibrated one is "
+                          f"{threshold:.2f}); trained for the **{safe.text(policy)}** KV policy."),
+        )
+    if session is not None:
+        session.threshold_auto = threshold
     return (
         gr.Slider(value=threshold, info=_threshold_info(info.expected_skips)),
         gr.Radio(value=policy),
@@ -237,6 +251,8 @@ def build_demo(res: Resources) -> gr.Blocks:
         session = gr.State(Session(), delete_callback=_delete_session)
         gr.Markdown("# RouterLab\nWatch a language model skip attention layer by layer, and steer how much it skips.", elem_id="rl-title")
         status = gr.Markdown(res.status, elem_id="rl-status")
+        with gr.Accordion("This machine's engine", open=False, elem_id="rl-engine"):
+            gr.Markdown(res.details, elem_id="rl-engine-details")
         link_note = gr.Markdown(visible=False, elem_id="rl-link-note")  # what a link opened (or could not), see links.py
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=260, elem_id="rl-settings"):
@@ -253,7 +269,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             with gr.Column(scale=4):
                 with gr.Tabs(selected="explore", elem_id="rl-tabs") as tabs:
                     with gr.Tab("Explore", id="explore", elem_id="rl-tab-explore") as tab_explore:
-                        prompt = checked(CheckedTextbox(value=res.prompts[0], label="Prompt", lines=3, max_length=limits.max_prompt_chars, elem_id="rl-prompt"), prompt_field)
+                        prompt = checked(CheckedTextbox(value=res.prompts[0], label="Prompt", lines=3, max_lines=8, max_length=limits.max_prompt_chars, elem_id="rl-prompt"), prompt_field)
                         examples = example_list(res.prompts, prompt, label="Example prompts", elem_id="rl-examples")
                         doc_pick = CheckedDropdown(_doc_titles(res), value=None, label=DOC_LABEL, info=DOC_INFO, visible=bool(res.documents), elem_id="rl-doc")
                         with gr.Row():
@@ -271,7 +287,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                     with gr.Tab("Compare", id="compare", elem_id="rl-tab-compare") as tab_compare:
                         gr.Markdown("A **threshold ladder**: the same prompt through the **full model** and the router set on the left at up to three thresholds, "
                                     "one token each in turn, so their speeds are measured side by side. Higher threshold = more skipped. Leave a box empty for fewer columns.")
-                        c_prompt = checked(CheckedTextbox(value=res.prompts[0], label="Prompt", lines=2, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt"), prompt_field)
+                        c_prompt = checked(CheckedTextbox(value=res.prompts[0], label="Prompt", lines=2, max_lines=6, max_length=limits.max_prompt_chars, elem_id="rl-c-prompt"), prompt_field)
                         c_doc_pick = CheckedDropdown(_doc_titles(res), value=None, label=DOC_LABEL, info=DOC_INFO, visible=bool(res.documents), elem_id="rl-c-doc")
                         with gr.Row(equal_height=True):
                             c_thresholds = [LadderNumber(t, minimum=0.0, maximum=1.0, step=0.01, label=f"Threshold {k + 1}", min_width=120, elem_id=f"rl-c-t{k + 1}") for k, t in enumerate(LADDER)]
@@ -295,6 +311,9 @@ def build_demo(res: Resources) -> gr.Blocks:
                         table = bench_table(results["df"])
                         t_table = gr.Dataframe(table, interactive=False, wrap=True, max_height=420, column_widths=column_widths(table), elem_id="rl-t-table")
                         t_btn = gr.Button("Run a quick sweep on the Explore prompt (about a minute)", elem_id="rl-sweep")
+                        # the visitor's own sweep goes beside the shipped benchmark, never over it
+                        s_plot = gr.Plot(visible=False, label="Your quick sweep, on this machine, now", elem_id="rl-sweep-plot")
+                        s_table = gr.Dataframe(visible=False, interactive=False, wrap=True, label="Your quick sweep: every run", elem_id="rl-sweep-table")
                     with gr.Tab("Train", id="train", elem_id="rl-tab-train") as tab_train:
                         gr.Markdown(TRAIN_INTRO if limits.training else "Training is turned off on this server (ROUTERLAB_TRAINING=off).")
                         with gr.Row(equal_height=True):
@@ -363,7 +382,10 @@ def build_demo(res: Resources) -> gr.Blocks:
 
         def _sweep(prompt, router_set, kv_policy, model, session, progress=gr.Progress()):
             """A quick sweep: tokens/s and agreement with the full model's greedy output, per threshold."""
-            return tradeoff_sweep(res, prompt, router_set, kv_policy, model, progress, session.router_sets if isinstance(session, Session) else None)
+            fig, table, said = tradeoff_sweep(res, prompt, router_set, kv_policy, model, progress, session.router_sets if isinstance(session, Session) else None)
+            if table is None:  # refused: what was there stays
+                return gr.skip(), gr.skip(), said
+            return gr.Plot(fig, visible=True), gr.Dataframe(table, visible=True, column_widths=column_widths(table)), said
 
         def _train(session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text=None, file=None,
                    request: gr.Request = None):
@@ -389,9 +411,10 @@ def build_demo(res: Resources) -> gr.Blocks:
         examples.click(examples.prompt, [examples], [prompt], api_name="load_example", show_progress="hidden", queue=False)
         doc_pick.input(lambda title: document_chosen(res, title), [doc_pick], [prompt, status], api_name=False, queue=False)
         c_doc_pick.input(lambda title: document_chosen(res, title), [c_doc_pick], [c_prompt, status], api_name=False, queue=False)
-        router_label.input(lambda label, s: router_set_chosen(res, label, s), [router_label, session], [threshold, kv_policy, status], api_name=False)
+        router_label.input(lambda label, s, t: router_set_chosen(res, label, s, t, start_threshold), [router_label, session, threshold],
+                           [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
-        t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [t_plot, t_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
+        t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [s_plot, s_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
         tr_start.click(_train, [session, tr_gran, tr_skip, tr_minutes, tr_lr, tr_kd, tr_lm, tr_steps, tr_init, tr_source, tr_text, tr_file],
                        [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, tr_start], api_name="train", concurrency_limit=None)
         tr_timer.tick(lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
@@ -403,7 +426,8 @@ def build_demo(res: Resources) -> gr.Blocks:
 
         # Links that open a state (links.py): applied on page load; the copied link is made absolute in the browser.
         start_view = View(prompt=res.prompts[0], routers=default_routers, max_new_tokens=min(96, limits.max_new_tokens))
-        link_outputs = [tabs, tab_shown, prompt, c_prompt, router_label, threshold, kv_policy, max_new, temperature, measure, link_note]
+        link_outputs = [tabs, tab_shown, prompt, c_prompt, router_label, threshold, kv_policy, max_new, temperature, measure, link_note,
+                        doc_pick, c_doc_pick]
 
         def _open_link(s, request: gr.Request):
             out = open_link(res, start_view, request, s)

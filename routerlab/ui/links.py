@@ -2,7 +2,8 @@
 
     ?tab=compare&routers=attention-token&threshold=0.7&kv=drop&max_new_tokens=64&temperature=0&quality=on&prompt=...
 
-A shipped long document (assets/documents) travels by name (`doc=tide-mill`), and a prompt longer than
+Compare's prompt travels as `cprompt` (or `cdoc`) where it differs from Explore's. A shipped long document
+(assets/documents) travels by name (`doc=tide-mill`), and a prompt longer than
 LINK_PROMPT_CHARS not at all (the link says so): a URL of 9,000 encoded characters outgrows what servers and chat
 apps pass on (uvicorn's h11 refuses a request head over 16 KB).
 
@@ -54,9 +55,10 @@ class View:
     max_new_tokens: int = 96
     temperature: float = 0.0
     quality: bool = True
+    compare_prompt: str | None = None  # Compare's prompt; None: the same as Explore's
 
 
-FIELDS = ("tab", "prompt", "routers", "threshold", "kv", "max_new_tokens", "temperature", "quality")
+FIELDS = ("tab", "prompt", "cprompt", "routers", "threshold", "kv", "max_new_tokens", "temperature", "quality")
 
 
 def router_key(label: str, full: str, untrained: str) -> str:
@@ -98,6 +100,8 @@ def _parsers(labels: list[str], full: str, untrained: str, max_new_tokens: int, 
         "tab": ("tab", choice(TABS), f"a tab ({', '.join(TABS)})"),
         "prompt": ("prompt", lambda v: v if v.strip() and len(v) <= max_prompt_chars else None, f"a prompt of 1 to {max_prompt_chars} characters"),
         "doc": ("prompt", lambda v: documents.get(v.strip().lower()), f"a long document on this server ({safe.text(', '.join(documents)) or 'none'})"),
+        "cprompt": ("compare_prompt", lambda v: v if v.strip() and len(v) <= max_prompt_chars else None, f"a prompt of 1 to {max_prompt_chars} characters"),
+        "cdoc": ("compare_prompt", lambda v: documents.get(v.strip().lower()), f"a long document on this server ({safe.text(', '.join(documents)) or 'none'})"),
         "routers": ("routers", lambda v: _router_label(v, labels, full, untrained), f"a router set on this server ({names})"),
         "threshold": ("threshold", lambda v: _number(v, 0.0, 1.0), "a number from 0 to 1"),
         "kv": ("kv_policy", choice(KV_POLICIES), f"a KV policy ({', '.join(KV_POLICIES)})"),
@@ -125,7 +129,7 @@ def read_link(params: Mapping[str, str], default: View, labels: list[str], full:
         if key in GRADIO_KEYS or key.startswith("__"):
             continue
         if key not in parsers:
-            problems.append(f"{safe.code(_short(key))} is not a setting a link can carry ({safe.text(', '.join(FIELDS + ('doc',)))})")
+            problems.append(f"{safe.code(_short(key))} is not a setting a link can carry ({safe.text(', '.join(FIELDS + ('doc', 'cdoc')))})")
             continue
         field, parse, accepts = parsers[key]
         parsed = parse(str(value))
@@ -139,12 +143,19 @@ def read_link(params: Mapping[str, str], default: View, labels: list[str], full:
 
 def link_query(view: View, full: str, untrained: str, documents: Mapping[str, str] | None = None) -> str:
     """The relative link (`?tab=...&...`) that opens `view` wherever the app runs: every field, in FIELDS order.
-    A prompt that is one of `documents` (id -> prompt) goes as its id; one over LINK_PROMPT_CHARS is left out."""
-    doc = next((key for key, text in (documents or {}).items() if text == view.prompt), "")
+    A prompt that is one of `documents` (id -> prompt) goes as its id; one over LINK_PROMPT_CHARS is left out; Compare's
+    prompt only where it differs from Explore's."""
+    def doc_of(prompt):
+        return next((key for key, text in (documents or {}).items() if text == prompt), "")
+    doc = doc_of(view.prompt)
+    other = view.compare_prompt if view.compare_prompt not in (None, "", view.prompt) else ""
+    cdoc = doc_of(other) if other else ""
     fields = {
         "tab": view.tab,
         "prompt": "" if doc or len(view.prompt) > LINK_PROMPT_CHARS else view.prompt,
         "doc": doc,
+        "cprompt": "" if cdoc or len(other) > LINK_PROMPT_CHARS else other,
+        "cdoc": cdoc,
         "routers": router_key(view.routers, full, untrained),
         "threshold": "" if view.threshold is None else f"{view.threshold:g}",
         "kv": view.kv_policy or "",
@@ -196,13 +207,14 @@ def _describe(view: View, full: str) -> str:
 
 def open_link(res, default: View, request: gr.Request | None, session=None):
     """The page loaded: apply the settings its URL carries. Returns, for layout's link outputs: tabs, tab state, prompt,
-    Compare's prompt, router set, threshold, KV policy, max new tokens, temperature, quality, note. No settings in the
-    URL: nothing changes."""
+    Compare's prompt, router set, threshold, KV policy, max new tokens, temperature, quality, note, and the long-document
+    menus of Explore and Compare (the document's title where a prompt is one, else empty). No settings in the URL:
+    nothing changes."""
     from routerlab.ui.resources import FULL, UNTRAINED
 
     params = dict(request.query_params) if request is not None and request.query_params is not None else {}
     if not any(k not in GRADIO_KEYS and not k.startswith("__") for k in params):
-        return (gr.skip(),) * 11
+        return (gr.skip(),) * 13
     limits = res.limits
     view, problems, _ = read_link(params, default, res.router_labels(), FULL, UNTRAINED, limits.max_new_tokens, limits.max_prompt_chars,
                                   _documents(res))
@@ -215,24 +227,31 @@ def open_link(res, default: View, request: gr.Request | None, session=None):
         note = "✓ Opened a link: " + _describe(view, FULL) + "." + (f" Press **{button}** {what}." if button else "")
     if session is not None and view.threshold is not None:
         session.link_threshold = float(view.threshold)
-    return (gr.Tabs(selected=view.tab), view.tab, view.prompt, view.prompt, view.routers, view.threshold, view.kv_policy,
-            view.max_new_tokens, view.temperature, view.quality, gr.Markdown(note, visible=True))
+    compare = view.compare_prompt or view.prompt
+    titles = {d.prompt: d.title for d in getattr(res, "documents", ())}
+    return (gr.Tabs(selected=view.tab), view.tab, view.prompt, compare, view.routers, view.threshold, view.kv_policy,
+            view.max_new_tokens, view.temperature, view.quality, gr.Markdown(note, visible=True),
+            titles.get(view.prompt), titles.get(compare))
 
 
 def view_link(res, prompt, compare_prompt, threshold, routers, kv_policy, max_new_tokens, temperature, quality, tab, session=None):
-    """The relative link for what is on screen (the Compare tab carries its own prompt), and a note when part of it
-    cannot travel (a router set trained or uploaded in this session lives only here)."""
+    """The relative link for what is on screen (both tabs' prompts, the Compare tab's where it differs), and a note
+    when part of it cannot travel (a router set trained or uploaded in this session lives only here)."""
     from routerlab.ui.resources import FULL, UNTRAINED
 
     tab = tab if tab in TABS else "explore"
-    view = View(tab=tab, prompt=str((compare_prompt if tab == "compare" else prompt) or ""), routers=str(routers or FULL),
+    prompt, compare_prompt = str(prompt or ""), str(compare_prompt or "")
+    view = View(tab=tab, prompt=prompt, compare_prompt=compare_prompt if compare_prompt != prompt else None, routers=str(routers or FULL),
                 threshold=float(threshold) if isinstance(threshold, (int, float)) else None, kv_policy=kv_policy or None,
                 max_new_tokens=int(max_new_tokens) if isinstance(max_new_tokens, (int, float)) else 96,
                 temperature=float(temperature) if isinstance(temperature, (int, float)) else 0.0, quality=bool(quality))
     documents = _documents(res)
     query = link_query(view, FULL, UNTRAINED, documents)
-    if len(view.prompt) > LINK_PROMPT_CHARS and view.prompt not in documents.values():
-        note = (f"⚠ The prompt ({len(view.prompt):,} characters) is too long to travel in a link (at most {LINK_PROMPT_CHARS:,}): "
+    long = [(name, p) for name, p in (("prompt", view.prompt), ("Compare prompt", view.compare_prompt or ""))
+            if len(p) > LINK_PROMPT_CHARS and p not in documents.values()]
+    if long:
+        name, p = long[0]
+        note = (f"⚠ The {name} ({len(p):,} characters) is too long to travel in a link (at most {LINK_PROMPT_CHARS:,}): "
                 "the link opens these settings with the default prompt. Send the text along with the link.")
         return gr.Textbox(value=query, visible=True), gr.Markdown(note, visible=True)
     if view.routers not in res.router_labels():

@@ -243,10 +243,19 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
     if first_gen:
         shapes.append(dict(type="line", x0=first_gen - 0.5, x1=first_gen - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#111827", width=2)))
         annotations.append(dict(x=first_gen - 0.5, y=1.0, yref="paper", text="prompt │ generated", showarrow=False, yanchor="bottom", font=dict(size=11)))
-    if not what_if:
-        for col, thr in _threshold_changes(steps):
-            shapes.append(dict(type="line", x0=col - 0.5, x1=col - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#1d4ed8", width=2, dash="dash")))
-            annotations.append(dict(x=col - 0.5, y=1.0, yref="paper", text=f"t→{thr:.2f}", showarrow=False, xanchor="left", yanchor="bottom", font=dict(size=10, color="#1d4ed8")))
+    changes = _threshold_changes(steps) if not what_if else []
+    if changes and first_gen is not None:
+        # each stretch between threshold moves with its own decode speed (the quality pass's time left out), labelled a
+        # row above "prompt | generated" so the labels never overlap it; neighbours alternate between two rows
+        bounds = [first_gen] + [col for col, _ in changes] + [len(steps)]
+        marks = [(first_gen, steps[first_gen].threshold, "t=")] + [(col, thr, "t→") for col, thr in changes]
+        for k, (col, thr, sign) in enumerate(marks):
+            speed = trace.decode_speed(bounds[k + 1] - first_gen, start=col - first_gen)
+            if sign == "t→":
+                shapes.append(dict(type="line", x0=col - 0.5, x1=col - 0.5, y0=0, y1=1, yref="paper", line=dict(color="#1d4ed8", width=2, dash="dash")))
+            annotations.append(dict(x=col - 0.5, y=1.0, yref="paper", text=f"{sign}{thr:.2f}" + (f" · {speed:.0f} tok/s" if speed else ""),
+                                    showarrow=False, xanchor="left", yanchor="bottom", yshift=16 + 13 * (k % 2),
+                                    font=dict(size=10, color="#1d4ed8")))
 
     if title is None:
         meta = trace.meta

@@ -192,7 +192,7 @@ class Resources:
 
     def __init__(self, engine, limits: Limits | None = None, router_sets: list[RouterSetInfo] | None = None,
                  prompts: list[str] | None = None, model_loader: Callable[[str], Any] | None = None,
-                 status: str = "", documents: list | None = None):
+                 status: str = "", documents: list | None = None, details: str = ""):
         self.engine = engine
         self.default_model = engine.name
         self.limits = limits or Limits()
@@ -202,7 +202,10 @@ class Resources:
         docs = load_documents() if documents is None else documents
         self.documents = [d for d in docs if len(d.prompt) <= self.limits.max_prompt_chars]
         self.model_loader = model_loader  # name -> Engine, for operator-allowed models
-        self.status = status or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
+        # the page's first line says what to do; what the engine is and how it decodes is one click away (`details`)
+        self.status = status or ("Pick an example prompt (or a long document) and press **Generate**: the heatmap shows, token by "
+                                 "token, which layers each token skipped. Move the threshold to skip more or less, even mid-run.")
+        self.details = details or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
         self.costs: dict[str, dict[str, float]] = {}  # engine name -> core.costs.cost_breakdown, measured at start-up
         self._engines = {engine.name: engine}
         self._routers: dict[tuple[str, str], Any] = {}

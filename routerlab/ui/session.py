@@ -49,6 +49,7 @@ class Session:
         self.job_drawn: tuple | None = None  # (steps, checkpoints) its figures last showed: unchanged ones are not sent again
         self.router_sets: dict[str, tuple[Any, Any]] = {}  # label -> (RouterSetInfo, RouterSet): sets trained or uploaded here
         self.link_threshold: float | None = None  # the threshold a link just set: the link's note says it, the slider's echo does not
+        self.threshold_auto: float | None = None  # the threshold the app last set (a set's calibration); None: the page's first
         self.sets_made = 0  # sets trained here so far: names each job's folder (sets may be dropped, so not len(router_sets))
         self.hash: str | None = None  # Gradio's session hash, once the page has loaded (keep_session)
         self._dir: str | None = None
