@@ -163,6 +163,11 @@ def _explore_tour(page, app_url, engine):
     assert re.search(r"(^|\n)no(\n|$)|yes, from token \d+", stats), stats
     assert "own prefix" in page.locator("#rl-stats .rl-card", has_text="top-1 agreement").get_attribute("title")
     page.screenshot(path=str(SHOTS / "explore-done.png"), full_page=True)
+    # the routed speed against the full model's, decoded side by side (ui/side_by_side.py), beside the estimate
+    page.locator("#rl-vs-full").click()
+    page.locator("#rl-vs-text", has_text="measured side by side").wait_for()
+    said = page.locator("#rl-vs-text").inner_text()
+    assert re.search(r"\d\.\d\d× the full model's decode speed", said) and "Estimated from per-layer costs" in said, said
 
     # 2. after the run: the slider shows a labelled what-if view from the recorded scores
     _set_slider(page, 0.45)
@@ -406,6 +411,7 @@ def test_train_tab_train_stop_menu_generate_download_upload(browser, app_url, tm
         bad.write_bytes(b"PK not a zip at all")
         page.locator("#rl-tr-upload input[type=file]").set_input_files(str(bad))
         page.wait_for_function("document.querySelector('#rl-status')?.innerText.includes('not a readable zip')")
+        assert "not a readable zip" in page.locator("#rl-tr-upload-note").inner_text()  # also beside the upload box
     except Exception:
         page.screenshot(path=str(Path(tempfile.gettempdir()) / "routerlab-browser-train-failure.png"), full_page=True)
         raise

@@ -62,3 +62,15 @@ def test_result_and_progress_show_names_and_messages_as_text():
     for phase in ("training", "done"):
         bar = train_plots.progress_html({"phase": phase, "elapsed": 1.0, "message": hostile, "rows": []}, 60.0)
         assert "<img" not in bar and hostile in html.unescape(bar)
+
+
+def test_a_one_step_curve_is_drawn_and_the_pace_is_said():
+    from routerlab.ui import train_plots
+
+    row = {"step": 1, "steps_planned": 40, "target": 0.9, "skip": 0.05, "seconds": 12.0, "kd": 0.5}
+    snap = {"phase": "training", "elapsed": 20.0, "rows": [row], "checkpoints": [], "message": "Training"}
+    fig = train_plots.curves(snap)
+    assert all("markers" in t.mode for t in fig.data)
+    assert "the first took 12 s" in train_plots.progress_html(snap, 180)
+    rows = [row, {**row, "step": 5, "seconds": 20.0}]
+    assert "~2.0 s a step" in train_plots.progress_html({**snap, "rows": rows}, 180)

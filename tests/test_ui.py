@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -549,3 +550,16 @@ def test_a_link_opens_both_prompts_and_names_a_document_in_its_menu(res):
     out = open_link(res, View(prompt="Hi", routers=routers), SimpleNamespace(query_params=dict(parse_qsl(query.lstrip("?")))), ui.Session())
     assert out[2] == "Explore's own prompt" and out[3] == doc.prompt and out[5] == 0.62
     assert out[11] is None and out[12] == doc.title  # the Compare menu names its document; Explore's prompt is none
+
+
+def test_measured_beside_the_full_model_side_by_side_and_explained(res):
+    """The button's measurement: a ratio of two runs decoded one token each in turn, the estimate beside it, and a
+    refusal (not a run) for the full model, which is the reference."""
+    from routerlab.ui.side_by_side import measure_beside_full
+
+    session = ui.Session()
+    text, status = measure_beside_full(res, session, "Hello there", 0.5, RANDOM, "kv", res.default_model)
+    assert status.startswith("✓") and re.search(r"\*\*\d+\.\d\d×\*\* the full model's decode speed, measured side by side", text), text
+    assert "one token each in turn" in text and "Skip rate" in text
+    skipped, refused = measure_beside_full(res, session, "Hello there", 0.5, ui.FULL, "kv", res.default_model)
+    assert is_skip(skipped) and "reference" in refused

@@ -321,5 +321,5 @@ def serve_room(room, engine, log: Callable[[str], None] = print) -> None:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
-    finally:
-        room.close()
+    finally:  # Ctrl-C: a second to end its loop (in start-up it may be timing its steps for seconds), then it is killed
+        room.close(timeout=1.0)

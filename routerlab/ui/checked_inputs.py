@@ -13,6 +13,8 @@ Knows nothing about runs or models.
 
 from __future__ import annotations
 
+import functools
+
 import gradio as gr
 from gradio.data_classes import FileData, ListFiles
 
@@ -150,6 +152,7 @@ def _is_file(value) -> bool:
     return isinstance(value, FileData) or isinstance(value, dict) and isinstance(value.get("path"), str)
 
 
+@functools.lru_cache(maxsize=32)
 def _checked_models(label: str) -> tuple[type, type]:
     """FileData and ListFiles that refuse anything but files, in a message naming `label`."""
     what = f"{label} takes a file uploaded to this app (the path its upload route answered)"
@@ -176,12 +179,18 @@ def _checked_models(label: str) -> tuple[type, type]:
 
 
 class UploadedFile(gr.File):
-    """`gr.File` whose value must be an uploaded file (or a list of them, with `file_count="multiple"`)."""
+    """`gr.File` whose value must be an uploaded file (or a list of them, with `file_count="multiple"`). Its data
+    model is a property, not set in an `__init__` of its own: Gradio builds a component's config from its
+    constructor's signature, which must stay gr.File's."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        one, many = _checked_models(str(self.label or "This file field"))
-        self.data_model = many if self.file_count in ("multiple", "directory") else one
+    @property
+    def data_model(self):
+        one, many = _checked_models(str(getattr(self, "label", None) or "This file field"))  # read while gr.File builds it too
+        return many if getattr(self, "file_count", "single") in ("multiple", "directory") else one
+
+    @data_model.setter
+    def data_model(self, value):  # gr.File's constructor sets its own: this property answers instead
+        pass
 
     def get_block_name(self) -> str:
         return "file"  # the browser draws it with gr.File's own component

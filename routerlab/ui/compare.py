@@ -4,7 +4,8 @@ Owns `compare_run` (the full model and one run per threshold of the chosen route
 token each in turn by one Decoder, so their speeds are measured under the same load; the per-token
 quality pass on, so each column has its mean KL from the full model), `ladder_thresholds` (what the
 threshold inputs mean), `decode_speed` (a column's decode tok/s, the quality pass's time taken out), `lockstep_speeds`
-(the columns' speeds as the ladder compares them: round by round, so a slow spell of the machine moves no ratio),
+(the columns' speeds as the ladder compares them: round by round, so a slow spell of the machine moves no ratio; the
+sweep and Explore's side-by-side measurement use it too, with `lockstep_traces`),
 `_Ladder` (the Control the session holds: Stop ends every column) and the HTML of the ladder
 (`ladder_html`, `column_html`). Full model + one threshold is the old full-vs-routed view.
 Knows nothing about the layout, the Explore tab or tensors.
@@ -210,6 +211,19 @@ def lockstep_speeds(traces: list[Trace], tokens: int | None = None) -> list[floa
         ratios = [a / b for a, b in zip(ref, step_seconds(trace, tokens)) if math.isfinite(a) and math.isfinite(b)]
         out.append(base * statistics.median(ratios) if ratios else None)
     return out
+
+
+def lockstep_traces(engine, prompt: str, runs: list[tuple], progress=None) -> list:
+    """Traces of `runs` ((routers, config) each) on `prompt`, decoded one token each in turn on this thread, who goes
+    first rotating every round, so each run's k-th token is decoded in the same round as every other's."""
+    from routerlab.core.engine import Control
+    from routerlab.core.lockstep import lockstep
+
+    controls = [Control(config.threshold) for _, config in runs]
+    total = max(config.max_new_tokens for _, config in runs)
+    lockstep([engine.generate(prompt, routers, config, control) for (routers, config), control in zip(runs, controls)],
+             None if progress is None else lambda rounds: progress(min(1.0, rounds / max(1, total))))
+    return [control.trace for control in controls]
 
 
 def shared_tokens(traces: list[Trace | None]) -> int | None:

@@ -26,7 +26,7 @@ from routerlab.ui.session import Session, _delete_session, _status, _warn, close
 from routerlab.ui import tradeoff_plots, train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
-from routerlab.ui import heatmap_export
+from routerlab.ui import heatmap_export, side_by_side
 from routerlab.ui.checked_inputs import (CheckedCheckbox, CheckedDropdown, CheckedRadio, CheckedTextbox, LadderNumber,
                                          UploadedFile, checked, field_number, field_slider)
 from routerlab.ui.checked_inputs import examples as example_list
@@ -278,6 +278,11 @@ def build_demo(res: Resources) -> gr.Blocks:
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="rl-stop")
                         text = gr.HTML(plots.token_html(None), elem_id="rl-text")
                         stats = gr.HTML(plots.stats_html({}), elem_id="rl-stats")
+                        with gr.Row(equal_height=True):
+                            vs_btn = gr.Button(side_by_side.LABEL, size="sm", scale=0, min_width=320, elem_id="rl-vs-full")
+                            vs_text = gr.Markdown("The cards time this run alone; on a busy machine two runs' tok/s do not compare. "
+                                                  "This button decodes the full model and the routed model one token each in turn.",
+                                                  elem_classes=["rl-muted"], elem_id="rl-vs-text")
                         heat = gr.Plot(plots.empty_heatmap(), label="Layers × tokens", elem_id="rl-heatmap")
                         live_heat = gr.HTML("", html_template="<span></span>", js_on_load=LIVE_HEATMAP_JS, visible="hidden", elem_id="rl-live-heat")
                         with gr.Row():
@@ -346,6 +351,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                             tr_download = gr.DownloadButton("Download (zip)", visible=False, elem_id="rl-tr-download")
                             tr_upload = UploadedFile(label="Upload a router set: its zip, or router.json + routers.safetensors", file_count="multiple",
                                                 file_types=[".zip", ".json", ".safetensors", ".md"], elem_id="rl-tr-upload")
+                        tr_upload_note = gr.Markdown("", elem_id="rl-tr-upload-note")
                         tr_timer = gr.Timer(2.0, active=False)
                     with gr.Tab("Layers", id="layers", elem_id="rl-tab-layers") as tab_layers:
                         gr.Markdown("Per-layer view of the last Explore run (follows the what-if threshold after a run).")
@@ -397,6 +403,12 @@ def build_demo(res: Resources) -> gr.Blocks:
         gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
+        def _measure(prompt, threshold, router_set, kv_policy, model, session):
+            """The routed speed against the full model's, decoded side by side on the Explore prompt (32 tokens each)."""
+            return side_by_side.measure_beside_full(res, session, prompt, threshold, router_set, kv_policy, model)
+
+        vs_btn.click(_measure, [prompt, threshold, router_label, kv_policy, model, session], [vs_text, status], api_name="measure_vs_full",
+                     concurrency_limit=1, concurrency_id="gen", show_progress="minimal")
         html_dl.click(None, js=heatmap_export.EXPORT_HEATMAP_JS)  # made in the browser: the server keeps no page
         stop_btn.click(stop_run, [session], [status], api_name="stop", cancels=[gen_evt, prompt_evt, regen_evt], queue=False).then(
             _show_last, [session], run_outputs, api_name=False
@@ -422,7 +434,10 @@ def build_demo(res: Resources) -> gr.Blocks:
         tr_stop.click(train_stop, [session], [status], api_name="stop_training", queue=False).then(  # frees Start at once
             lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
             api_name=False, queue=False, show_progress="hidden")
-        tr_upload.upload(lambda f, s: upload_set(res, s, f), [tr_upload, session], [status, router_label, tr_upload], api_name=False, concurrency_limit=None)
+        def _uploaded(files, s):
+            said, menu, box = upload_set(res, s, files)
+            return said, menu, box, said  # the status line, and the same words beside the upload box (out of view otherwise)
+        tr_upload.upload(_uploaded, [tr_upload, session], [status, router_label, tr_upload, tr_upload_note], api_name=False, concurrency_limit=None)
 
         # Links that open a state (links.py): applied on page load; the copied link is made absolute in the browser.
         start_view = View(prompt=res.prompts[0], routers=default_routers, max_new_tokens=min(96, limits.max_new_tokens))

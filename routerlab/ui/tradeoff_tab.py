@@ -22,7 +22,7 @@ import gradio as gr
 from routerlab.core.errors import RouterLabError
 from routerlab.core.paths import ASSETS
 from routerlab.ui import plots, safe, tradeoff_plots
-from routerlab.ui.compare import lockstep_speeds, shared_tokens
+from routerlab.ui.compare import lockstep_speeds, lockstep_traces, shared_tokens
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import _status, _warn
 
@@ -236,7 +236,7 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
     thresholds = [0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
     runs = [(None, config)] + [(routers, dataclasses.replace(config, threshold=t)) for t in thresholds]
     progress(0.0, desc=f"{len(runs)} runs side by side")
-    traces = _lockstep(engine, prompt, runs, lambda done: progress(done, desc=f"{len(runs)} runs side by side"))
+    traces = lockstep_traces(engine, prompt, runs, lambda done: progress(done, desc=f"{len(runs)} runs side by side"))
     full, swept = traces[0], traces[1:]
     full_ids = [s.token_id for s in full.generated_steps]
     n = max(shared_tokens([full, t]) for t in swept)  # each run timed against the full model over the rounds both decoded
@@ -251,17 +251,3 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
     return plots.tradeoff_curve(df, quality="agreement"), bench_table(df), _status("ok", (
         f"Sweep done: {len(runs)} runs decoded side by side (one token each in turn), each speed timed against the full model's over "
         f"the tokens both decoded (up to {n}); agreement = share of the full model's greedy tokens reproduced before the first difference."))
-
-
-def _lockstep(engine, prompt: str, runs: list[tuple], progress) -> list:
-    """Traces of `runs` ((routers, config) each) on `prompt`, decoded one token each in turn on this thread, who goes
-    first rotating every round, so each run's k-th token is decoded in the same round as every other's."""
-    from routerlab.core.engine import Control
-
-    from routerlab.core.lockstep import lockstep
-
-    controls = [Control(config.threshold) for _, config in runs]
-    total = max(config.max_new_tokens for _, config in runs)
-    lockstep([engine.generate(prompt, routers, config, control) for (routers, config), control in zip(runs, controls)],
-             lambda rounds: progress(min(1.0, rounds / max(1, total))))
-    return [control.trace for control in controls]

@@ -29,16 +29,17 @@ def curves(snap: dict | None) -> go.Figure:
     if not rows:
         return _empty("Curves appear here while the routers train")
     steps = [r["step"] for r in rows]
+    mode = "lines+markers" if len(rows) < 20 else "lines"  # a curve of one step is a point: drawn, not empty axes
     fig = make_subplots(rows=1, cols=2, subplot_titles=("losses per step", "skip share of routed cells"), horizontal_spacing=0.1)
     weights = (snap or {}).get("weights") or {}
     for key, name, color in LOSSES:
         if any(r.get(key) for r in rows):
             watched = weights.get(key) == 0  # measured for its curve, not trained on
             fig.add_trace(go.Scatter(x=steps, y=[r.get(key) for r in rows], name=name + (", not trained on" if watched else ""),
-                                     mode="lines", line={"color": color, "dash": "dot" if watched else "solid"}), row=1, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=[r["skip"] for r in rows], name="skipped while training", mode="lines",
+                                     mode=mode, line={"color": color, "dash": "dot" if watched else "solid"}), row=1, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=[r["skip"] for r in rows], name="skipped while training", mode=mode,
                              line={"color": "#2b8a3e"}), row=1, col=2)
-    fig.add_trace(go.Scatter(x=steps, y=[1 - r["target"] for r in rows], name="skip target (ramps in)", mode="lines",
+    fig.add_trace(go.Scatter(x=steps, y=[1 - r["target"] for r in rows], name="skip target (ramps in)", mode=mode,
                              line={"color": "#2b8a3e", "dash": "dash"}), row=1, col=2)
     points = (snap or {}).get("checkpoints") or []
     if points:
@@ -72,6 +73,15 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+def _pace(rows: list[dict]) -> str:
+    """ " (~2.4 s a step)": the recent steps' pace, from their times since training began."""
+    timed = [r for r in rows[-8:] if isinstance(r.get("seconds"), (int, float))]
+    if len(timed) < 2:
+        return f" (the first took {timed[0]['seconds']:.0f} s)" if timed and timed[0]["seconds"] >= 1 else ""
+    per = (timed[-1]["seconds"] - timed[0]["seconds"]) / (timed[-1]["step"] - timed[0]["step"])
+    return f" (~{per:.1f} s a step)" if per > 0 else ""
+
+
 def progress_html(snap: dict | None, budget_seconds: float, position: int | None = None) -> str:
     if not snap:
         return "<div class='rl-train-progress rl-muted'>No training yet.</div>"
@@ -84,7 +94,7 @@ def progress_html(snap: dict | None, budget_seconds: float, position: int | None
         frac, line = (1.0 if phase == "done" else min(1.0, elapsed / budget_seconds)), safe.text(snap.get("message", ""))
     else:
         frac = min(1.0, elapsed / budget_seconds)
-        step = f" · step {rows[-1]['step']} of ~{snap.get('steps_planned') or '?'}" if rows else ""
+        step = f" · step {rows[-1]['step']} of ~{snap.get('steps_planned') or '?'}{_pace(rows)}" if rows else ""
         answering = f" · {snap.get('answered', 0)} of {snap.get('to_answer', 0)} prompts answered" if phase == "answering" else ""
         if phase == "answering" and snap.get("answer_until"):
             answering += f" (answering ends by {_clock(snap['answer_until'])})"
