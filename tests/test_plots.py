@@ -308,3 +308,12 @@ def test_layer_shares_bin_as_numpys_histogram_does():
             assert np.array_equal(shares[i], np.histogram(np.clip(row, 0.0, 1.0), bins=edges)[0] / row.size)
         else:
             assert np.isnan(shares[i]).all()
+
+
+def test_a_long_prompts_heatmap_opens_on_the_generated_tokens():
+    long = plots.heatmap(synthetic_trace(n_prompt=400, n_gen=40))
+    assert long.layout.xaxis.range[0] == 400 - 10 - 0.5 and long.layout.xaxis.range[1] == 439.5
+    assert "double-click for the prompt" in long.layout.title.text
+    assert all(int(str(v).split(":")[0]) >= 390 for v in long.layout.xaxis.tickvals)  # ticks where the view is
+    short = plots.heatmap(synthetic_trace(n_prompt=20, n_gen=40))
+    assert short.layout.xaxis.range[0] == -0.5 and "double-click" not in short.layout.title.text

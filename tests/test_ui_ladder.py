@@ -237,3 +237,15 @@ def test_step_seconds_leave_out_the_last_token_and_a_quality_pass_known_only_for
     assert got[:2] == [0.25, 0.5] and math.isnan(got[2])  # the last token: no forward
     old = Trace(1, _steps([0.5, 0.5]), {"quality_seconds_in_steps": 0.25})
     assert all(math.isnan(s) for s in step_seconds(old)) and lockstep_speeds([old, old]) == [None, None]
+
+
+def test_a_looping_column_is_flagged_as_explore_flags_it():
+    from test_plots import synthetic_trace
+
+    from routerlab.ui.compare import column_html
+
+    full, looping = synthetic_trace(n_gen=40), synthetic_trace(n_gen=40)
+    for k, step in enumerate(looping.generated_steps):
+        step.token_id = 1000 + (k % 3 if k >= 10 else k)  # ten tokens, then a 3-token unit back to back
+    assert "repeats itself from token 11" in column_html(looping, full, 0.7)
+    assert "repeats itself" not in column_html(full, full, 0.3) and "repeats itself" not in column_html(full, None, None)

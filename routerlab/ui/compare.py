@@ -21,6 +21,7 @@ import statistics
 
 import gradio as gr
 
+from routerlab.core.divergence import repetition
 from routerlab.core.errors import RouterLabError, quote
 from routerlab.core.trace import Trace
 from routerlab.ui import fields, plots, safe
@@ -320,10 +321,18 @@ def column_html(trace: Trace | None, full: Trace | None, threshold: float | None
         return f"<div class='rl-col-h'>{title}</div>{plots.token_html(None)}"
     if full is None:
         tps = lockstep_speeds([trace])[0]  # its median step, as the ladder's table times it
-        head = f"<b>Full model</b>" + (f" · {tps:.1f} tok/s" if tps else "")
+        head = f"<b>Full model</b>" + (f" · {tps:.1f} tok/s" if tps else "") + _loop_flag(trace)
         return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace)}"
     div = plots.first_divergence(full, trace)
     f_tps, tps = lockstep_speeds([full, trace], shared_tokens([full, trace]))
     speed = f" · {tps / f_tps:.2f}×" if f_tps and tps else ""
-    head = f"<b>Threshold {threshold:.2f}</b> · skipped {trace.skip_rate():.0%} · KL {_kl(trace)}{speed}"
+    head = f"<b>Threshold {threshold:.2f}</b> · skipped {trace.skip_rate():.0%} · KL {_kl(trace)}{speed}{_loop_flag(trace)}"
     return f"<div class='rl-col-h'>{head}</div>{plots.token_html(trace, diverge_at=div)}"
+
+
+def _loop_flag(trace: Trace) -> str:
+    """ · repeats itself from token k" where the column's text loops (the rule Explore's card uses), else ""."""
+    loop = repetition([s.token_id for s in trace.generated_steps])
+    if loop is None:
+        return ""
+    return f" · <span class='rl-loop' title='the same {loop.period}-token unit back to back'>repeats itself from token {loop.start + 1}</span>"

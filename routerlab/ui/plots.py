@@ -268,7 +268,14 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
             )
         else:
             title = f"{'Live run' if live else 'Recorded run'} · skip rate {_skip_rate(recorded, generated):.0%} (generated tokens) · {where}"
-    tickvals, ticktext = _ticks(columns, labels, MAX_TICKS // 2 if live else MAX_TICKS)
+    # A long prompt (a document) would squeeze the generated tokens into a sliver: the view opens on them, with a few
+    # prompt tokens before; plotly's double-click (autoscale) shows the whole prompt.
+    start = 0
+    n_gen = len(steps) - first_gen if first_gen else 0
+    if first_gen and first_gen > max(64, 3 * n_gen):
+        start = first_gen - max(8, n_gen // 4)
+        title += " · <i>zoomed to the generated tokens: double-click for the prompt</i>"
+    tickvals, ticktext = _ticks(columns[start:], labels[start:], MAX_TICKS // 2 if live else MAX_TICKS)
     height = max(300, min(720, 110 + 16 * n_layers)) + (qp.STRIP_PX + qp.GAP_PX if strip else 0)
     layout = dict(
         title=dict(text=title, font=dict(size=13), x=0.01, xanchor="left"),
@@ -277,7 +284,7 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
         font=FONT,
         plot_bgcolor=BACKGROUND,
         paper_bgcolor="white",
-        xaxis=dict(type="category", title=None, tickmode="array", tickvals=tickvals, ticktext=ticktext, tickangle=-50, tickfont=dict(size=10), showgrid=False, zeroline=False, range=[-0.5, n_tok - 0.5]),
+        xaxis=dict(type="category", title=None, tickmode="array", tickvals=tickvals, ticktext=ticktext, tickangle=-50, tickfont=dict(size=10), showgrid=False, zeroline=False, range=[start - 0.5, n_tok - 0.5]),
         yaxis=dict(title="layer", dtick=1 if n_layers <= 24 else 2, showgrid=False, zeroline=False, range=[-0.5, n_layers - 0.5]),
         shapes=shapes,
         annotations=annotations,
