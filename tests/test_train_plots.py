@@ -74,3 +74,13 @@ def test_a_one_step_curve_is_drawn_and_the_pace_is_said():
     assert "the first took 12 s" in train_plots.progress_html(snap, 180)
     rows = [row, {**row, "step": 5, "seconds": 20.0}]
     assert "~2.0 s a step" in train_plots.progress_html({**snap, "rows": rows}, 180)
+
+
+def test_the_progress_line_says_where_a_long_step_is():
+    from routerlab.ui import train_plots
+
+    snap = {"phase": "training", "elapsed": 30.0, "rows": [], "checkpoints": [], "message": "Training", "example": (1, 3, 8)}
+    assert "step 1: example 3 of 8 done" in train_plots.progress_html(snap, 180)
+    row = {"step": 1, "steps_planned": 40, "target": 0.9, "skip": 0.05, "seconds": 12.0}
+    done = {**snap, "rows": [row], "example": (1, 8, 8)}
+    assert "example" not in train_plots.progress_html(done, 180)  # the step ended: its row says it

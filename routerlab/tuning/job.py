@@ -126,7 +126,7 @@ class TrainJob:
         self._notes: list[str] = []  # what the data phase left out or cut, said again in the final message
         self._state = {"phase": "queued", "message": "Waiting for its turn.", "rows": [], "checkpoints": [], "layers": [],
                        "steps_planned": None, "weights": {}, "started": None, "elapsed": 0.0, "answered": 0, "to_answer": 0,
-                       "answer_until": None, "trainable": None, "result": None, "error": None}
+                       "answer_until": None, "trainable": None, "result": None, "error": None, "example": None}
         self.routers = None
 
     # -- what the page reads -------------------------------------------------------------------
@@ -265,8 +265,12 @@ class TrainJob:
                 self._checkpoint(anatomy, routers, heldout, full, row["step"])
 
         watched = _Watched(train, self._check, lambda: bool(self._state["rows"]))
+        def on_example(step, example, batch):
+            with self._lock:  # read by the page's progress line (snapshot), no watcher call: several a second
+                self._state["example"] = (step, example, batch)
+
         result = train_routers(self.model, watched, cfg, progress=False, seconds=budget, on_step=on_step,
-                               should_stop=self._stop.is_set, data_name=self._data_name())
+                               should_stop=self._stop.is_set, data_name=self._data_name(), on_example=on_example)
         if self._abandoned.is_set():
             raise _Stopped()
         self.routers = result.routers

@@ -237,7 +237,7 @@ PLAN_STEPS = 4  # a time budget is turned into a number of steps from the first 
 
 def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, accelerator=None,
                   log_path: str | Path | None = None, progress: bool = True, data_name: str = "",
-                  seconds: float | None = None, on_step=None, should_stop=None) -> TrainResult:
+                  seconds: float | None = None, on_step=None, should_stop=None, on_example=None) -> TrainResult:
     """Train fresh routers for `model` on tokenized `examples` (data.Example). Returns routers + report.
 
     `seconds`: a time budget. `cfg.steps` is then a cap: after each of the first PLAN_STEPS steps the number of
@@ -246,7 +246,8 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     `on_step(row, routers)`: called after every optimizer step with the logged row (plus `layer_skip`, each routed
     layer's skip share in that step, and `steps_planned`) and the routers being trained. `should_stop()`: checked before every step
     and between its examples; True ends training with the routers as the last whole step left them (a step in flight is
-    dropped, report["stopped"]).
+    dropped, report["stopped"]). `on_example(step, example, batch)`: after each example of a step (1-based), so a
+    watcher can say where a long step is (the first one, on a busy 2-core machine, took a minute).
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -332,6 +333,8 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
                 if k in out:
                     sums[k] += float(out[k].detach()) / cfg.batch_size
             step_exec += out["layer_exec"] / cfg.batch_size
+            if on_example is not None:
+                on_example(step + 1, micro + 1, cfg.batch_size)
         if stopped:  # the step in flight is dropped: the routers stay as the last whole step left them
             optimizer.zero_grad(set_to_none=True)
             break

@@ -95,6 +95,9 @@ def progress_html(snap: dict | None, budget_seconds: float, position: int | None
     else:
         frac = min(1.0, elapsed / budget_seconds)
         step = f" · step {rows[-1]['step']} of ~{snap.get('steps_planned') or '?'}{_pace(rows)}" if rows else ""
+        at = snap.get("example")  # (step, example, batch): where the step in flight is
+        if phase == "training" and at and at[0] > (rows[-1]["step"] if rows else 0) and at[1] < at[2]:
+            step += f" · step {at[0]}: example {at[1]} of {at[2]} done"
         answering = f" · {snap.get('answered', 0)} of {snap.get('to_answer', 0)} prompts answered" if phase == "answering" else ""
         if phase == "answering" and snap.get("answer_until"):
             answering += f" (answering ends by {_clock(snap['answer_until'])})"
