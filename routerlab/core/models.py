@@ -186,11 +186,6 @@ def _fetch_embedded_gguf(folder: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def default_device() -> str:
-    """--device's default: $ROUTERLAB_DEVICE, else CUDA where torch sees it, else the CPU (core/device.py)."""
-    return choose_device(None)
-
-
 def load_model(
     spec: str | None = None,
     *,
