@@ -317,3 +317,10 @@ def test_a_long_prompts_heatmap_opens_on_the_generated_tokens():
     assert all(int(str(v).split(":")[0]) >= 390 for v in long.layout.xaxis.tickvals)  # ticks where the view is
     short = plots.heatmap(synthetic_trace(n_prompt=20, n_gen=40))
     assert short.layout.xaxis.range[0] == -0.5 and "double-click" not in short.layout.title.text
+
+
+def test_the_stats_say_why_flops_saved_is_below_the_skip_rate():
+    stats = plots.live_stats(synthetic_trace())
+    html_ = plots.stats_html(stats)
+    assert stats["attention_flops_saved"] < stats["skip_rate"] and "Why attention FLOPs saved is below the skip rate" in html_
+    assert "Why" not in plots.stats_html({**stats, "skip_rate": 0.0})

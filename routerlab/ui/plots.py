@@ -540,7 +540,12 @@ def stats_html(stats: dict[str, Any], running: bool = False) -> str:
     state = "running…" if running else (f"stopped: {stats['stop_reason']}" if stats.get("stop_reason") else "")
     tokens = f"{stats['generated_tokens']} generated + {stats['prompt_tokens']} prompt tokens"
     foot = f"<div class='rl-foot'>{tokens} · {safe.text(stats.get('granularity') or '')} · kv policy <b>{safe.text(stats.get('kv_policy') or '?')}</b> · {safe.text(state)}</div>"
-    return f"<div class='rl-stats'>{''.join(cards)}</div>{foot}"
+    why = ""
+    if stats.get("skip_rate") and (stats.get("attention_flops_saved") or 0.0) < stats["skip_rate"]:
+        why = ("<div class='rl-foot rl-muted'>Why attention FLOPs saved is below the skip rate: the skip rate counts the routed "
+               "layers' runs only, the saving is over every layer's attention (a layer without a router never skips), and a skipped "
+               "attention under <b>kv</b> still computes its keys and values for later tokens (under <b>drop</b> it does not).</div>")
+    return f"<div class='rl-stats'>{''.join(cards)}</div>{foot}{why}"
 
 
 # -- trade-off -------------------------------------------------------------------------------------
