@@ -5,14 +5,16 @@
 
 Environment (all optional): GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, ROUTERLAB_MODEL,
 ROUTERLAB_ALLOWED_MODELS (comma-separated extra models visitors may pick), ROUTERLAB_MAX_NEW_TOKENS
-(256), ROUTERLAB_MAX_PROMPT_CHARS (16000), ROUTERLAB_QUEUE_SIZE (64), ROUTERLAB_CONCURRENCY (32),
+(256), ROUTERLAB_MAX_PROMPT_CHARS (16000), ROUTERLAB_QUEUE_SIZE (64), ROUTERLAB_MAX_WAIT_S (120: a longer wait is
+refused at once, said), ROUTERLAB_CONCURRENCY (32),
 ROUTERLAB_ROOM (on|off: one batched decode loop for every visitor), ROUTERLAB_MAX_BATCH (32), ROUTERLAB_ROOM_CACHE_MB (2048),
 ROUTERLAB_ENGINE (process|thread: the room's loop in an engine process of its own, which loads the model too, or in
 this process beside the web server; a process that cannot start falls back to thread, said in the log),
 ROUTERLAB_DEVICE (cpu, cuda or cuda:N; default cuda where torch sees one), ROUTERLAB_DTYPE (auto: bf16 where it pays on this machine, else float32; or float32, bfloat16),
 ROUTERLAB_ROUTERS (extra router sets: folders or Hub repo ids), ROUTERLAB_TRAINING (on|off) and its caps, the upload
-budget (ROUTERLAB_UPLOAD_SESSION_MB 40, ROUTERLAB_UPLOAD_TOTAL_MB 200, ..._FILES), ROUTERLAB_TRUSTED_PROXIES (whose
-X-Forwarded-For names a visitor) and ROUTERLAB_ALLOWED_ORIGINS (other sites' pages that may upload), and Gradio's GRADIO_ROOT_PATH (the public URL: the app's root whatever Host a request
+budget (ROUTERLAB_UPLOAD_SESSION_MB 40, ROUTERLAB_UPLOAD_TOTAL_MB 200, ..._FILES), ROUTERLAB_EXPORTS_MB (100: the runs'
+traces kept for download), ROUTERLAB_TRUSTED_PROXIES (whose
+X-Forwarded-For names a visitor) and ROUTERLAB_ALLOWED_ORIGINS (other sites' pages that may upload and frame the page), and Gradio's GRADIO_ROOT_PATH (the public URL: the app's root whatever Host a request
 claims). docs/operators.md, "A public host", says what a public server should set.
 """
 

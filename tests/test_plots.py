@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from routerlab.ui import plots
+from routerlab.ui import plots, tradeoff_plots
 from routerlab.core.trace import Step, Trace
 
 COSTS = {"q": 10.0, "k": 5.0, "v": 5.0, "o": 10.0, "mlp": 60.0, "score_per_ctx": 1.0, "kv_bytes": 256.0}
@@ -121,7 +121,7 @@ def test_token_html_escapes_and_tints_by_layers_used():
 
 
 def test_empty_inputs_give_placeholders_not_errors():
-    for fig in (plots.heatmap(None), plots.layer_skip_bar(None), plots.score_histogram(None), plots.tradeoff_curve(None), plots.tradeoff_curve(pd.DataFrame())):
+    for fig in (plots.heatmap(None), plots.layer_skip_bar(None), plots.score_histogram(None), tradeoff_plots.tradeoff_curve(None), tradeoff_plots.tradeoff_curve(pd.DataFrame())):
         assert isinstance(fig, go.Figure)
     assert "No run" in plots.stats_html({})
     assert "appears here" in plots.token_html(None)
@@ -177,7 +177,7 @@ def test_tradeoff_curve_one_line_per_method():
             "perplexity": [10.0, 10.5, 13.0, 10.0],
         }
     )
-    fig = plots.tradeoff_curve(df, current_threshold=0.5)
+    fig = tradeoff_plots.tradeoff_curve(df, current_threshold=0.5)
     assert [t.name for t in fig.data][:2] == ["routed", "full"]
     assert fig.data[-1].x == (1.2,)
 
@@ -207,7 +207,7 @@ def test_every_figure_passes_plotly_validation_and_strict_json():
         plots.heatmap(None),
         plots.layer_skip_bar(trace),
         plots.score_histogram(trace),
-        plots.tradeoff_curve(df, 0.5),
+        tradeoff_plots.tradeoff_curve(df, 0.5),
     ]
     for fig in figures:
         go.Figure(fig.to_dict())  # raises ValueError on an invalid property

@@ -145,7 +145,8 @@ def test_the_apps_launch_options_carry_the_guard_with_the_environments_budget(mo
     monkeypatch.setenv("ROUTERLAB_UPLOAD_SESSION_MB", "12")
     monkeypatch.setenv("ROUTERLAB_UPLOAD_TOTAL_FILES", "9")
     monkeypatch.setenv("ROUTERLAB_ALLOWED_ORIGINS", "https://Example.org:443/, https://b.example:8443")
-    page, guard = ui.launch_options(ui.Limits(training_max_chars=1000))["app_kwargs"]["middleware"]
+    page, wait, guard = ui.launch_options(ui.Limits(training_max_chars=1000))["app_kwargs"]["middleware"]
+    assert wait.cls.__name__ == "WaitGuard"
     budget = guard.kwargs["budget"]
     assert guard.cls is uploads.UploadGuard and page.cls is http_guard.PageGuard  # the page's guard first, outermost
     assert page.kwargs == {"limit": 4000 + 2**20, "allowed_origins": ("https://example.org", "https://b.example:8443")}

@@ -199,7 +199,7 @@ def granularity_table(rows: list[dict], limits=(0.02, 0.05, 0.10)) -> list[dict]
 
 
 def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
-    from routerlab.ui import plots
+    from routerlab.ui import tradeoff_plots
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / "tradeoff.csv", "json": out / "tradeoff.json", "html": out / "tradeoff.html",
@@ -217,7 +217,7 @@ def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
     main = result["rows"][0]["granularity"]
     frame = pd.DataFrame([{**r, "method": r["method"] if r["granularity"] in (main, "full") else f"tuned {r['granularity']}"}
                           for r in result["rows"]])
-    curve = plots.tradeoff_curve(frame)
+    curve = tradeoff_plots.tradeoff_curve(frame)
     curve.update_layout(width=1000, height=600)
     curve.write_html(str(paths["html"]), include_plotlyjs="cdn")
     layers = layer_skip_figure(result["per_layer_skip"], result["model"])

@@ -31,6 +31,8 @@ from routerlab.ui.checked_inputs import (CheckedCheckbox, CheckedDropdown, Check
                                          UploadedFile, checked, field_number, field_slider)
 from routerlab.ui.checked_inputs import examples as example_list
 from routerlab.ui.http_guard import body_limit, middleware as page_guard
+from routerlab.ui import queue_wait
+from routerlab.ui.queue_wait import WaitCap
 from routerlab.ui.uploads import UploadBudget, middleware as upload_guard, visitor_of_request
 
 CSS_FILE = ASSETS / "css" / "app.css"
@@ -213,7 +215,7 @@ def launch_options(limits: Limits | None = None, uploads: UploadBudget | None = 
     page = page_guard(body_limit(limits.training_max_chars), uploads.allowed_origins)
     return dict(theme=theme(), css_paths=[str(CSS_FILE)] if CSS_FILE.is_file() else None, js=WHAT_IF_PREVIEW_JS,
                 run_history=False, max_file_size=limits.max_upload_mb * 2**20,
-                app_kwargs={"middleware": [page, upload_guard(uploads)]})
+                app_kwargs={"middleware": [page, queue_wait.middleware(), upload_guard(uploads)]})
 
 
 def threshold_help(res: Resources, label: str) -> str:
@@ -400,6 +402,9 @@ def build_demo(res: Resources) -> gr.Blocks:
                                visitor=visitor_of_request(request))
 
         limit = max(1, limits.concurrency)
+        # Generations share one line ("gen"); one that would wait past ROUTERLAB_MAX_WAIT_S is refused as it joins, with
+        # the wait said at its prompt box (queue_wait.py, via launch_options' guard); Gradio shows the others their place.
+        queue_wait.register(demo, WaitCap(demo, limits.max_wait_s, line="gen"))
         gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)

@@ -64,6 +64,7 @@ class Limits:
     max_new_tokens: int = 256
     max_prompt_chars: int = 16000  # the shipped long documents (assets/documents) are 7,000-9,100 characters with their tasks
     queue_size: int = 64
+    max_wait_s: int = 120  # a generation that would wait longer than this in the line is refused at once, with the wait said
     concurrency: int = 32  # generations in flight at once (with the room, they share its decode steps)
     allowed_models: tuple[str, ...] = ()
     training: bool = True  # the Train tab (ROUTERLAB_TRAINING=on|off)
@@ -85,6 +86,7 @@ class Limits:
             max_new_tokens=_env_int("ROUTERLAB_MAX_NEW_TOKENS", 256),
             max_prompt_chars=_env_int("ROUTERLAB_MAX_PROMPT_CHARS", 16000),
             queue_size=_env_int("ROUTERLAB_QUEUE_SIZE", 64),
+            max_wait_s=_env_int("ROUTERLAB_MAX_WAIT_S", 120),
             concurrency=_env_int("ROUTERLAB_CONCURRENCY", 32),
             allowed_models=allowed,
             training=os.environ.get("ROUTERLAB_TRAINING", "on").strip().lower() not in ("off", "0", "false", "no"),

@@ -4,7 +4,8 @@
     held-out prompts; perplexity rise in the trade-off sweep), tuned vs random vs static, per granularity;
   - `measured_vs_ideal`: measured speedup against the ideal one (the y = x line: skipping turned into time);
   - `time_split`: one decode step split into its measured pieces, and the speed ceiling of each granularity;
-  - `time_pieces` / `ceilings`: the arithmetic behind the last one, as plain data.
+  - `time_pieces` / `ceilings`: the arithmetic behind the last one, as plain data;
+  - `tradeoff_curve`: speed against quality per method (the sweep's rows, shipped or the visitor's quick sweep).
 
 Inputs are plain data: rows of the sweep (dicts with `method`, `granularity`, `skip_rate_all_layers`,
 `perplexity_increase`, `speedup`, `ideal_speedup`, ...), a held-out result (`bench`'s heldout_*.json:
@@ -332,3 +333,65 @@ def context_curve(result: dict | None) -> go.Figure:
     fig.update_xaxes(title_text="context: prompt tokens (log scale)", type="log")
     fig.update_yaxes(title_text="speedup over the full model (lockstep), ×")
     return fig
+
+
+QUALITY_AXES = {
+    "perplexity": ("perplexity (lower is better)", "down = better"),
+    "agreement": ("agreement with the full model (higher is better)", "up = better"),
+}
+
+
+def tradeoff_curve(df, current_threshold: float | None = None, quality: str = "perplexity") -> go.Figure:
+    """Speed (x) vs quality (y) per method, one line per method.
+
+    `df` is a pandas DataFrame with at least `method`, `speedup` and the `quality` column
+    (`perplexity`, lower is better, or `agreement`, higher is better); optional columns
+    `threshold`, `kv_policy`, `skip_rate` show in the hover. None or an empty frame gives a
+    placeholder figure instead of an error.
+    """
+    if df is None or len(df) == 0 or not {"method", "speedup", quality} <= set(df.columns):
+        return _empty_figure("No benchmark results yet (assets/bench/). Run a sweep to draw the curve.", height=380)
+    y_title, better = QUALITY_AXES.get(quality, (quality, ""))
+    fig = go.Figure()
+    extra = [c for c in ("threshold", "granularity", "kv_policy", "skip_rate", "skip_rate_all_layers", "agreement") if c in df.columns and c != quality]
+    for method, group in df.groupby("method", sort=False):
+        group = group.sort_values("threshold" if "threshold" in group.columns and group["threshold"].notna().all() else "speedup")  # a sweep, in order
+        custom = [[safe.text(v) for v in row] for row in group[extra].astype(str).values.tolist()] if extra else None
+        hover = "<b>%{fullData.name}</b><br>speedup %{x:.2f}×<br>" + quality + " %{y:.3f}"
+        for k, col in enumerate(extra):
+            hover += f"<br>{col} %{{customdata[{k}]}}"
+        fig.add_trace(
+            go.Scatter(
+                x=group["speedup"].astype(float).tolist(),
+                y=group[quality].astype(float).tolist(),
+                mode="lines+markers",
+                name=safe.text(method),
+                customdata=custom,
+                hovertemplate=hover + "<extra></extra>",
+            )
+        )
+    if current_threshold is not None and "threshold" in df.columns:
+        with_t = df[df["threshold"].notna()]
+        near = with_t.iloc[(with_t["threshold"].astype(float) - current_threshold).abs().argsort()[:1]]
+        fig.add_trace(
+            go.Scatter(
+                x=near["speedup"].astype(float).tolist(),
+                y=near[quality].astype(float).tolist(),
+                mode="markers",
+                marker=dict(size=16, symbol="circle-open", color="#111827", line=dict(width=2)),
+                name=f"current threshold {current_threshold:.2f}",
+                hoverinfo="skip",
+            )
+        )
+    fig.update_layout(
+        title=dict(text=f"Speed vs quality (right = faster, {better})", font=dict(size=13)),
+        height=420,
+        font=FONT,
+        margin=dict(l=60, r=20, t=50, b=50),
+        xaxis=dict(title="speedup vs full model (×)"),
+        yaxis=dict(title=y_title),
+        plot_bgcolor="white",
+        legend=dict(orientation="h", y=-0.2),
+    )
+    return fig
+

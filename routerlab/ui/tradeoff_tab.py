@@ -232,7 +232,7 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
         config = res.generate_config(min(32, res.limits.max_new_tokens), 0.0, 0.5, kv_policy)
         config = dataclasses.replace(config, shared=False)  # with the room: each run alone, its speed compared with the others'
     except RouterLabError as err:
-        return plots.tradeoff_curve(None), None, _warn(err)
+        return tradeoff_plots.tradeoff_curve(None), None, _warn(err)
     thresholds = [0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
     runs = [(None, config)] + [(routers, dataclasses.replace(config, threshold=t)) for t in thresholds]
     progress(0.0, desc=f"{len(runs)} runs side by side")
@@ -248,6 +248,6 @@ def tradeoff_sweep(res: Resources, prompt, router_label, kv_policy, model_name, 
         same = next((j for j, (a, b) in enumerate(zip(full_ids, ids)) if a != b), min(len(full_ids), len(ids)))
         rows.append(dict(method=label, threshold=t, speedup=(tps or 0.0) / f_tps, agreement=same / max(1, len(full_ids)), skip_rate=trace.skip_rate(), kv_policy=kv_policy))
     df = pd.DataFrame(rows)
-    return plots.tradeoff_curve(df, quality="agreement"), bench_table(df), _status("ok", (
+    return tradeoff_plots.tradeoff_curve(df, quality="agreement"), bench_table(df), _status("ok", (
         f"Sweep done: {len(runs)} runs decoded side by side (one token each in turn), each speed timed against the full model's over "
         f"the tokens both decoded (up to {n}); agreement = share of the full model's greedy tokens reproduced before the first difference."))
