@@ -271,3 +271,21 @@ def test_a_handlers_request_names_its_visitor_as_an_upload_does():
     proxied = NS(client=NS(host="10.0.0.5"), headers={"x-forwarded-for": "198.51.100.1, 10.0.0.7"})
     assert uploads.visitor_of_request(proxied, trusted=("10.0.0.0/8",)) == "198.51.100.1"
     assert uploads.visitor_of_request(None) is None and uploads.visitor_of_request(NS(client=None, headers={})) is None
+
+
+def test_a_full_server_evicts_uploads_a_few_seconds_old_before_it_refuses_anyone(tmp_path):
+    """Others' uploads older than KEEP_S (5 s) make room, oldest first; only the last few seconds' are kept."""
+    ledger = Ledger(BUDGET, tmp_path)
+    made = []
+    for k in range(3):
+        (tmp_path / str(k)).mkdir()
+        path = tmp_path / str(k) / "f.bin"
+        path.write_bytes(b"x" * 200 * KB)
+        assert ledger.reserve(k, f"v{k}", 200 * KB) is None and ledger.settle(k, f"v{k}", [path])
+        made.append(path)
+    assert ledger.reserve(8, "v8", 200 * KB) == "server"  # all three arrived this second: kept
+    for f in ledger.files[:2]:
+        f.at -= 10  # two of them are ten seconds old
+    assert ledger.reserve(9, "v9", 200 * KB) is None  # the oldest makes room
+    assert not made[0].exists() and made[1].exists() and made[2].exists()
+    assert uploads.KEEP_S == 5.0

@@ -79,3 +79,13 @@ def test_a_lone_surrogate_in_pasted_text_is_a_text_problem_that_says_where():
     with pytest.raises(RouterLabError) as err:
         parse_user_data(text[:50] + "\ud83d" + text[50:])
     assert "pasted text holds half a character" in str(err.value) and "U+D83D) at character 51" in str(err.value)
+
+
+def test_an_upload_deleted_to_make_room_is_said_so(tmp_path):
+    import pytest
+
+    from routerlab.core.errors import RouterLabError
+    from routerlab.tuning.user_data import read_text
+
+    with pytest.raises(RouterLabError, match="no longer on the server.*Upload it again"):
+        read_text(None, tmp_path / "gone.txt")

@@ -7,7 +7,7 @@ to an hour; anyone may post, and a browser posts for any page it has open (a mul
   - refuses it (403) when its `Origin` header is present and is not the page's own origin (the `Host` it was sent to,
     the public URL in `GRADIO_ROOT_PATH`, the Space's `SPACE_HOST`, or one listed in `ROUTERLAB_ALLOWED_ORIGINS`);
   - makes room by deleting the visitor's own oldest uploads when the visitor is over their budget, then other
-    visitors' uploads older than `KEEP_S` when the server is over its budget, and refuses it (413 or 429, a readable
+    visitors' uploads older than `KEEP_S` (5 s) when the server is over its budget, and refuses it (413 or 429, a readable
     body) when room cannot be made;
   - records the stored files (the route's JSON answer lists them) by visitor, to count and evict them later.
 `discard(paths)` deletes uploads the app has read (a router set is read at once); the next upload forgets them.
@@ -37,7 +37,10 @@ from urllib.parse import urlsplit
 
 LOG = logging.getLogger(__name__)
 ROUTE = "/gradio_api/upload"
-KEEP_S = 60.0  # another visitor's upload younger than this is never evicted (the app reads a router set within a second)
+# Another visitor's upload younger than this is never evicted (the app reads a router set within a second); older ones
+# are, oldest first, before anyone is refused: a training text waiting for Start may go (Start then says to upload it
+# again), where a minute's protection let a crowd's uploads lock everyone out for that minute.
+KEEP_S = 5.0
 MB = 2**20
 
 
@@ -312,7 +315,7 @@ class UploadGuard:
                                             f"upload space ({_size(self.budget.session_bytes)}). Wait for them, then try again.")
         if why == "server":
             return await _refuse(receive, send, 429, f"Upload refused: this server's upload space ({_size(self.budget.total_bytes)}) "
-                                            f"is full of other visitors' recent uploads. Try again in a minute.", {"retry-after": "60"})
+                                            f"is full of other visitors' uploads of the last few seconds. Try again in a moment.", {"retry-after": "10"})
         await self._forward(scope, receive, send, rid, visitor)
 
     async def _forward(self, scope, receive, send, rid: int, visitor: str):
