@@ -33,6 +33,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    saved = os.environ.get("GRADIO_TEMP_DIR")
     os.environ["GRADIO_TEMP_DIR"] = str(tmp_path_factory.mktemp("gradio"))
     with gr.Blocks() as demo:
         box, file, out = gr.Textbox(), gr.File(type="filepath"), gr.Textbox()
@@ -42,6 +43,10 @@ def server(tmp_path_factory):
                             app_kwargs={"middleware": [http_guard.middleware(LIMIT), uploads.middleware(uploads.UploadBudget())]})
     yield url.rstrip("/")
     demo.close()
+    if saved is None:
+        os.environ.pop("GRADIO_TEMP_DIR", None)
+    else:
+        os.environ["GRADIO_TEMP_DIR"] = saved
 
 
 def call(url: str, route: str, data: list, **kwargs) -> httpx.Response:
