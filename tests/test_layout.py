@@ -105,3 +105,20 @@ def test_the_walker_sees_lazy_imports():
     """The graph includes imports made inside functions (train imports evaluate lazily)."""
     assert "routerlab.tuning.evaluate" in GRAPH["routerlab.tuning.train"]
     assert "routerlab.core.engine" in GRAPH["routerlab.tuning.forward"]
+
+
+def test_every_event_of_the_generation_line_gives_it_the_same_limit():
+    """Gradio lowers a line's concurrency limit to the lowest any of its events asks for, at that event's first push:
+    one event of "gen" with a limit of 1 (the sweep once did) made every visitor's generation wait for the others."""
+    from test_ui import tiny_resources
+
+    from routerlab import ui
+
+    res = tiny_resources()
+    demo = ui.build_demo(res)
+    limits = {}
+    for fn in demo.fns.values():
+        if fn.concurrency_id is not None and fn.concurrency_limit not in (None, "default"):
+            limits.setdefault(fn.concurrency_id, set()).add(fn.concurrency_limit)
+    assert limits["gen"] == {max(1, res.limits.concurrency)}, limits
+    assert limits["lockstep"] == {1} and all(len(v) == 1 for v in limits.values()), limits

@@ -402,6 +402,9 @@ def build_demo(res: Resources) -> gr.Blocks:
                                visitor=visitor_of_request(request))
 
         limit = max(1, limits.concurrency)
+        # Every event of a line must give it the same limit: Gradio lowers a line's limit to the lowest any of its events
+        # asks for, at that event's first push. Side-by-side measurements (the sweep, Explore's button) decode in this
+        # process one at a time: a line of their own, "lockstep", so the first one does not make "gen" one-at-a-time.
         # Generations share one line ("gen"); one that would wait past ROUTERLAB_MAX_WAIT_S is refused as it joins, with
         # the wait said at its prompt box (queue_wait.py, via launch_options' guard); Gradio shows the others their place.
         queue_wait.register(demo, WaitCap(demo, limits.max_wait_s, line="gen"))
@@ -413,7 +416,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             return side_by_side.measure_beside_full(res, session, prompt, threshold, router_set, kv_policy, model)
 
         vs_btn.click(_measure, [prompt, threshold, router_label, kv_policy, model, session], [vs_text, status], api_name="measure_vs_full",
-                     concurrency_limit=1, concurrency_id="gen", show_progress="minimal")
+                     concurrency_limit=1, concurrency_id="lockstep", show_progress="minimal")
         html_dl.click(None, js=heatmap_export.EXPORT_HEATMAP_JS)  # made in the browser: the server keeps no page
         stop_btn.click(stop_run, [session], [status], api_name="stop", cancels=[gen_evt, prompt_evt, regen_evt], queue=False).then(
             _show_last, [session], run_outputs, api_name=False
@@ -431,7 +434,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         router_label.input(lambda label, s, t: router_set_chosen(res, label, s, t, start_threshold), [router_label, session, threshold],
                            [threshold, kv_policy, status], api_name=False)
         t_table.select(tradeoff_pick, [t_table], [threshold, tabs, status], api_name=False)
-        t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [s_plot, s_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="gen")
+        t_btn.click(_sweep, [prompt, router_label, kv_policy, model, session], [s_plot, s_table, status], api_name="sweep", concurrency_limit=1, concurrency_id="lockstep")
         tr_start.click(_train, [session, tr_gran, tr_skip, tr_minutes, tr_lr, tr_kd, tr_lm, tr_steps, tr_init, tr_source, tr_text, tr_file],
                        [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, tr_start], api_name="train", concurrency_limit=None)
         tr_timer.tick(lambda s: train_tick(res, s), [session], [tr_progress, tr_curves, tr_layers, tr_result, status, tr_timer, router_label, tr_download, tr_start],
