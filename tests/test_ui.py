@@ -462,7 +462,17 @@ def test_long_documents_fill_the_prompt_and_fit_the_default_limits():
     assert [d.title for d in res.documents] == [d.title for d in docs]
     prompt, status = document_chosen(res, docs[0].title)
     assert prompt == docs[0].prompt and prompt.endswith(docs[0].task) and res.check_prompt(prompt) == prompt
-    assert f"{len(prompt):,} characters" in status
+    assert f"{len(prompt):,} characters" in status and "no long prompt has been read here yet" in status
+    # once a long prompt was read here, the reading time is said from this server's own speed
+    from test_plots import synthetic_trace
+
+    read = synthetic_trace(n_prompt=400, n_gen=4)
+    read.meta["prefill_seconds"] = 2.0  # 200 tokens/s
+    res.note_reading(read)
+    res.note_reading(synthetic_trace(n_prompt=20, n_gen=4))  # too short to time: left out
+    tokens = len(res.engine.tokenizer(prompt)["input_ids"])
+    _, status = document_chosen(res, docs[0].title)
+    assert res.reading_rate() == 200 and f"takes about {round(tokens / 200)} s here" in status and "200 tokens/s" in status
     skip, status = document_chosen(res, "no such text")
     assert is_skip(skip) and "No long document" in status
 

@@ -184,6 +184,7 @@ def _final_view(res: Resources, session: Session, trace: Trace, wall: float, col
     each component update makes Gradio rebuild that component's whole config (milliseconds of the server's CPU)."""
     heatmap = plots.heatmap_json(trace, cache=columns)
     trace_file = _export(session, trace)
+    res.note_reading(trace)  # a document's reading time, for the next visitor who picks one (layout.document_chosen)
     views = session.views
     stats = plots.live_stats(trace, res.costs_for(trace.meta.get("model")))
     views["stats"] = plots.stats_html(stats)

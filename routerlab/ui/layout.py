@@ -41,7 +41,7 @@ EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HT
 
 
 DOC_LABEL = "Long document (1,600-2,100 tokens)"
-DOC_INFO = "fills the prompt with a text and its task; reading a long prompt takes a few seconds, and skipping saves more at long contexts"
+DOC_INFO = "fills the prompt with a text and its task; the status says how long reading it takes here; skipping saves more at long contexts"
 
 
 def _doc_titles(res: Resources) -> list[str]:
@@ -55,7 +55,18 @@ def document_chosen(res: Resources, title):
     except RouterLabError as err:
         return gr.skip(), _warn(err)
     return prompt, _status("ok", f"Prompt: **{safe.text(title)}** ({len(prompt):,} characters) and its task. Press **Generate** "
-                                 "(or **Compare**); the status line counts the prompt's tokens while the model reads them.")
+                                 f"(or **Compare**); {_reading_time(res, prompt)} The status line counts the prompt's tokens while "
+                                 "the model reads them.")
+
+
+def _reading_time(res: Resources, prompt: str) -> str:
+    """How long reading `prompt` takes here: from the server's recent long prompts, or said to be unmeasured yet."""
+    rate = res.reading_rate()
+    if rate is None:
+        return "how long reading it takes depends on this machine (no long prompt has been read here yet)."
+    tokens = len(res.engine.tokenizer(prompt)["input_ids"])
+    return (f"reading its ~{tokens:,} tokens takes about {max(1, round(tokens / rate))} s here (this server read its recent long "
+            f"prompts at {rate:,.0f} tokens/s; more while others generate).")
 
 
 def router_set_chosen(res: Resources, label: str, session: Session | None = None, current=None, start: float | None = None):

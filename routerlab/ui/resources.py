@@ -10,9 +10,11 @@ imports of `routerlab.core` / `routerlab.tuning` (routers, checkpoints).
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import statistics
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +191,9 @@ def _named(value, label: str) -> None:
         raise fields.FieldError(label, f"{quote(value)} is not one of the choices.", "Pick one from the list.", quote(value))
 
 
+READ_TIMED_TOKENS = 256  # a prompt this long or longer times the server's reading speed
+
+
 class Resources:
     """What every session shares: the engines (one per allowed model, loaded once), router sets, limits."""
 
@@ -209,6 +214,7 @@ class Resources:
                                  "token, which layers each token skipped. Move the threshold to skip more or less, even mid-run.")
         self.details = details or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
         self.costs: dict[str, dict[str, float]] = {}  # engine name -> core.costs.cost_breakdown, measured at start-up
+        self._reading: collections.deque = collections.deque(maxlen=8)  # (tokens, seconds) of recent long prompts read
         self._engines = {engine.name: engine}
         self._routers: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
@@ -268,6 +274,17 @@ class Resources:
         from routerlab.tuning.checkpoint import load_routers
 
         return load_routers(info.path, engine.model)[0]
+
+    def note_reading(self, trace) -> None:
+        """A finished run's prompt reading, when long enough to time (a document's): what `reading_rate` says."""
+        tokens, seconds = len(trace.prompt_steps), float(trace.meta.get("prefill_seconds") or 0.0)
+        if tokens >= READ_TIMED_TOKENS and seconds > 0 and "prefill_stopped_at" not in trace.meta:
+            self._reading.append((tokens, seconds))
+
+    def reading_rate(self) -> float | None:
+        """Prompt tokens a second this server read its recent long prompts at (the median), None before any."""
+        rates = [t / s for t, s in list(self._reading)]
+        return statistics.median(rates) if rates else None
 
     def generate_config(self, max_new_tokens, temperature, threshold, kv_policy, seed=None, quality=False) -> GenerateConfig:
         """A generation request from a visitor's settings, each checked by its field (fields.py: the page's
