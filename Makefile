@@ -75,13 +75,13 @@ bench-peers: setup
 	    --force-reinstall --no-deps $(LLAMA_CPP) && $(BIN)/python -m routerlab.bench.peers --check; }
 
 # onnxruntime's 4/8-bit products on the file's own codes against the engine's int4 kernel, alone and inside decode steps
-# under three ways of sharing the cores (issue 51); installs onnxruntime and onnx into .venv, never a requirement.
+# under three ways of sharing the cores (results: assets/bench/nbits-<kind>.json); installs onnxruntime and onnx into .venv, never a requirement.
 bench-nbits: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
 	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
 
 # The whole decode step as one onnxruntime graph against the engine and llama.cpp (when `make bench-peers` built it),
-# and the shipped routers inside it; one result per machine kind (docs/method.md, issue 51). ~4 minutes on 2 cores.
+# and the shipped routers inside it; one result per machine kind (assets/bench/step-graph-<kind>.json; docs/method.md). ~4 minutes on 2 cores.
 bench-step-graph: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
 	$(BIN)/python -m routerlab.bench.step_graph --save assets/bench/step-graph-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json

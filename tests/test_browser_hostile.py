@@ -35,7 +35,7 @@ PAYLOADS = [  # each a single token of the tiny model's vocabulary ("hostile" be
     "' onmouseover='x' id='hostile",
     "%{x}<br><span id=hostile style=color:red>red</span>",
 ]
-LINK = {  # several parameters at once, as the probe did
+LINK = {  # several hostile parameters at once
     "quality": "`<img src=/gradio_api/hostile-q>",
     "kv": "<a id=hostile-kv href=/hostile-kv>kv</a>",
     "tab": "<form id=hostile-tab action=/hostile-tab><button>go</button></form>",

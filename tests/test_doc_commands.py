@@ -178,7 +178,7 @@ def test_the_docs_show_commands_to_check():
 
 
 def test_the_checks_catch_the_commands_that_were_wrong():
-    """The three the issue found: a routers folder no line wrote is not a parse error (it runs and fails), so that
+    """Three lines that once went unchecked: a routers folder no line wrote is not a parse error (it runs and fails), so that
     one is checked in test_every_readme_output_folder_is_the_one_it_uses; these two parse wrong or name nothing."""
     assert problem(shlex.split("python -m routerlab -m routerlab generate --prompt Explain")) is not None
     assert problem(shlex.split("python -m routerlab.loadtest serve")) == "no module routerlab.loadtest"

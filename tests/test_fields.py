@@ -1,6 +1,6 @@
 """ui/fields.py: every field a visitor or a client sends, checked by type and range in one place, with a message that
-names the field and what is allowed; the handlers and the page's components give the same answer for the issue's
-inputs (learning_rate "x", kd_weight "nan" / [1] / {"a": 1} / true, max_new_tokens 2.5, measure_quality "<img>",
+names the field and what is allowed; the handlers and the page's components give the same answer for inputs of the wrong kind
+(learning_rate "x", kd_weight "nan" / [1] / {"a": 1} / true, max_new_tokens 2.5, measure_quality "<img>",
 Compare's threshold_1 true, -0.0); messages quote the visitor's own input, never a stripped version."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_a_quote_is_the_clients_value_cut_to_a_readable_length():
     assert len(long) == 60 and long.endswith("…")
 
 
-# -- the handlers: the issue's exact inputs -------------------------------------------------------------------------
+# -- the handlers: inputs of the wrong kind ---------------------------------------------------------------------------
 def test_the_train_tab_refuses_the_issues_inputs_naming_each_field():
     from test_ui_train import _start, tiny_resources
 

@@ -173,7 +173,7 @@ def test_bad_input_through_the_api_gets_clear_messages(server):
     assert "Max new tokens: 1000000000 is out of range. Use a whole number from 1 to 12." in by_case["max new tokens 1e9"]
     assert "Model: Value: gpt2 is not in the list of choices" in by_case["model not allowed"]
     assert "Threshold: NaN is not a number" in by_case["raw: threshold NaN"]
-    # issue 50's inputs: each answer names the field (the bad-input phase checks it for every case that has one)
+    # inputs of the wrong kind: each answer names the field (the bad-input phase checks it for every case that has one)
     named = {r["case"]: r for r in report["rows"] if r["names"]}
     for case in ("train: learning rate 'x'", "train: distillation weight 'nan'", "train: LM-loss weight '1'", "train: most steps '400'",
                  "train: distillation weight [1]", "train: distillation weight {'a': 1}", "train: distillation weight true",

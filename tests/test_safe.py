@@ -12,7 +12,7 @@ import pytest
 
 from routerlab.ui import safe
 
-# The payloads of issue 40 (a link, a zip's router.json and member names, a prompt, training text), and their cousins.
+# Hostile payloads (a link, a zip's router.json and member names, a prompt, training text), and their cousins.
 PAYLOADS = [
     "`<img src=/gradio_api/px>",
     "<a href=https://hostile.example>sign in</a>",

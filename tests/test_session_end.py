@@ -96,7 +96,7 @@ def test_closing_the_tab_stops_its_training_and_frees_its_folder(browser, app): 
 
 @pytest.mark.report
 def test_report_a_400_prompt_upload_with_half_a_minute_and_stop_while_answering(browser, app, tmp_path):  # noqa: F811
-    """A measurement (make browser-reports): the issue's probe, 400 short prompts without answers uploaded as JSONL with
+    """A measurement (make browser-reports): 400 short prompts without answers uploaded as JSONL with
     a 0.5-minute budget, timed from Start to the job's end; then a 3-minute one stopped while answering, timed from
     the Stop click to the job's end (on the server: the page itself polls every 2 s)."""
     import json

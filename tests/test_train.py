@@ -122,7 +122,7 @@ json.dump({"weights": weights, "report": result.report}, open(f"{folder}/rank{ac
 # End like a real distributed job: meet, then destroy the gloo process group while the interpreter is still whole.
 # Left to interpreter exit, a gloo worker thread still holding the last collective's tensors can need the GIL
 # during finalization and the rank dies of SIGABRT ("terminate called without an active exception"), after its
-# JSON is written (issue 32; on 2 loaded cores about 1 run in 40, and 9 in 31 with the last collective right at exit).
+# JSON is written (seen now and then on 2 loaded cores, most often with the last collective right at exit).
 acc.wait_for_everyone()
 acc.end_training()
 """

@@ -1,5 +1,5 @@
 """The Train tab's handlers on a tiny model with a character tokenizer: a training from pasted text runs to the
-end, its set joins this session's menu (and no other session's), generates, downloads as a zip and comes back
+end, its set joins this tab's menu (and no other session's), generates, downloads as a zip and comes back
 through an upload deciding exactly the same; bad settings, bad text and bad uploads are status messages.
 
 The training runs in the server's worker thread; the test waits for it to end (with a generous timeout),
@@ -62,7 +62,7 @@ def test_a_training_from_pasted_text_lands_in_this_sessions_menu_downloads_and_u
     assert len(curves.data) >= 2 and layer_map.data[0].type == "heatmap"
     archive = download.value["path"] if isinstance(download.value, dict) else download.value  # gradio serves a copy
     assert zipfile.ZipFile(archive).testzip() is None
-    # generate with it: the engine sees this session's set
+    # generate with it: the engine sees this tab's set
     engine = res.engine
     mine = res.routers_for(engine, label, session.router_sets)
     with pytest.raises(RouterLabError, match="Unknown router set"):

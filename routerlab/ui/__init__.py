@@ -8,7 +8,7 @@ plots (pure plotly, no torch).
     compare.py       Compare tab: the threshold ladder (full model + up to three thresholds, in lockstep)
     tradeoff_tab.py  Trade-off tab: benchmark figures and table, quick sweep, row picking
     tradeoff_plots.py  the Trade-off tab's figures (quality vs skipped, measured vs ideal speedup, where the time goes)
-    train_tab.py     Train tab: start, watch, stop a Router-Tuning job; the set in this session's menu; zip download and upload
+    train_tab.py     Train tab: start, watch, stop a Router-Tuning job; the set in this tab's menu; zip download and upload
     train_plots.py   the Train tab's figures (curves, layers x steps map) and progress bar
     about.py         About tab: text and diagram
     layout.py        build_demo (components and event wiring), theme, launch options

@@ -206,7 +206,7 @@ def _final_view(res: Resources, session: Session, trace: Trace, wall: float, col
 
 
 def stop_run(session: Session):
-    """Ask this session's running generations to stop; returns the status line."""
+    """Ask this tab's running generations to stop; returns the status line."""
     stopped = False
     for control in (getattr(session, "control", None), getattr(session, "compare_control", None)):
         if control is not None:

@@ -70,7 +70,7 @@ def _reading_time(res: Resources, prompt: str) -> str:
 
 
 def router_set_chosen(res: Resources, label: str, session: Session | None = None, current=None, start: float | None = None):
-    """A router set was chosen (shipped, or trained or uploaded in this session): the KV policy it was trained for, and
+    """A router set was chosen (shipped, or trained or uploaded in this tab): the KV policy it was trained for, and
     its calibrated threshold, unless the visitor set the slider themselves (`current` differs from the value the app
     last put there: a set's calibration, else `start`, the page's first): then their threshold stays, and the status
     says so and names the set's own."""
@@ -391,7 +391,7 @@ def build_demo(res: Resources) -> gr.Blocks:
             return show_last(res, session)
 
         def _moved(threshold, session):
-            """Steer this session's running generation from its next token, or show the last run's what-if view."""
+            """Steer this tab's running generation from its next token, or show the last run's what-if view."""
             return threshold_moved(res, threshold, session)
 
         def _compare(prompt, threshold_1, threshold_2, threshold_3, router_set, kv_policy, max_new_tokens, temperature, model, session):
@@ -408,7 +408,7 @@ def build_demo(res: Resources) -> gr.Blocks:
 
         def _train(session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text=None, file=None,
                    request: gr.Request = None):
-            """Queue a router training for this session (skip_target in % of routed cells; file: a .txt or .jsonl path)."""
+            """Queue a router training for this tab (skip_target in % of routed cells; file: a .txt or .jsonl path)."""
             return train_start(res, session, granularity, skip_target, minutes, learning_rate, kd_weight, lm_weight, max_steps, init, source, text, file,
                                visitor=visitor_of_request(request))
 

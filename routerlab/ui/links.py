@@ -236,7 +236,7 @@ def open_link(res, default: View, request: gr.Request | None, session=None):
 
 def view_link(res, prompt, compare_prompt, threshold, routers, kv_policy, max_new_tokens, temperature, quality, tab, session=None):
     """The relative link for what is on screen (both tabs' prompts, the Compare tab's where it differs), and a note
-    when part of it cannot travel (a router set trained or uploaded in this session lives only here)."""
+    when part of it cannot travel (a router set trained or uploaded in this tab lives only here)."""
     from routerlab.ui.resources import FULL, UNTRAINED
 
     tab = tab if tab in TABS else "explore"
@@ -255,7 +255,7 @@ def view_link(res, prompt, compare_prompt, threshold, routers, kv_policy, max_ne
                 "the link opens these settings with the default prompt. Send the text along with the link.")
         return gr.Textbox(value=query, visible=True), gr.Markdown(note, visible=True)
     if view.routers not in res.router_labels():
-        note = (f"⚠ **{safe.text(view.routers)}** was trained or uploaded in this session and lives only here: whoever opens the link "
+        note = (f"⚠ **{safe.text(view.routers)}** was trained or uploaded in this tab and lives only here: whoever opens the link "
                 "gets the default router set. Share its zip (Train tab) with the link.")
         return gr.Textbox(value=query, visible=True), gr.Markdown(note, visible=True)
     return gr.Textbox(value=query, visible=True), gr.skip()

@@ -2,7 +2,7 @@
 
 Handlers: `train_start` (checks the settings and the visitor's text, queues a tuning.job.TrainJob on the
 server's one TrainingRunner), `train_tick` (progress, curves, layer map; when the job ends, its set joins
-this session's router-set menu and a zip is offered), `train_stop`, `upload_set` (a zip or loose files,
+this tab's router-set menu and a zip is offered), `train_stop`, `upload_set` (a zip or loose files,
 validated by tuning.bundle.read_upload). A tab keeps at most `Limits.session_sets` sets: a new one drops the
 oldest (its files too), and the status line says which. Bad input comes back as a status message that says
 whether a setting or the text is at fault; the inputs are never touched, so nothing the visitor entered is lost.
@@ -119,7 +119,7 @@ def _user_data(pasted, upload, max_chars: int):
 
 
 def train_tick(res: Resources, session: Session):
-    """The job's progress; when it ends: its set in this session's menu, the zip to download. 9 outputs."""
+    """The job's progress; when it ends: its set in this tab's menu, the zip to download. 9 outputs."""
     skip = gr.skip()
     job = session.job if isinstance(session, Session) else None
     if job is None:
@@ -153,7 +153,7 @@ def train_tick(res: Resources, session: Session):
 
 
 def train_stop(session: Session, wait: float = STOP_WAIT):
-    """Stop this session's training (a queued one is cancelled) and wait up to `wait` s for it to end (it ends at its
+    """Stop this tab's training (a queued one is cancelled) and wait up to `wait` s for it to end (it ends at its
     next example, in any phase; the page chains a `train_tick` that then frees Start); returns the status line."""
     job = session.job if isinstance(session, Session) else None
     if job is None:
@@ -167,7 +167,7 @@ def train_stop(session: Session, wait: float = STOP_WAIT):
 
 
 def upload_set(res: Resources, session: Session, files):
-    """A visitor's router set (zip or loose files) into this session's menu. Returns status, the menu and the
+    """A visitor's router set (zip or loose files) into this tab's menu. Returns status, the menu and the
     emptied upload box (so the next upload is read alone, not with this one's files). The uploaded files are deleted
     once read (only those in Gradio's upload folder)."""
     from routerlab.tuning.bundle import read_upload
@@ -187,7 +187,7 @@ def upload_set(res: Resources, session: Session, files):
 
 
 def own_set(session, label: str):
-    """This session's (RouterSetInfo, routers) for a menu label, or None (a shipped set, the full model)."""
+    """This tab's (RouterSetInfo, routers) for a menu label, or None (a shipped set, the full model)."""
     if not isinstance(session, Session) or label in (None, "", FULL):
         return None
     return session.router_sets.get(label)
