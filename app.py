@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _exit(code: int) -> None:
     """End the process once `main` has closed the room and the server: the exit handlers run, then the process ends
-    without the interpreter's teardown, which freed the model's tensors object by object and took 1.3-2.5 s of a
-    Ctrl-C's exit (the OS takes the memory back at once)."""
+    without the interpreter's teardown, which freed the model's tensors object by object and was most of a Ctrl-C's
+    exit; the OS takes the memory back at once (`bench/load/public.sigint_test` times the whole exit)."""
     import atexit
 
     atexit._run_exitfuncs()

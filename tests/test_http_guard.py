@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import gradio as gr
 import httpx
 import pytest
+
+from test_uploads import free_port
 
 from routerlab.ui import http_guard, uploads
 from routerlab.ui.exports import ExportLedger
@@ -23,12 +24,6 @@ from routerlab.ui.http_guard import PLOTLY_ROUTE, url_in_file_field
 
 MB = 2**20
 LIMIT = 2 * MB
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -247,7 +247,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     layer's skip share in that step, and `steps_planned`) and the routers being trained. `should_stop()`: checked before every step
     and between its examples; True ends training with the routers as the last whole step left them (a step in flight is
     dropped, report["stopped"]). `on_example(step, example, batch)`: after each example of a step (1-based), so a
-    watcher can say where a long step is (the first one, on a busy 2-core machine, took a minute).
+    watcher can say where a long step is (the first is the longest, more so on busy cores).
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed

@@ -3,7 +3,7 @@
 The file is what the page shows (the finished run's heatmap, or its what-if view): the plot's own data and layout
 as the page holds them, and plotly.js, fetched once from the app (http_guard.PLOTLY_ROUTE, the installed plotly
 package's) and kept by the browser. It works offline, as a page of its own. The server writes nothing for it: a
-page with plotly.js embedded is ~5 MB, and writing one per run let a client fill the disk (40 runs: 186 MB in 16 s).
+page with plotly.js embedded is ~5 MB, and writing one per run let one client fill the disk.
 Knows nothing about runs or traces.
 """
 

@@ -82,7 +82,7 @@ class PageGuard:
             return await self.app(scope, receive, send)
         path = scope["path"].rstrip("/")
         if scope["method"] in ("GET", "HEAD") and path.endswith(PLOTLY_ROUTE):
-            return await _answer(send, 200, plotly_js(), b"text/javascript; charset=utf-8",
+            return await answer(send, 200, plotly_js(), b"text/javascript; charset=utf-8",
                                  self.headers + [(b"cache-control", b"public, max-age=86400")], head=scope["method"] == "HEAD")
         send = self._with_headers(send)
         if scope["method"] not in ("POST", "PUT", "PATCH") or path.endswith(UPLOAD_ROUTE):
@@ -114,18 +114,10 @@ class PageGuard:
                 url = None  # not JSON after all: Gradio answers it as it does
             if url is not None:
                 LOG.warning("RouterLab: refused a file field that names a URL (%r)", url[:100])
-                return await _answer(send, 400, _detail("Request refused: a file field takes a file uploaded to this app "
+                return await answer(send, 400, _detail("Request refused: a file field takes a file uploaded to this app "
                                                         "(its upload route's answer), not a URL. Upload the file, then send "
                                                         "the path the upload returned."), b"application/json")
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: the client's disconnect, when it comes
-        await self.app(scope, replay, send)
+        await self.app(scope, replay(body, receive), send)
 
     def _too_large(self, size: int) -> str:
         return (f"Request refused: its body is {size / MB:.1f} MB, more than the {self.limit / MB:.0f} MB this app "
@@ -140,6 +132,20 @@ class PageGuard:
                     message = {**message, "headers": list(message.get("headers", ())) + extra}
             await send(message)
         return sending
+
+
+def replay(body: bytes, receive):
+    """A `receive` for the app behind a guard that read the request's `body`: the body once, then the client's own
+    messages (its disconnect, when it comes)."""
+    sent = False
+
+    async def again():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return again
 
 
 def _detail(text: str) -> bytes:
@@ -157,10 +163,10 @@ async def _refuse(receive, send, status: int, text: str, drained: bool = False) 
             break
         seen += len(message.get("body", b""))
         drained = not message.get("more_body")
-    await _answer(send, status, _detail(text), b"application/json")
+    await answer(send, status, _detail(text), b"application/json")
 
 
-async def _answer(send, status: int, body: bytes, kind: bytes, headers: list | None = None, head: bool = False) -> None:
+async def answer(send, status: int, body: bytes, kind: bytes, headers: list | None = None, head: bool = False) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode()), *(headers or [])]})
     await send({"type": "http.response.body", "body": b"" if head else body})

@@ -26,18 +26,15 @@ from routerlab.ui.session import Session, _delete_session, _status, _warn, close
 from routerlab.ui import tradeoff_plots, train_plots
 from routerlab.ui.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
-from routerlab.ui import heatmap_export, side_by_side
+from routerlab.ui import heatmap_export, queue_wait, side_by_side
 from routerlab.ui.checked_inputs import (CheckedCheckbox, CheckedDropdown, CheckedRadio, CheckedTextbox, LadderNumber,
-                                         UploadedFile, checked, field_number, field_slider)
-from routerlab.ui.checked_inputs import examples as example_list
+                                         UploadedFile, checked, examples as example_list, field_number, field_slider)
 from routerlab.ui.http_guard import body_limit, middleware as page_guard
-from routerlab.ui import queue_wait
-from routerlab.ui.queue_wait import WaitCap
 from routerlab.ui.uploads import UploadBudget, middleware as upload_guard, visitor_of_request
 
 CSS_FILE = ASSETS / "css" / "app.css"
 THRESHOLD_INFO = "a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view"
-EXPORT_TTL = 3600  # seconds gradio keeps a served export (each run's heatmap HTML embeds plotly.js, ~5 MB); swept every 10 min
+EXPORT_TTL = 3600  # seconds gradio keeps a served export (a run's trace; ui/exports.py bounds them too); swept every 10 min
 
 
 DOC_LABEL = "Long document (1,600-2,100 tokens)"
@@ -418,7 +415,7 @@ def build_demo(res: Resources) -> gr.Blocks:
         # process one at a time: a line of their own, "lockstep", so the first one does not make "gen" one-at-a-time.
         # Generations share one line ("gen"); one that would wait past ROUTERLAB_MAX_WAIT_S is refused as it joins, with
         # the wait said at its prompt box (queue_wait.py, via launch_options' guard); Gradio shows the others their place.
-        queue_wait.register(demo, WaitCap(demo, limits.max_wait_s, line="gen"))
+        queue_wait.register(demo, queue_wait.WaitCap(demo, limits.max_wait_s, line="gen"))
         gen_evt = go_btn.click(_explore, run_inputs, run_outputs, api_name="generate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         prompt_evt = prompt.submit(_explore, run_inputs, run_outputs, api_name=False, concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)
         regen_evt = regen_btn.click(_explore, run_inputs, run_outputs, api_name="regenerate", concurrency_limit=limit, concurrency_id="gen", show_progress="minimal", postprocess=False)

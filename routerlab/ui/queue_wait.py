@@ -1,8 +1,8 @@
 """A visitor who would wait longer than the operator allows is told so at once, not held in the queue for minutes.
 
 Generations (Explore's Generate and Regenerate, Compare) share one line of Gradio's queue (`concurrency_id="gen"`), at
-most `ROUTERLAB_CONCURRENCY` running. Past that, a request waits in the line; 60 at once at the token cap waited up to
-569 s, silently. `WaitGuard`, an ASGI middleware in front of Gradio's `queue/join` route, estimates a newcomer's wait
+most `ROUTERLAB_CONCURRENCY` running. Past that, a request waits in the line, silently, for as long as the ones
+ahead take. `WaitGuard`, an ASGI middleware in front of Gradio's `queue/join` route, estimates a newcomer's wait
 the way Gradio's own estimates do (`Queue.broadcast_estimations`): the requests ahead, each taking the line's mean time
 so far, `concurrency` at a time. Past `ROUTERLAB_MAX_WAIT_S` it answers as Gradio answers a failed validation (422,
 one entry per input): the page shows the message at the prompt box, `gradio_client` raises it. A request that would
@@ -23,6 +23,8 @@ import statistics
 import weakref
 
 import gradio as gr
+
+from routerlab.ui.http_guard import answer, replay
 
 LINE = "gen"
 JOIN = "/gradio_api/queue/join"
@@ -115,19 +117,8 @@ class WaitGuard:
         fn = _fn_of(blocks, body)
         said = cap.refusal() if fn is not None and getattr(fn, "concurrency_id", None) == cap.line else None
         if said is not None:
-            answer = validation_answer(fn, said)
-            await send({"type": "http.response.start", "status": 422,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
-            return await send({"type": "http.response.body", "body": answer})
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-        await self.app(scope, replay, send)
+            return await answer(send, 422, validation_answer(fn, said), b"application/json")
+        await self.app(scope, replay(body, receive), send)
 
 
 def _blocks(scope):

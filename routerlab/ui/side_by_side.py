@@ -1,7 +1,7 @@
 """Explore's routed speed against the full model's, measured side by side on this machine, now, on the button's click.
 
-Two runs' tok/s from separate generations cannot be compared on a busy machine (the full model gave 38.0 and 14.7
-tok/s in two runs of the same prompt a minute apart). `measure_beside_full` decodes the full model and the chosen
+Two runs' tok/s from separate generations cannot be compared on a busy machine: the same run's speed moves with
+whatever else the cores are doing. `measure_beside_full` decodes the full model and the chosen
 router set on the Explore prompt one token each in turn (`compare.lockstep_traces`, each run alone, the quality pass
 off) and states the routed run's speed as the median over the rounds of the full step / the routed step
 (`compare.lockstep_speeds`): the definition the Compare ladder and the quick sweep use. Beside it: the estimate from
@@ -55,7 +55,7 @@ def measure_beside_full(res: Resources, session: Session, prompt, threshold, rou
 
 def _why(ratio: float, estimate: float, kv_policy) -> str:
     if abs(ratio - estimate) <= 0.05:
-        return " They agree within this machine's noise (about ±5%)."
+        return " They agree within 5%."
     if ratio < estimate:
         return (" Measured is lower: the estimate counts only what the skipped cells save; each routed layer also pays its router "
                 "(a small product and a decision every token), and " + ("under `kv` a skipped attention still computes its keys and "

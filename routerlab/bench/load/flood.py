@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 MB = 2**20
 
 
-def _folder_bytes(folder: Path) -> int:
+def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
@@ -34,12 +34,12 @@ def _post(url: str, blob: bytes, visitor: str, origin: str | None = None, timeou
 
 
 def _burst(url: str, blob: bytes, visitors: list[str], folder: Path) -> dict:
-    before, t0 = _folder_bytes(folder), time.perf_counter()
+    before, t0 = folder_bytes(folder), time.perf_counter()
     answers = [_post(url, blob, v) for v in visitors]
     codes = [c for c, _ in answers]
     refusals = sorted({text for c, text in answers if c != 200})
     return {"uploads": len(visitors), "accepted": codes.count(200), "codes": codes, "refusals": refusals[:3],
-            "seconds": round(time.perf_counter() - t0, 2), "folder_growth_mb": round((_folder_bytes(folder) - before) / MB, 1)}
+            "seconds": round(time.perf_counter() - t0, 2), "folder_growth_mb": round((folder_bytes(folder) - before) / MB, 1)}
 
 
 def upload_flood_test(url: str, folder: Path, budget: dict, size: int = 31 * MB, n: int = 10, serving=None, log=print) -> dict:

@@ -17,31 +17,28 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from routerlab.bench.load.driver import PROMPTS, _fn_index, _raw_call, client, probe, submit, wait_until
+from routerlab.bench.load.flood import folder_bytes
+from routerlab.bench.load.server import free_port
 from routerlab.core.paths import ROOT
 
 MB = 2**20
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
-
-
 def exports_test(url: str, folder: Path, runs: int = 40, timeout: float = 300.0) -> dict:
-    before, t0, done = _folder_bytes(folder), time.perf_counter(), 0
+    before, t0, done = folder_bytes(folder), time.perf_counter(), 0
     for _ in range(runs):
         c = client(url)
         try:
             done += submit(c, PROMPTS[0], max_new=1).result(timeout=timeout)[3].startswith("✓")
         finally:
             c.close()
-    growth = (_folder_bytes(folder) - before) / MB
+    growth = (folder_bytes(folder) - before) / MB
     return {"generations": runs, "done": done, "seconds": round(time.perf_counter() - t0, 1), "folder_growth_mb": round(growth, 2),
             "ok": done == runs and growth <= 10}
 
@@ -106,17 +103,11 @@ def url_file_test(url: str, timeout: float = 60.0) -> dict:
     return {"answer": said[:200], "ok": said.startswith("HTTP 400") and "not a URL" in said}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def sigint_test(env: dict | None = None, timeout: float = 600.0) -> dict:
     """`python app.py` in a process group of its own; once it serves, SIGINT; seconds until the group is gone."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, start_new_session=True,
                             env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
