@@ -515,6 +515,9 @@ def test_a_long_documents_final_view_shows_what_its_trace_says(browser, long_run
         stats = page.evaluate(SHOWN_AS_JS, plots.stats_html(plots.live_stats(trace)))
         assert page.locator("#rl-stats").inner_text() == stats
         assert "mean KL" in stats and f"{len(trace.generated_steps)} generated + {len(trace.prompt_steps)} prompt tokens" in stats
+        # the run had the server to itself: its speed against the full model's, measured side by side at once
+        page.locator("#rl-vs-text", has_text="measured side by side").wait_for()
+        assert re.search(r"\d\.\d\d× the full model's decode speed", page.locator("#rl-vs-text").inner_text())
     finally:
         page.close()
 

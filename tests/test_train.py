@@ -216,6 +216,16 @@ def test_stop_between_a_steps_examples_drops_that_step_and_keeps_the_whole_steps
     assert all(torch.equal(kept[k], v) for k, v in seen[0].items())  # the half-done second step changed nothing
 
 
+def test_a_short_first_step_reads_fewer_examples_then_whole_batches():
+    """`first_examples`: the first step (the page's first curve point) reads that many examples, the rest whole batches."""
+    model = tiny_model("llama")
+    seen = []
+    result = train_routers(model, _examples(), TrainConfig(steps=3, batch_size=4, lm_weight=1.0), progress=False,
+                           first_examples=2, on_example=lambda step, example, batch: seen.append((step, example, batch)))
+    assert seen == [(1, 1, 2), (1, 2, 2)] + [(s, e, 4) for s in (2, 3) for e in (1, 2, 3, 4)]
+    assert result.report["steps"] == 3 and all(0.0 <= r["skip"] <= 1.0 for r in result.log)
+
+
 def test_a_time_budget_plans_the_steps_from_the_first_steps_and_caps_them():
     from routerlab.tuning.train import PLAN_STEPS, planned_steps
 

@@ -562,6 +562,24 @@ def test_a_link_opens_both_prompts_and_names_a_document_in_its_menu(res):
     assert out[11] is None and out[12] == doc.title  # the Compare menu names its document; Explore's prompt is none
 
 
+def test_after_a_run_alone_its_speed_is_measured_beside_the_full_model_and_after_a_shared_one_it_says_why_not(res):
+    """The card after each run (ui/side_by_side.after_run): measured where the run had the server to itself; where it
+    shared the room's steps, a note naming them and the button; nothing for a stopped run or the full model."""
+    from routerlab.ui.side_by_side import after_run
+
+    session = ui.Session()
+    run_all(explore(res, session, max_new=8))
+    text, status = after_run(res, session, "Hello there", 0.5, RANDOM, "kv", res.default_model)
+    assert re.search(r"\*\*\d+\.\d\d×\*\* the full model's decode speed, measured side by side on this machine now: 16 tokens", text), text
+    assert is_skip(status), "the run's own status line stays"
+    session.trace.meta["room"] = {"steps": 8, "shared_steps": 5, "largest_batch": 4}
+    text, _ = after_run(res, session, "Hello there", 0.5, RANDOM, "kv", res.default_model)
+    assert "up to 3 other generations" in text and "Press the button" in text
+    session.trace.meta["stop_reason"] = "stopped"
+    assert all(is_skip(x) for x in after_run(res, session, "Hello there", 0.5, RANDOM, "kv", res.default_model))
+    assert all(is_skip(x) for x in after_run(res, ui.Session(), "Hello there", 0.5, ui.FULL, "kv", res.default_model))
+
+
 def test_measured_beside_the_full_model_side_by_side_and_explained(res):
     """The button's measurement: a ratio of two runs decoded one token each in turn, the estimate beside it, and a
     refusal (not a run) for the full model, which is the reference."""

@@ -35,6 +35,9 @@ PHASES = ("queued", "data", "answering", "training", "evaluating", "done", "stop
 FINAL = ("done", "stopped", "failed", "cancelled")
 EVAL_PASSES = 10  # the end's calibration and comparison cost up to this many full-depth passes over the held-out slice
 ANSWER_SHARE = 0.4  # the most of the time budget the full model spends answering prompts that came without answers
+# The first step reads this many examples, not a whole batch: the page's curves get their first point within seconds of
+# Start (a whole first step, the slowest of all, left them empty for most of the first minute on busy cores).
+FIRST_STEP_EXAMPLES = 2
 ANSWER_BATCH = 8  # prompts answered together: one batch of `generate`, in the order _answer chose (held-out ones in each)
 
 
@@ -270,7 +273,8 @@ class TrainJob:
                 self._state["example"] = (step, example, batch)
 
         result = train_routers(self.model, watched, cfg, progress=False, seconds=budget, on_step=on_step,
-                               should_stop=self._stop.is_set, data_name=self._data_name(), on_example=on_example)
+                               should_stop=self._stop.is_set, data_name=self._data_name(), on_example=on_example,
+                               first_examples=FIRST_STEP_EXAMPLES)
         if self._abandoned.is_set():
             raise _Stopped()
         self.routers = result.routers

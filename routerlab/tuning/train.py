@@ -237,7 +237,8 @@ PLAN_STEPS = 4  # a time budget is turned into a number of steps from the first 
 
 def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, accelerator=None,
                   log_path: str | Path | None = None, progress: bool = True, data_name: str = "",
-                  seconds: float | None = None, on_step=None, should_stop=None, on_example=None) -> TrainResult:
+                  seconds: float | None = None, on_step=None, should_stop=None, on_example=None,
+                  first_examples: int | None = None) -> TrainResult:
     """Train fresh routers for `model` on tokenized `examples` (data.Example). Returns routers + report.
 
     `seconds`: a time budget. `cfg.steps` is then a cap: after each of the first PLAN_STEPS steps the number of
@@ -247,7 +248,9 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     layer's skip share in that step, and `steps_planned`) and the routers being trained. `should_stop()`: checked before every step
     and between its examples; True ends training with the routers as the last whole step left them (a step in flight is
     dropped, report["stopped"]). `on_example(step, example, batch)`: after each example of a step (1-based), so a
-    watcher can say where a long step is (the first is the longest, more so on busy cores).
+    watcher can say where a long step is (the first is the longest, more so on busy cores). `first_examples`: the first
+    step reads only that many examples (its gradient their mean), so a watcher's curves start within seconds; a time
+    budget is then planned from the time per example, the same whatever the first step's size.
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -302,7 +305,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     layer_exec_n = 0
     start_time = time.perf_counter()
     cursor, shard = 0, []
-    step, stopped, train_seconds, cap = 0, False, 0.0, cfg.steps
+    step, stopped, train_seconds, cap, read = 0, False, 0.0, cfg.steps, 0
     while step < cfg.steps:
         if should_stop is not None and should_stop():
             stopped = True
@@ -316,7 +319,8 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "lm": 0.0, "kd": 0.0, "budget": 0.0, "skip": 0.0}
         step_exec = torch.zeros(len(layers), device=accelerator.device)
-        for micro in range(cfg.batch_size):
+        batch = min(first_examples, cfg.batch_size) if first_examples and step == 0 else cfg.batch_size
+        for micro in range(batch):
             if micro and should_stop is not None and should_stop():  # Stop lands within one example's forward and backward
                 stopped = True
                 break
@@ -328,18 +332,19 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
             ids = torch.tensor([ex.ids], device=accelerator.device)
             teacher = teacher_logits(anatomy, ids, ex.start) if cfg.kd_weight > 0 else None
             out = example_losses(anatomy, routers, ids, ex.start, cfg, target, teacher)
-            accelerator.backward(out["loss"] / cfg.batch_size)
+            accelerator.backward(out["loss"] / batch)
             for k in sums:
                 if k in out:
-                    sums[k] += float(out[k].detach()) / cfg.batch_size
-            step_exec += out["layer_exec"] / cfg.batch_size
+                    sums[k] += float(out[k].detach()) / batch
+            step_exec += out["layer_exec"] / batch
             if on_example is not None:
-                on_example(step + 1, micro + 1, cfg.batch_size)
+                on_example(step + 1, micro + 1, batch)
         if stopped:  # the step in flight is dropped: the routers stay as the last whole step left them
             optimizer.zero_grad(set_to_none=True)
             break
-        layer_exec_n += cfg.batch_size
-        layer_exec_sum += step_exec * cfg.batch_size
+        layer_exec_n += batch
+        layer_exec_sum += step_exec * batch
+        read += batch
         if world > 1:  # average router gradients over processes (17k numbers)
             for p in routers.parameters():
                 if p.grad is None:
@@ -359,7 +364,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
         step += 1
         train_seconds += time.perf_counter() - step_start
         if seconds is not None and step <= PLAN_STEPS:
-            cfg = replace(cfg, steps=planned_steps(cap, step, train_seconds / step, seconds))
+            cfg = replace(cfg, steps=planned_steps(cap, step, train_seconds / read * cfg.batch_size, seconds))
             bar.total = cfg.steps
         if on_step is not None:
             on_step(dict(row, steps_planned=cfg.steps), routers)

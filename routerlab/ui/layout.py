@@ -290,8 +290,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                         stats = gr.HTML(plots.stats_html({}), elem_id="rl-stats")
                         with gr.Row(equal_height=True):
                             vs_btn = gr.Button(side_by_side.LABEL, size="sm", scale=0, min_width=320, elem_id="rl-vs-full")
-                            vs_text = gr.Markdown("The cards time this run alone; on a busy machine two runs' tok/s do not compare. "
-                                                  "This button decodes the full model and the routed model one token each in turn.",
+                            vs_text = gr.Markdown(side_by_side.FIRST_NOTE,
                                                   elem_classes=["rl-muted"], elem_id="rl-vs-text")
                         heat = gr.Plot(plots.empty_heatmap(), label="Layers × tokens", elem_id="rl-heatmap")
                         live_heat = gr.HTML("", html_template="<span></span>", js_on_load=LIVE_HEATMAP_JS, visible="hidden", elem_id="rl-live-heat")
@@ -423,8 +422,16 @@ def build_demo(res: Resources) -> gr.Blocks:
             """The routed speed against the full model's, decoded side by side on the Explore prompt (32 tokens each)."""
             return side_by_side.measure_beside_full(res, session, prompt, threshold, router_set, kv_policy, model)
 
-        vs_btn.click(_measure, [prompt, threshold, router_label, kv_policy, model, session], [vs_text, status], api_name="measure_vs_full",
+        def _after_run(prompt, threshold, router_set, kv_policy, model, session):
+            return side_by_side.after_run(res, session, prompt, threshold, router_set, kv_policy, model)
+
+        measure_inputs = [prompt, threshold, router_label, kv_policy, model, session]
+        vs_btn.click(_measure, measure_inputs, [vs_text, status], api_name="measure_vs_full",
                      concurrency_limit=1, concurrency_id="lockstep", show_progress="minimal")
+        for trigger in (go_btn.click, prompt.submit, regen_btn.click):  # a new run: the last run's measurement is no longer its
+            trigger(lambda: side_by_side.RUN_NOTE, None, vs_text, api_name=False, queue=False, show_progress="hidden")
+        for evt in (gen_evt, prompt_evt, regen_evt):  # the speed card after each routed run that had the server to itself
+            evt.success(_after_run, measure_inputs, [vs_text, status], api_name=False, concurrency_limit=1, concurrency_id="lockstep", show_progress="hidden")
         html_dl.click(None, js=heatmap_export.EXPORT_HEATMAP_JS)  # made in the browser: the server keeps no page
         stop_btn.click(stop_run, [session], [status], api_name="stop", cancels=[gen_evt, prompt_evt, regen_evt], queue=False).then(
             _show_last, [session], run_outputs, api_name=False
