@@ -78,19 +78,19 @@ bench-peers: setup
 # under three ways of sharing the cores (results: assets/bench/nbits-<kind>.json); installs onnxruntime and onnx into .venv, never a requirement.
 bench-nbits: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
-	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
+	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.base.precision import machine_kind; print(machine_kind())").json
 
 # The whole decode step as one onnxruntime graph against the engine and llama.cpp (when `make bench-peers` built it),
 # and the shipped routers inside it; one result per machine kind (assets/bench/step-graph-<kind>.json; docs/method.md). ~4 minutes on 2 cores.
 bench-step-graph: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
-	$(BIN)/python -m routerlab.bench.step_graph --save assets/bench/step-graph-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
+	$(BIN)/python -m routerlab.bench.step_graph --save assets/bench/step-graph-$$($(BIN)/python -c "from routerlab.core.base.precision import machine_kind; print(machine_kind())").json
 
 # What moving the slider buys, as the command line gives it: the full model against the shipped set at 0.5 (`kv`) on the
 # first example, and at 0.7 (`kv`, `drop`) on a long document, each run a `generate --json --no-quality` process of
 # its own, 5 alternating rounds (medians, ratios, the decode path each run took). Writes assets/bench/slider-<kind>.json; ~6 min.
 bench-slider: setup
-	$(BIN)/python -m routerlab.bench.slider --save assets/bench/slider-$$($(BIN)/python -c "from routerlab.core.precision import machine_kind; print(machine_kind())").json
+	$(BIN)/python -m routerlab.bench.slider --save assets/bench/slider-$$($(BIN)/python -c "from routerlab.core.base.precision import machine_kind; print(machine_kind())").json
 
 # Every generation completes: 100 generations at the page's defaults (quality on, the example prompts, 64-96 new tokens)
 # one at a time, then 100 with 8 visitors at once, through the real app over HTTP; 0 failures required. Rerun it

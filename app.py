@@ -26,15 +26,15 @@ import os
 import sys
 import time
 
-from routerlab.core.device import ENV as DEVICE_ENV, choose_device
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import check_quantize
-from routerlab.core.precision import check_dtype, env_dtype
+from routerlab.core.base.device import ENV as DEVICE_ENV, choose_device
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import check_quantize
+from routerlab.core.base.precision import check_dtype, env_dtype
 
 
 def load_engine(spec: str | None, dtype: str = "auto", quantize: str = "auto"):
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import load_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import load_model
 
     loaded = load_model(spec, dtype=dtype, quantize=quantize)
     return Engine.from_loaded(loaded), loaded
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if not limits.room:  # each generation decodes alone, in a worker thread of its own
         demo.launch(server_name=args.host, server_port=args.port, **ui.launch_options(limits))
         return 0
-    from routerlab.core.engine_process import EngineSpec
-    from routerlab.core.remote import open_room, serve_room
+    from routerlab.core.serve.engine_process import EngineSpec
+    from routerlab.core.serve.remote import open_room, serve_room
 
     def say(message: str) -> None:
         print(f"RouterLab: {message}", flush=True)

@@ -10,11 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-from routerlab.core.config import DECAYS, GRANULARITIES, KV_POLICIES
+from routerlab.core.base.config import DECAYS, GRANULARITIES, KV_POLICIES
 from routerlab.tuning.data import SPLITS
-from routerlab.core.errors import RouterLabError
-from routerlab.core.precision import CHOICES as DTYPE_CHOICES
-from routerlab.core.weights import FORMATS as WEIGHT_FORMATS
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.precision import CHOICES as DTYPE_CHOICES
+from routerlab.core.kernels.weights import FORMATS as WEIGHT_FORMATS
 from routerlab.bench.context_cli import add_context_parser
 from routerlab.tuning.calibrate_cli import add_calibrate_parser
 from routerlab.figures import add_command as add_figures_command
@@ -290,15 +290,15 @@ def _machine() -> str:
     import torch
 
     from routerlab.bench.speed import cpu_model
-    from routerlab.core.precision import cpu_has_native_bf16, cpu_vector_unit
+    from routerlab.core.base.precision import cpu_has_native_bf16, cpu_vector_unit
 
     bf16 = ", native bf16" if cpu_has_native_bf16() else ""
     return f"{cpu_model()}, {torch.get_num_threads()} threads, {cpu_vector_unit()}{bf16}"
 
 
 def _train_job(args) -> int:
-    from routerlab.core.models import load_model
-    from routerlab.core.routed import Anatomy
+    from routerlab.core.model.models import load_model
+    from routerlab.core.model.routed import Anatomy
     from routerlab.tuning.checkpoint import shipped_routers
     from routerlab.tuning.data import encode_all, load_records
     from routerlab.tuning.job import JobSettings, TrainJob, compare
@@ -338,10 +338,10 @@ def _eval(args) -> int:
 
 
 def _generate(args) -> int:
-    from routerlab.core.config import GenerateConfig, RoutingConfig
-    from routerlab.core import decode_paths
-    from routerlab.core.engine import Control, Engine
-    from routerlab.core.models import load_model
+    from routerlab.core.base.config import GenerateConfig, RoutingConfig
+    from routerlab.core.decode import decode_paths
+    from routerlab.core.decode.engine import Control, Engine
+    from routerlab.core.model.models import load_model
     from routerlab.tuning.checkpoint import resolve_routers
 
     if not args.prompt.strip():  # fail before spending seconds on loading
@@ -444,7 +444,7 @@ def _bench_quality(args) -> int:
 
 def _bench_standins(args) -> int:
     from routerlab.bench.standins import format_standins, merge, parse_sets, recost, standins_benchmark
-    from routerlab.core.models import load_model
+    from routerlab.core.model.models import load_model
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.tuning.data import encode_all, load_records
 
@@ -501,9 +501,9 @@ def _bench_tradeoff(args) -> int:
     from pathlib import Path
 
     from routerlab.tuning.checkpoint import load_routers, shipped_routers
-    from routerlab.core.config import check_threshold
+    from routerlab.core.base.config import check_threshold
     from routerlab.tuning.data import encode_all, load_records
-    from routerlab.core.models import load_model
+    from routerlab.core.model.models import load_model
     from routerlab.bench.tradeoff import OUT, run_tradeoff, write_outputs
 
     try:

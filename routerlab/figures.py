@@ -22,8 +22,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from routerlab.core.errors import RouterLabError
-from routerlab.core.paths import ASSETS
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.paths import ASSETS
 from routerlab.slides.export import FORMATS, HEIGHT, WIDTH
 
 FIGURES = ("heatmap", "tradeoff", "layers", "ladder", "kv")
@@ -89,8 +89,8 @@ def build(names: tuple[str, ...] = FIGURES, max_new_tokens: int = MAX_NEW_TOKENS
         _tradeoff(built)
     if not set(names) - {"tradeoff"}:
         return built
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import load_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import load_model
     from routerlab.slides import runs
     from routerlab.tuning.checkpoint import resolve_routers
     from routerlab.ui.compare import LADDER
@@ -136,7 +136,7 @@ def build(names: tuple[str, ...] = FIGURES, max_new_tokens: int = MAX_NEW_TOKENS
         built.figures["ladder"] = draw.ladder(n, "The threshold ladder: skip more, move further from the full model", (
             f"{_quote(first)}<br>{where}, kv policy {policy} · greedy, up to {max_new_tokens} new tokens"), speed_note)
     if "kv" in names:
-        from routerlab.core.config import KV_POLICIES
+        from routerlab.core.base.config import KV_POLICIES
 
         built.numbers["kv"] = n = numbers.kv(full, {p: traces[runs.Job(first, threshold, p)] for p in KV_POLICIES})
         built.figures["kv"] = draw.kv(n, f"Three KV policies at the calibrated threshold {threshold:.2f}: what skipping saves", (
@@ -190,7 +190,7 @@ def write_figures(out: str | Path, names: tuple[str, ...] = FIGURES, formats: tu
 
     Bad options and a missing kaleido or Chromium fail first, before the model loads or anything decodes.
     """
-    from routerlab.core.config import GenerateConfig
+    from routerlab.core.base.config import GenerateConfig
     from routerlab.slides import export
     from routerlab.slides.numbers import machine, rounded
 

@@ -2,7 +2,7 @@
 
 After each parallel op, libgomp's workers busy-wait for GOMP_SPINCOUNT turns (300,000 by default: milliseconds on
 these machines) before sleeping. On 2 cores that spinning takes the core onnxruntime's pool needs when the step graph
-(core/step_graph.py) runs next, right after torch's sampling or a quality meter's pass. 30,000 turns keep torch's
+(core/graph/step_graph.py) runs next, right after torch's sampling or a quality meter's pass. 30,000 turns keep torch's
 own ops about as fast and leave that core to the graph; compare `GOMP_SPINCOUNT=300000 python -m
 routerlab.bench.room_loop --decode --rows 1` with the same command without it (docs/method.md). A value the user set
 (or OMP_WAIT_POLICY) is kept. Imports nothing.

@@ -11,11 +11,11 @@ import os
 
 import pytest
 
-from routerlab.core.models import LoadedModel, load_model
+from routerlab.core.model.models import LoadedModel, load_model
 
 
 REPORTS = "ROUTERLAB_BROWSER_REPORTS"  # set by `make browser-reports`
-# Every map keeps torch's int4 kernel unless a test asks otherwise: which kernel core/low_paths.py chooses depends on
+# Every map keeps torch's int4 kernel unless a test asks otherwise: which kernel core/kernels/low_paths.py chooses depends on
 # a timing, and exact comparisons (a room's rows against a generation alone, logits against transformers') must not.
 # tests/test_low_paths.py sets it back to "auto" and gives the head onnxruntime's copy by a fixed choice.
 os.environ.setdefault("ROUTERLAB_KERNELS", "torch")

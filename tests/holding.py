@@ -11,7 +11,7 @@ between threads unless the run waits for the test. `Holding` wraps an Engine (ev
     # leaving the block releases the run (also when the test failed), so nothing stays held
 
 The engine reads `control.threshold` and `control.stop_requested` at the start of each step
-(core/engine.py `_steps`), so whatever the test does while the run is held applies from the next
+(core/decode/engine.py `_steps`), so whatever the test does while the run is held applies from the next
 token on: a move to token after+1 (unless that is the run's last token, which keeps the threshold
 it had), a stop before it. `after=0` holds right after the prefill; `release(until=n)` lets the run
 go on to n tokens and hold again. A held run also lets go by itself when it is asked to stop (Stop,
@@ -164,7 +164,7 @@ class Holding:
         return None
 
     def generate(self, prompt, routers, config, control=None):
-        from routerlab.core.engine import Control
+        from routerlab.core.decode.engine import Control
 
         control = control or Control(config.threshold)
         steps = self._engine.generate(prompt, routers, config, control)  # bad input raises here, before any step

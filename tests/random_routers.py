@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.config import RoutingConfig
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.routing.router import RouterSet
 
 
 def random_routers(model, granularity: str, seed: int) -> RouterSet:

@@ -21,7 +21,7 @@ import pytest
 from holding import Holding
 
 from routerlab import ui
-from routerlab.core.trace import Trace
+from routerlab.core.records.trace import Trace
 
 LONG_PROMPT = "Write a long story about a dragon who learns to read. Describe every chapter."
 
@@ -34,7 +34,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def app(embedded):
-    from routerlab.core.engine import Engine
+    from routerlab.core.decode.engine import Engine
 
     engine = Holding(Engine(embedded.model, embedded.tokenizer, name=embedded.name))
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256, concurrency=2, queue_size=8))

@@ -1,18 +1,18 @@
-"""Which product a decode batch's maps take (core/batch_paths.py): the crossing point read from measured times, the
+"""Which product a decode batch's maps take (core/kernels/batch_paths.py): the crossing point read from measured times, the
 fp32 copies given only where chosen (q and kv as views of their fused map's), and a batch computing the same either way."""
 
 from __future__ import annotations
 
 import torch
 
-from routerlab.core import batch_paths
-from routerlab.core.batch import step_rows
-from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Control, Engine
-from routerlab.core.generation import Generation
-from routerlab.core.models import tiny_model
-from routerlab.core.trace import Trace
-from routerlab.core.weights import LowBitPlan
+from routerlab.core.kernels import batch_paths
+from routerlab.core.ops.batch import step_rows
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.decode.generation import Generation
+from routerlab.core.model.models import tiny_model
+from routerlab.core.records.trace import Trace
+from routerlab.core.kernels.weights import LowBitPlan
 
 
 def test_the_crossing_is_the_fewest_rows_from_which_the_copy_always_wins():

@@ -8,8 +8,8 @@ from test_standin import routed_set
 from test_ui import char_tokenizer
 
 from routerlab.bench.standins import format_standins, merge, parse_sets, standins_benchmark
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import LoadedModel, tiny_model
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import LoadedModel, tiny_model
 from routerlab.tuning.data import Example
 
 

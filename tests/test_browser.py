@@ -48,7 +48,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def engine(embedded):
-    from routerlab.core.engine import Engine
+    from routerlab.core.decode.engine import Engine
 
     return Holding(Engine(embedded.model, embedded.tokenizer, name=embedded.name))
 
@@ -276,10 +276,10 @@ def long_run_url(tmp_path_factory):
     from test_ui import char_tokenizer, random_routers  # noqa: E402
 
     from routerlab.tuning.checkpoint import save_routers
-    from routerlab.core.config import RoutingConfig
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
+    from routerlab.core.routing.router import RouterSet
 
     model = tiny_model("llama", num_hidden_layers=30, max_position_embeddings=1024)
     routers = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", range(1, 29)))
@@ -488,7 +488,7 @@ def test_a_long_documents_final_view_shows_what_its_trace_says(browser, long_run
     """A document of 700 tokens (read ahead in chunks, quality measured) and 120 new tokens, streamed: at the run's
     end the page's text, heatmap (decisions, quality strip and its colours), and stats are the final view built from
     the run's own downloaded trace, value for value: the streamed frames left nothing of theirs behind."""
-    from routerlab.core.trace import Trace
+    from routerlab.core.records.trace import Trace
     from routerlab.ui import plots
 
     document = " ".join(f"Line {k}: the tide table for the harbour says high water at {k % 12 + 1} o'clock." for k in range(12))[:700]
@@ -558,7 +558,7 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
     import threading
     import time
 
-    from routerlab.core.generation import Generation
+    from routerlab.core.decode.generation import Generation
     from routerlab.ui import stream
 
     url, res = app
@@ -803,13 +803,13 @@ def test_report_train_tab_in_the_browser(browser, app_url, capsys):
 
 @pytest.fixture(scope="module", params=["thread", "process", "graph"])
 def room_app(embedded, request):
-    """The app with its room (core/room.py); the room's loop is started by the test, once every page has asked. `process`:
-    the room in an engine process of its own (core/remote.py, as app.py serves it), stepped by the test's thread;
-    `graph`: the rows decode through the step graph (core/graph_rows.py), as where it measured faster at start-up."""
-    from routerlab.core.engine import Engine
-    from routerlab.core.engine_process import EngineSpec
-    from routerlab.core.remote import RemoteRoom
-    from routerlab.core.room import Room
+    """The app with its room (core/serve/room.py); the room's loop is started by the test, once every page has asked. `process`:
+    the room in an engine process of its own (core/serve/remote.py, as app.py serves it), stepped by the test's thread;
+    `graph`: the rows decode through the step graph (core/graph/graph_rows.py), as where it measured faster at start-up."""
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.serve.engine_process import EngineSpec
+    from routerlab.core.serve.remote import RemoteRoom
+    from routerlab.core.serve.room import Room
 
     graph = request.param == "graph"  # the graph multiplies the file's own codes: the engine reads them, as the app's
     engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name, lowbit=embedded.lowbit if graph else None)
@@ -831,7 +831,7 @@ def room_app(embedded, request):
 
 def _start_loop(room) -> threading.Thread:
     """The room's loop in a thread: an in-process room's own, or one that steps an engine process's room."""
-    from routerlab.core.remote import RemoteRoom
+    from routerlab.core.serve.remote import RemoteRoom
 
     if not isinstance(room, RemoteRoom):
         return room.start()

@@ -81,8 +81,8 @@ def hostile_tokenizer():
 @pytest.fixture(scope="module")
 def hostile_app(tmp_path_factory):
     """The app around a tiny llama whose words are payloads, with a random router set; and two crafted zips."""
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
     from routerlab.tuning.checkpoint import save_routers
 
     model = tiny_model("llama")

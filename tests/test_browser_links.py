@@ -31,7 +31,7 @@ def lesson_links() -> list[str]:
 
 @pytest.fixture(scope="module")
 def app(embedded):
-    from routerlab.core.engine import Engine
+    from routerlab.core.decode.engine import Engine
 
     engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
     res = ui.Resources(engine, ui.Limits(max_new_tokens=256), status="Pick a prompt and press **Generate**.")

@@ -10,10 +10,10 @@ import zipfile
 import pytest
 import torch
 
-from routerlab.core.config import RoutingConfig
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import tiny_model
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import tiny_model
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning import bundle
 from routerlab.tuning.bundle import read_upload, write_extras, zip_folder
 from routerlab.tuning.checkpoint import save_routers

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.engine import Control, Engine, Plan
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import tiny_model
-from routerlab.core.router import IDENTITY, Calibration, RouterSet, logit, sigmoid
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import tiny_model
+from routerlab.core.routing.router import IDENTITY, Calibration, RouterSet, logit, sigmoid
 from routerlab.tuning.calibrate import HIGH, fit_calibration, quantile, raw_default_of, skip_fraction
 from routerlab.tuning.checkpoint import CONFIG, load_routers, read_config, resolve_routers, save_routers, write_calibration
 from routerlab.tuning.forward import student_forward
@@ -181,7 +182,7 @@ def test_scores_that_cannot_be_spread_are_refused():
 
 def test_evaluation_sees_calibrated_scores():
     model = tiny_model("llama")
-    from routerlab.core.routed import Anatomy
+    from routerlab.core.model.routed import Anatomy
 
     an = Anatomy(model)
     ids = torch.arange(3, 20)[None]

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, load_routers, read_config, resolve_routers, save_routers
-from routerlab.core.config import RoutingConfig
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import tiny_model
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import tiny_model
+from routerlab.core.routing.router import RouterSet
 
 
 @pytest.fixture
@@ -99,8 +99,8 @@ def _hub_cache(root, repo_id: str, folder) -> None:
 def test_a_hub_repo_id_loads_from_the_cache_offline_and_decides_as_the_folder(saved, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    from routerlab.core.config import GenerateConfig
-    from routerlab.core.engine import Engine
+    from routerlab.core.base.config import GenerateConfig
+    from routerlab.core.decode.engine import Engine
 
     model, _, folder = saved
     _hub_cache(tmp_path / "hub", "someone/my-routers", folder)

@@ -26,7 +26,7 @@ def test_generate_json_has_the_promised_fields(embedded, capsys):
 def test_generate_decodes_through_the_start_up_choice_and_names_it(embedded, capsys):
     """The command line takes the path the start-up measured (as the app does) unless --decode forces one, and
     --json says which: the choice with its measurement, and the path this run's steps took."""
-    from routerlab.core.step_graph import DECODES
+    from routerlab.core.graph.step_graph import DECODES
 
     common = ["generate", "--prompt", "Name a colour.", "--max-new-tokens", "4", "--no-quality", "--json"]
     assert main(common + ["--threshold", "0.5", "--kv-policy", "kv"]) == 0

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from routerlab.core.config import GenerateConfig, RoutingConfig, check_threshold, default_layers
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.config import GenerateConfig, RoutingConfig, check_threshold, default_layers
+from routerlab.core.base.errors import RouterLabError
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, math.nan, "abc", None])

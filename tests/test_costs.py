@@ -1,11 +1,11 @@
-"""core/costs.py: the measured per-piece costs of a decode step and the speedup a run's skips are estimated to give."""
+"""core/decode/costs.py: the measured per-piece costs of a decode step and the speedup a run's skips are estimated to give."""
 
 from __future__ import annotations
 
 import pytest
 
-from routerlab.core.costs import PIECES, cost_breakdown, estimate_speedup, ideal_speedup, saved_per_cell
-from routerlab.core.trace import Step, Trace
+from routerlab.core.decode.costs import PIECES, cost_breakdown, estimate_speedup, ideal_speedup, saved_per_cell
+from routerlab.core.records.trace import Step, Trace
 
 COSTS = {"attention_full": 2.0, "attention_kv_only": 0.5, "mlp": 3.0, "step": 100.0}
 
@@ -51,8 +51,8 @@ def test_what_if_estimate_uses_the_re_decided_cells():
 
 
 def test_cost_breakdown_measures_every_piece_of_a_tiny_model():
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
 
     costs = cost_breakdown(Engine(tiny_model("llama"), None, name="tiny"), [5, 6, 7], context=8, repeat=2)
     assert set(costs) == set(PIECES) and costs["step"] > 0 and costs["attention_full"] >= 0 and costs["mlp"] >= 0
@@ -62,7 +62,7 @@ LINE = dict(COSTS, context=100.0, per_token={"attention_full": 0.01, "attention_
 
 
 def test_costs_at_moves_attention_and_the_step_along_the_line():
-    from routerlab.core.costs import costs_at
+    from routerlab.core.decode.costs import costs_at
 
     at = costs_at(LINE, 1100)
     assert at["attention_full"] == pytest.approx(12.0) and at["step"] == pytest.approx(400.0) and at["mlp"] == 3.0
@@ -87,9 +87,9 @@ def test_a_run_at_a_long_context_is_estimated_at_its_own_context():
 
 
 def test_cost_line_measures_two_contexts_of_a_tiny_model():
-    from routerlab.core.costs import GROWS, cost_line
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
+    from routerlab.core.decode.costs import GROWS, cost_line
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
 
     line = cost_line(Engine(tiny_model("llama"), None, name="tiny"), [5, 6, 7], contexts=(64, 8), repeat=2)
     assert line["context"] == 8.0 and line["long_context"] == 64.0 and set(line["per_token"]) == set(GROWS)

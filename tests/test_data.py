@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, encode_all, examples_of, load_records, long_examples, read_jsonl, read_prompts, record_from_row, split_of
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 
 
 class _Tok:
@@ -78,7 +78,7 @@ def test_long_examples_join_records_into_chats_cut_at_the_length_with_the_loss_o
 
 
 def test_the_shipped_documents_are_held_out_plain_text():
-    from routerlab.core.documents import load_documents
+    from routerlab.core.base.documents import load_documents
 
     docs = load_records("documents", "heldout")
     assert [r.response for r in docs] == [d.text for d in load_documents()] and len(docs) >= 2
@@ -93,9 +93,9 @@ def test_bad_files_and_offline_hub_names_fail_cleanly(tmp_path, monkeypatch):
     bad.write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(RouterLabError, match="bad.jsonl:2"):
         read_jsonl(bad)
-    import routerlab.core.models
+    import routerlab.core.model.models
 
-    monkeypatch.setattr(routerlab.core.models, "_hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(routerlab.core.model.models, "_hub_reachable", lambda *a, **k: False)
     with pytest.raises(RouterLabError, match="offline|needs `datasets`"):
         load_records("someone/some-dataset")
 

@@ -1,4 +1,4 @@
-"""core/decode_paths.py: which path decodes is measured at start-up, can be forced, and a model the step graph cannot
+"""core/decode/decode_paths.py: which path decodes is measured at start-up, can be forced, and a model the step graph cannot
 take keeps torch's ops with the reason; routerlab/spin.py keeps a user's OpenMP setting and gives a peer libgomp's own.
 Engine.graph_for: which plans a graph takes, looked up once a request."""
 
@@ -7,10 +7,10 @@ import os
 import pytest
 
 from routerlab import spin
-from routerlab.core import decode_paths
-from routerlab.core.engine import Engine
-from routerlab.core.gates import Plan
-from routerlab.core.models import tiny_model
+from routerlab.core.decode import decode_paths
+from routerlab.core.decode.engine import Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.model.models import tiny_model
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")

@@ -11,15 +11,15 @@ import torch
 
 from routerlab.bench import gpu_check
 from routerlab.bench.speed import kernel_floor, measure_speed
-from routerlab.core import batch_paths
-from routerlab.core.config import RoutingConfig
-from routerlab.core.costs import cost_breakdown
-from routerlab.core.device import SyncCounter, choose_device, now
-from routerlab.core.engine import Control
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import load_model, tiny_model
-from routerlab.core.room import Room, measured_thread_choice
-from routerlab.core.router import RouterSet
+from routerlab.core.kernels import batch_paths
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.decode.costs import cost_breakdown
+from routerlab.core.base.device import SyncCounter, choose_device, now
+from routerlab.core.decode.engine import Control
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import load_model, tiny_model
+from routerlab.core.serve.room import Room, measured_thread_choice
+from routerlab.core.routing.router import RouterSet
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_a_failing_start_up_measurement_leaves_the_room_serving(engine, monkeypa
     (as both did on CUDA) is said in the log, and the loop still serves from the main thread."""
     import threading
 
-    from routerlab.core import room as room_module
+    from routerlab.core.serve import room as room_module
 
     def broken(*_a, **_k):
         raise RuntimeError("planted probe failure")
@@ -214,8 +214,8 @@ def test_the_gpu_check_takes_kv_and_mask_apart_only_at_a_near_tie():
 
 
 def test_the_gpu_checks_departure_is_measured_on_mask_logits():
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
 
     engine = Engine(tiny_model("llama"))
     routers = gpu_check.random_routers(engine)

@@ -1,12 +1,12 @@
 """Where a routed text leaves the full model's answer (read off the quality pass's marks) and the repetition flag
-(core/divergence.py): on hand-built traces, a looping text and the shipped long documents' prose."""
+(core/records/divergence.py): on hand-built traces, a looping text and the shipped long documents' prose."""
 
 from __future__ import annotations
 
 import re
 
-from routerlab.core.divergence import REPEAT_MIN_TOKENS, departure, repetition
-from routerlab.core.trace import Step, Trace
+from routerlab.core.records.divergence import REPEAT_MIN_TOKENS, departure, repetition
+from routerlab.core.records.trace import Step, Trace
 
 
 def words(text: str) -> list[str]:
@@ -62,7 +62,7 @@ def test_short_repeats_and_prose_are_not_flagged():
     assert repetition([7] * (REPEAT_MIN_TOKENS - 1)) is None and repetition([7] * REPEAT_MIN_TOKENS) is not None
     assert repetition(list(range(40)) * 2) is None and repetition(list(range(70)) * 3) is None  # twice; a unit over MAX_PERIOD
     assert repetition(words("I said no, no, no, no and left. Then I came back and said yes.")) is None
-    from routerlab.core.documents import load_documents
+    from routerlab.core.base.documents import load_documents
 
     docs = load_documents()
     assert docs

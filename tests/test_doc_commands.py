@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from routerlab.core.paths import ROOT
+from routerlab.core.base.paths import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PYTHONS = ("python", "python3", ".venv/bin/python")

@@ -6,11 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.engine import Control, Engine, Plan, forward
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import TINY_FAMILIES, tiny_model
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.ops.forward import forward
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.routing.router import RouterSet
 
 GRANULARITIES = ["attention-token", "mlp-token", "block-token", "attention-sequence"]
 POLICIES = ["mask", "kv", "drop"]
@@ -96,8 +98,8 @@ def test_sequence_level_drop_equals_mask():
 @pytest.mark.parametrize("policy", ["drop", "kv"])
 def test_skipped_attention_computes_no_query(policy, monkeypatch):
     """Skipped layers never project queries (drop: nothing at all; kv: only keys and values)."""
-    import routerlab.core.engine as eng
-    import routerlab.core.one_token as one
+    import routerlab.core.decode.engine as eng
+    import routerlab.core.ops.one_token as one
 
     model = tiny_model("llama")
     engine = Engine(model)
@@ -116,7 +118,8 @@ def test_skipped_attention_computes_no_query(policy, monkeypatch):
 
 def general_decode_step(an, ids, positions, caches, plan):
     """A one-token forward through `run_layer`, the path every longer forward takes."""
-    from routerlab.core.engine import run_layer, score_table
+    from routerlab.core.ops.forward import run_layer
+    from routerlab.core.routing.gates import score_table
 
     h, scores = an.embed(ids), {}
     tables = an.rope(h, positions)
@@ -230,7 +233,8 @@ def test_a_tiny_temperature_decodes_greedily(temperature):
 
 def test_a_small_temperature_samples_without_overflow():
     """Above the greedy cut, large logits over a small temperature still give a finite distribution (max subtracted)."""
-    from routerlab.core.generation import GREEDY_BELOW, sample
+    from routerlab.core.base.config import GREEDY_BELOW
+    from routerlab.core.decode.generation import sample
 
     logits = torch.tensor([[[3e4, -3e4, 2.9e4, 0.0]]])
     config = GenerateConfig(temperature=GREEDY_BELOW * 2, seed=0)
@@ -240,7 +244,7 @@ def test_a_small_temperature_samples_without_overflow():
 def test_greedy_takes_the_first_largest_logit_in_the_logits_own_dtype():
     """Greedy sampling is argmax's answer (the first of tied largest logits; a NaN wins, as with argmax), read in
     bf16 or fp32 without a copy."""
-    from routerlab.core.generation import sample
+    from routerlab.core.decode.generation import sample
 
     config = GenerateConfig(temperature=0.0)
     g = torch.Generator().manual_seed(0)
@@ -339,7 +343,7 @@ def test_logits_only_where_asked():
 
 
 def test_host_sigmoid_is_stable_at_the_extremes():
-    from routerlab.core.router import sigmoid
+    from routerlab.core.routing.router import sigmoid
 
     assert sigmoid(0.0) == 0.5 and sigmoid(-1e4) == 0.0 and sigmoid(1e4) == 1.0
     assert abs(sigmoid(2.0) - float(torch.sigmoid(torch.tensor(2.0, dtype=torch.float64)))) < 1e-15

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from routerlab.__main__ import main
-from routerlab.core.config import RoutingConfig
+from routerlab.core.base.config import RoutingConfig
 from routerlab.tuning.data import Example
 from routerlab.tuning.evaluate import (RandomRouterSet, _Full, baseline_set, calibrate, evaluate_examples, kl_to_full,
                                 layer_importance, static_order, static_routers, thresholds_for_skips)
-from routerlab.core.models import tiny_model
-from routerlab.core.routed import Anatomy
-from routerlab.core.router import RouterSet
+from routerlab.core.model.models import tiny_model
+from routerlab.core.model.routed import Anatomy
+from routerlab.core.routing.router import RouterSet
 
 
 @pytest.fixture(scope="module")
@@ -139,11 +139,11 @@ def test_sweep_scores_tuned_random_and_static_on_the_same_tokens_and_logs_kl(set
 @pytest.mark.parametrize("granularity,policy", [("attention-token", "kv"), ("attention-token", "drop"), ("attention-sequence", "kv")])
 def test_stepwise_forward_matches_the_teacher_forced_forward(granularity, policy):
     """One decode step per response token computes what one teacher-forced forward does (fp32, dense)."""
-    from routerlab.core.config import RoutingConfig
-    from routerlab.core.engine import Plan
-    from routerlab.core.models import tiny_model
-    from routerlab.core.routed import Anatomy
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig
+    from routerlab.core.routing.gates import Plan
+    from routerlab.core.model.models import tiny_model
+    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.routing.router import RouterSet
     from routerlab.tuning.forward import stepwise_forward, student_forward
 
     model = tiny_model("llama")

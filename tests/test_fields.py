@@ -14,7 +14,7 @@ import zipfile
 import gradio as gr
 import pytest
 
-from routerlab.core.errors import RouterLabError, quote
+from routerlab.core.base.errors import RouterLabError, quote
 from routerlab.ui import fields
 from routerlab.ui.fields import FieldError
 
@@ -220,9 +220,9 @@ def test_a_router_json_layer_may_not_be_a_boolean(tmp_path):
 
 
 def _saved_folder(tmp_path):
-    from routerlab.core.config import RoutingConfig
-    from routerlab.core.models import tiny_model
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig
+    from routerlab.core.model.models import tiny_model
+    from routerlab.core.routing.router import RouterSet
     from routerlab.tuning.checkpoint import save_routers
 
     model = tiny_model("llama")

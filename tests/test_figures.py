@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 from routerlab.__main__ import main
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.figures import FIGURES, parse_formats, parse_names, write_figures
 from routerlab.slides import export
 

@@ -1,4 +1,4 @@
-"""core/graph_forms.py: under `kv` a routed step graph runs each step in the form that pays (with `If`s or in mask's
+"""core/graph/graph_forms.py: under `kv` a routed step graph runs each step in the form that pays (with `If`s or in mask's
 form): the same numbers whichever form a step takes, the branching form chosen exactly where the cells every row is
 expected to skip save more than the branches cost."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from routerlab.core import graph_forms
-from routerlab.core.graph_forms import BRANCH, PLAIN, W, Costs, History
+from routerlab.core.graph import graph_forms
+from routerlab.core.graph.graph_forms import BRANCH, PLAIN, W, Costs, History
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -51,8 +51,8 @@ def test_a_prediction_reads_each_rows_last_steps_at_its_threshold_now():
 
 @pytest.fixture(scope="module")
 def graph(embedded):
-    from routerlab.core.engine import Engine
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.graph.step_graph import StepGraph
     from routerlab.tuning.checkpoint import resolve_routers
 
     engine = Engine.from_loaded(embedded, choose_kernels=False)
@@ -63,7 +63,8 @@ def graph(embedded):
 def test_a_kv_graph_measured_its_forms_and_a_step_takes_either_with_the_same_numbers(graph):
     """Two requests from the same prefill at 0.7: one every step with `If`s, one switching form at every step; the
     same logits, router logits and caches to the bit."""
-    from routerlab.core.engine import Plan, forward
+    from routerlab.core.routing.gates import Plan
+    from routerlab.core.ops.forward import forward
 
     engine, routers, g = graph
     assert g.plain is not None and len(g.sessions) == 2

@@ -1,4 +1,4 @@
-"""core/graph_rows.py: a room's rows decode through the step graph together as each decodes through it alone (the
+"""core/graph/graph_rows.py: a room's rows decode through the step graph together as each decodes through it alone (the
 embedded model, the shipped attention-token routers): the same tokens to the bit where MatMulNBits is row-invariant,
 else the same until a near tie, with distributions and scores within the rounding of 8-bit activations."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from test_room import _alone, _in_room
 
-from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Engine
-from routerlab.core.step_graph import DECODES
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.decode.engine import Engine
+from routerlab.core.graph.step_graph import DECODES
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -51,7 +51,7 @@ def test_rows_through_the_graph_decode_as_they_do_alone(engine, routers, embedde
     parity that holds: until a token or a decision first differs, each step's distribution within the rounding of
     8-bit activations of the alone one's, and what differs first lies at a near tie (a greedy token's margin, a score
     beside its threshold)."""
-    from routerlab.core.nbits import rows_independent
+    from routerlab.core.kernels.nbits import rows_independent
 
     requests = _requests(embedded.tokenizer, routers)
     drawn = _drawn_from(monkeypatch)
@@ -81,7 +81,7 @@ ROUNDED_SCORE_TOL, KL_TOL, TIE = 0.02, 0.05, 0.25
 
 def _drawn_from(monkeypatch) -> dict[int, list[torch.Tensor]]:
     """Each generation's next-token distributions as it samples them (alone or in a room), keyed by its trace's id."""
-    from routerlab.core.generation import Generation
+    from routerlab.core.decode.generation import Generation
 
     seen: dict[int, list[torch.Tensor]] = {}
     begin = Generation.begin
@@ -128,7 +128,7 @@ def test_the_near_tie_walk_refuses_what_rounding_cannot_explain():
     far from the alone one's, or a decision that flips far from its threshold each fail it."""
     from types import SimpleNamespace
 
-    from routerlab.core.trace import Step
+    from routerlab.core.records.trace import Step
 
     def step(token, score, prompt=False):
         return Step(0, token, "", prompt, [None, score], [None, score >= 0.5], 0.5, 0.0)

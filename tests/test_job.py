@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.tuning.job import JobSettings, TrainJob
 from routerlab.tuning.runner import TrainingRunner
 from routerlab.tuning.user_data import parse_user_data

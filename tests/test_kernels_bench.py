@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from routerlab.bench import kernels
-from routerlab.core.engine import Engine
-from routerlab.core.models import tiny_model
-from routerlab.core.weights import LowBitPlan
+from routerlab.core.decode.engine import Engine
+from routerlab.core.model.models import tiny_model
+from routerlab.core.kernels.weights import LowBitPlan
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])

@@ -1,4 +1,4 @@
-"""core/low_paths.py: which kernel each kind of map multiplies one row with. The choice rule, when it does not measure,
+"""core/kernels/low_paths.py: which kernel each kind of map multiplies one row with. The choice rule, when it does not measure,
 and the embedded model's decode with the head through onnxruntime's copy of the file's own Q8_0 codes (a fixed
 choice, so the test does not depend on a timing): the same products to the rounding of 8-bit activations, the same
 greedy tokens, rows of a batch the same as a row alone, and the label that says so."""
@@ -6,10 +6,12 @@ greedy tokens, rows of a batch the same as a row alone, and the label that says 
 import pytest
 import torch
 
-from routerlab.core import low_paths
-from routerlab.core.engine import Engine, Plan, forward
-from routerlab.core.models import tiny_model
-from routerlab.core.nbits import NBits
+from routerlab.core.kernels import low_paths
+from routerlab.core.decode.engine import Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.ops.forward import forward
+from routerlab.core.model.models import tiny_model
+from routerlab.core.kernels.nbits import NBits
 
 
 def test_choose_takes_onnxruntime_only_where_it_wins_by_the_margin():

@@ -8,9 +8,9 @@ import zipfile
 import pytest
 import torch
 
-from routerlab.core import models
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import EMBEDDED_HUB_ID, EMBEDDED_NAME, load_model, model_identity, tiny_model
+from routerlab.core.model import models
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import EMBEDDED_HUB_ID, EMBEDDED_NAME, load_model, model_identity, tiny_model
 
 
 # -- the embedded model ---------------------------------------------------------------------------
@@ -22,7 +22,7 @@ def test_embedded_model_is_smollm2_with_30_layers_and_hidden_576(embedded):
 
 
 def test_embedded_model_is_frozen_eval_with_sdpa_in_the_auto_dtype(embedded):
-    from routerlab.core.precision import resolve_dtype
+    from routerlab.core.base.precision import resolve_dtype
 
     model = embedded.model
     assert not model.training
@@ -32,7 +32,7 @@ def test_embedded_model_is_frozen_eval_with_sdpa_in_the_auto_dtype(embedded):
 
 
 def test_auto_dtype_follows_what_the_cpu_reports(monkeypatch):
-    from routerlab.core import precision
+    from routerlab.core.base import precision
 
     assert precision.flags_have_bf16(precision.cpu_flags("flags\t: fpu avx2 avx512_bf16\n"))
     assert precision.flags_have_bf16(precision.cpu_flags("Features\t: fp asimd bf16\n"))

@@ -1,18 +1,18 @@
-"""core/nbits.py's graphs compute the file's own codes: Q4_1 (centred on a zero point, plus the rests times the block
+"""core/kernels/nbits.py's graphs compute the file's own codes: Q4_1 (centred on a zero point, plus the rests times the block
 sums) and Q8_0 (zero point 128), within the rounding of 8-bit activations per block of 32 (onnxruntime and onnx:
 requirements.txt)."""
 
 import pytest
 import torch
 
-from routerlab.core.weights import Codes, quantize_int4
+from routerlab.core.kernels.weights import Codes, quantize_int4
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 
 def _product(codes, x):
-    from routerlab.core.nbits import NBits
+    from routerlab.core.kernels.nbits import NBits
 
     return NBits(codes, 1).mm(x)
 
@@ -49,7 +49,7 @@ def test_q4_1_blocks_of_one_sign_keep_their_minimum(shift):
 def _same_row(alone: torch.Tensor, among: torch.Tensor) -> bool:
     """A row alone against the same row among others: to the bit where this machine's MatMulNBits takes one kernel for
     every M (nbits.rows_independent), else within the rounding of summing the same products in another order."""
-    from routerlab.core.nbits import rows_independent
+    from routerlab.core.kernels.nbits import rows_independent
 
     if rows_independent():
         return torch.equal(alone, among)
@@ -70,7 +70,7 @@ def test_a_rows_product_is_its_own_tensor_on_every_thread_in_and_out_of_inferenc
     others (to the bit where MatMulNBits is row-invariant, else within the rounding of another summing order)."""
     import threading
 
-    from routerlab.core.nbits import NBits
+    from routerlab.core.kernels.nbits import NBits
 
     g = torch.Generator().manual_seed(1)
     product = NBits(quantize_int4(torch.randn(64, 96, generator=g) * 0.05), 1)
@@ -101,7 +101,7 @@ def test_the_row_invariance_probe_says_what_the_products_do():
     """nbits.rows_independent, probed on a small product, holds for the products the engine builds: where it says True,
     every row of a larger map alone is that row among others to the bit; where False, some row differs (AVX2's M = 1
     kernel sums in another order) but by no more than rounding."""
-    from routerlab.core.nbits import NBits, rows_independent
+    from routerlab.core.kernels.nbits import NBits, rows_independent
 
     g = torch.Generator().manual_seed(4)
     product = NBits(quantize_int4(torch.randn(576, 576, generator=g) * 0.05), 1)

@@ -1,4 +1,4 @@
-"""Packed forwards (core/packed.py): several sequences in one forward give each the logits, scores and cache its own
+"""Packed forwards (core/ops/packed.py): several sequences in one forward give each the logits, scores and cache its own
 forward gives it: full depth (quality passes) on every tiny family, and routed prompts of mixed plans (float32). (Which kernel a product takes depends on its row count, so on
 a low-bit model packed rows may round otherwise: the quality meters' test covers that, tests/test_quality_room.py.)"""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from routerlab.core.engine import Engine, forward
-from routerlab.core.gates import Plan
-from routerlab.core.models import TINY_FAMILIES, tiny_model
-from routerlab.core.packed import Segment, forward_packed
+from routerlab.core.decode.engine import Engine
+from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
+from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.ops.packed import Segment, forward_packed
 from random_routers import random_routers
 
 # (prompt, chunks fed after it): sequences of other lengths, some fed twice, as quality meters feed them
@@ -108,7 +109,7 @@ def test_plans_a_packed_forward_cannot_take_are_refused():
 def test_prompts_that_share_their_start_read_it_once_and_get_what_each_gets_alone(granularity, policy):
     """Three prompts with the same 10 first tokens (a chat template's system turn) and one without: the stretch is
     read once and copied, and each prompt's logits, scores and caches are what its own forward gives."""
-    from routerlab.core.packed import forward_shared, shared_stretches
+    from routerlab.core.ops.packed import forward_shared, shared_stretches
 
     model = tiny_model("llama")
     engine = Engine(model)
@@ -130,7 +131,7 @@ def test_prompts_that_share_their_start_read_it_once_and_get_what_each_gets_alon
 
 
 def test_no_stretch_is_shared_across_plans_thresholds_or_sequence_level_sets():
-    from routerlab.core.packed import shared_stretches
+    from routerlab.core.ops.packed import shared_stretches
 
     model = tiny_model("llama")
     att, seq = random_routers(model, "attention-token", 0), random_routers(model, "attention-sequence", 1)

@@ -1,16 +1,16 @@
-"""A long prompt is read in chunks (core/generation.py): the same numbers as one forward, Stop between chunks, progress
+"""A long prompt is read in chunks (core/decode/generation.py): the same numbers as one forward, Stop between chunks, progress
 on the run's Control. Driven step by step from the test's thread: nothing here depends on how fast threads run."""
 
 import pytest
 import torch
 
-from routerlab.core import generation
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.engine import Control, Engine
-from routerlab.core.generation import Generation
-from routerlab.core.models import TINY_FAMILIES, tiny_model
-from routerlab.core.router import RouterSet
-from routerlab.core.trace import Trace
+from routerlab.core.decode import generation
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.decode.generation import Generation
+from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.routing.router import RouterSet
+from routerlab.core.records.trace import Trace
 
 PROMPT = [(7 * j + 3) % 128 for j in range(70)]  # 70 tokens: 5 chunks of 14 at a chunk size of 16
 

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.engine import Control, Engine
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import tiny_model
-from routerlab.core.quality import QualityMeter, kl_top_k
-from routerlab.core.router import RouterSet
-from routerlab.core.trace import Step, Trace
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import tiny_model
+from routerlab.core.records.quality import QualityMeter, kl_top_k
+from routerlab.core.routing.router import RouterSet
+from routerlab.core.records.trace import Step, Trace
 from routerlab.tuning.data import Example
 from routerlab.tuning.evaluate import evaluate_examples, full_depth, kl_to_full
 
@@ -80,7 +80,7 @@ def test_kl_equals_evaluate_on_the_same_tokens(engine, threshold, scale):
     assert trace.agreement() == pytest.approx(ref["agreement"])
     # token by token: the routed logits evaluate scores are the ones each token was sampled from
     from routerlab.tuning.forward import student_forward
-    from routerlab.core.engine import Plan
+    from routerlab.core.routing.gates import Plan
 
     ids = torch.tensor([ex.ids])
     logits, _ = student_forward(engine.anatomy, ids, ex.start, Plan(rs, threshold, "kv"))
@@ -343,7 +343,7 @@ def test_a_long_prompt_is_read_ahead_a_part_a_pass_and_scores_nothing_until_it_i
 
 
 def test_reading_a_prompt_ahead_does_not_change_the_numbers(engine, monkeypatch):
-    from routerlab.core import quality
+    from routerlab.core.records import quality
 
     rs = routers(engine.model, 3.0)
     whole = generate(engine, rs, quality_refresh=None)

@@ -23,15 +23,15 @@ from holding import WAIT_S, Holding
 
 from routerlab.bench import load as lt
 from routerlab import ui
-from routerlab.core.errors import RouterLabError
-from routerlab.core.trace import Step, Trace, savings
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.records.trace import Step, Trace, savings
 
 CAP = 12  # the test server's ROUTERLAB_MAX_NEW_TOKENS
 
 
 @pytest.fixture(scope="module")
 def engine(embedded):
-    from routerlab.core.engine import Engine
+    from routerlab.core.decode.engine import Engine
 
     return Holding(Engine(embedded.model, embedded.tokenizer, name=embedded.name))
 
@@ -80,8 +80,8 @@ def test_the_soak_runs_at_the_page_defaults_and_every_run_completes(server):
 
 @pytest.fixture(scope="module")
 def room_server(embedded):
-    """The app with its room: every generation a row of one batched decode loop (core/room.py), in a thread here."""
-    from routerlab.core.engine import Engine
+    """The app with its room: every generation a row of one batched decode loop (core/serve/room.py), in a thread here."""
+    from routerlab.core.decode.engine import Engine
 
     srv = lt.serve(Engine(embedded.model, embedded.tokenizer, name=embedded.name),
                    ui.Limits(max_new_tokens=CAP, max_prompt_chars=4000, queue_size=8, concurrency=8))
@@ -230,7 +230,7 @@ def test_app_never_enables_remote_code(monkeypatch):
         seen.update(kwargs, spec=spec)
         raise RouterLabError("stop here")
 
-    monkeypatch.setattr("routerlab.core.models.load_model", fake_load_model)
+    monkeypatch.setattr("routerlab.core.model.models.load_model", fake_load_model)
     with pytest.raises(RouterLabError):
         app.load_engine("someone/custom-code-model")
     assert seen.get("trust_remote_code", False) is False
@@ -280,8 +280,8 @@ def test_prompt_with_unpaired_surrogates_is_refused_cleanly():
 def test_served_exports_are_swept_from_gradio_cache():
     """Each run's exports (heatmap HTML with plotly.js, ~5 MB) are copied into gradio's cache; without a sweep a
     public demo's disk fills up run by run."""
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
 
     demo = ui.build_demo(ui.Resources(Engine(tiny_model("llama"), None, name="tiny"), router_sets=[], prompts=["x"]))
     frequency, age = demo.delete_cache

@@ -1,4 +1,4 @@
-"""The room in an engine process of its own (core/remote.py, core/engine_process.py, core/wire.py).
+"""The room in an engine process of its own (core/serve/remote.py, core/serve/engine_process.py, core/serve/wire.py).
 
 The engine process builds the same tiny model as the test (`tiny_engine`, seeded). Most tests run it stepped: its
 loop takes one step per `RemoteRoom.step` call from the test's thread, and moved sliders and Stops are sent before
@@ -21,16 +21,16 @@ import psutil
 import pytest
 import torch
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.engine import Control
-from routerlab.core.engine_process import EngineSpec, tiny_engine
-from routerlab.core.errors import RouterLabError
-from routerlab.core.remote import RemoteRoom
-from routerlab.core.room import Room
-from routerlab.core.router import Calibration, RouterSet
-from routerlab.core.trace import Trace
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.engine import Control
+from routerlab.core.serve.engine_process import EngineSpec, tiny_engine
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.serve.remote import RemoteRoom
+from routerlab.core.serve.room import Room
+from routerlab.core.routing.router import Calibration, RouterSet
+from routerlab.core.records.trace import Trace
 
-SPEC = EngineSpec("routerlab.core.engine_process:tiny_engine", {"seed": 0})
+SPEC = EngineSpec("routerlab.core.serve.engine_process:tiny_engine", {"seed": 0})
 SCORE_TOL = 1e-4  # as tests/test_room.py: rows of a batch against rows of another batch (float32)
 KL_TOL = 1e-4
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,10 +256,10 @@ def test_the_engine_process_ends_when_the_web_process_dies(tmp_path):
     script = tmp_path / "web.py"
     script.write_text(textwrap.dedent(f"""
         import time
-        from routerlab.core.engine_process import EngineSpec
-        from routerlab.core.remote import RemoteRoom
+        from routerlab.core.serve.engine_process import EngineSpec
+        from routerlab.core.serve.remote import RemoteRoom
         if __name__ == "__main__":
-            room = RemoteRoom(EngineSpec("routerlab.core.engine_process:tiny_engine", {{"seed": 0}}), log=lambda m: None)
+            room = RemoteRoom(EngineSpec("routerlab.core.serve.engine_process:tiny_engine", {{"seed": 0}}), log=lambda m: None)
             print(room.pid, flush=True)
             time.sleep(600)
     """))
@@ -283,11 +283,11 @@ def test_the_engine_process_ends_when_the_web_process_dies(tmp_path):
 
 
 def test_an_engine_process_that_cannot_start_falls_back_to_this_process_and_says_so():
-    from routerlab.core.remote import open_room
+    from routerlab.core.serve.remote import open_room
 
     engine = tiny_engine(seed=0)
     said: list[str] = []
-    room = open_room(engine, EngineSpec("routerlab.core.engine_process:no_such_factory"), log=said.append)
+    room = open_room(engine, EngineSpec("routerlab.core.serve.engine_process:no_such_factory"), log=said.append)
     try:
         assert isinstance(room, Room) and engine.room is room
         assert any("did not start" in m and "no_such_factory" in m and "in this process instead" in m for m in said), said
@@ -298,7 +298,7 @@ def test_an_engine_process_that_cannot_start_falls_back_to_this_process_and_says
 
 def test_the_sender_waits_longer_for_a_crowd_up_to_a_cap():
     """Each send wakes the web process's threads: with more requests in flight the sender gathers longer."""
-    from routerlab.core import engine_process as ep
+    from routerlab.core.serve import engine_process as ep
 
     assert ep.coalesce_seconds(0) == ep.coalesce_seconds(ep.ROWS_PER_COALESCE) == ep.COALESCE_S
     assert ep.coalesce_seconds(2 * ep.ROWS_PER_COALESCE) == 2 * ep.COALESCE_S

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from routerlab.__main__ import main
 from routerlab.bench.report import BENCH, RESULTS, results_markdown
-from routerlab.core.paths import ROOT
+from routerlab.core.base.paths import ROOT
 
 
 def test_committed_results_are_up_to_date_with_the_committed_benchmark_files():
@@ -165,7 +165,7 @@ def test_speed_results_of_each_machine_kind_stand_side_by_side(tmp_path):
 
 
 def test_machine_kind_names_amx_before_the_vector_unit():
-    from routerlab.core.precision import machine_kind
+    from routerlab.core.base.precision import machine_kind
 
     assert machine_kind("AVX512", ["avx2", "avx512f", "amx_bf16", "amx_int8"]) == "amx"
     assert machine_kind("AVX512", ["avx2", "avx512f", "avx512_bf16"]) == "avx512"

@@ -1,4 +1,4 @@
-"""The room (core/room.py, core/batch.py): many generations in one batched step, each row routed as if alone.
+"""The room (core/serve/room.py, core/ops/batch.py): many generations in one batched step, each row routed as if alone.
 
 Every test runs the same requests alone (`Engine.generate_ids` without a room) and as rows of one room, stepped
 from the test's own thread (`Room.step`): nothing depends on how fast a thread runs. Rows are mixed on purpose:
@@ -13,11 +13,11 @@ import threading
 import pytest
 import torch
 
-from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Control, Engine
-from routerlab.core.models import TINY_FAMILIES, tiny_model
-from routerlab.core.room import Room
-from routerlab.core.weights import LowBitPlan
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.serve.room import Room
+from routerlab.core.kernels.weights import LowBitPlan
 from random_routers import random_routers
 
 SCORE_TOL = 1e-4  # a row's scores in the batch against alone (float32; products of n rows may round differently)
@@ -156,7 +156,7 @@ def test_quality_passes_due_together_are_packed_and_score_as_alone(family):
 def test_a_crowds_quality_passes_spread_over_steps_one_pack_a_step(monkeypatch):
     """Four rows fall due together, two fit a pack: two score at that step, the other two at the next (they decode
     meanwhile and score nothing alone), and every KL is still what the meter finds alone."""
-    from routerlab.core import room as room_module
+    from routerlab.core.serve import room as room_module
 
     monkeypatch.setattr(room_module, "PACK_LOGITS", 6)  # two chunks of 3
     model = tiny_model("llama")
@@ -396,8 +396,8 @@ def examples_alone_and_in_a_room(engine, new_tokens: int) -> tuple[list, list, i
 
 def _alone_logits(engine, ids, routers, config) -> list[torch.Tensor]:
     """The distributions a generation alone samples its tokens from, in order (as Engine._steps decodes it)."""
-    from routerlab.core.generation import Generation
-    from routerlab.core.trace import Trace
+    from routerlab.core.decode.generation import Generation
+    from routerlab.core.records.trace import Trace
 
     control = Control(config.threshold)
     gen = Generation(engine, ids, routers, config, control, Trace(engine.n_layers, meta=engine.trace_meta(routers, config)))
@@ -416,7 +416,7 @@ def _alone_logits(engine, ids, routers, config) -> list[torch.Tensor]:
 def test_a_long_prompt_is_read_a_chunk_a_step_while_the_others_decode(monkeypatch):
     """A prompt longer than one prefill chunk joins a running room: its chunks are read one per step, the running row
     gets a token at each of those steps, and both write what they write alone. A Stop while it reads ends it there."""
-    from routerlab.core import generation
+    from routerlab.core.decode import generation
 
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 8)
     model = tiny_model("llama")
@@ -461,7 +461,7 @@ def test_a_rows_quality_pass_due_alone_in_a_shared_room_is_scored_then_and_a_lon
     """In a shared room a row's meter leaves its passes to the room: one that falls due while no other row's does is
     scored at that step all the same (not only when its row ends), and a long prompt's full-depth reading comes a part
     a step (quality.READ_AHEAD) while the other row gains a token at each. The KLs are what the meter finds alone."""
-    from routerlab.core import quality
+    from routerlab.core.records import quality
 
     monkeypatch.setattr(quality, "READ_AHEAD", 4)
     model = tiny_model("llama")
@@ -509,7 +509,7 @@ def test_solo_runs_take_turns_going_first():
             order.append(name)
             yield name
 
-    from routerlab.core.room import _Entry
+    from routerlab.core.serve.room import _Entry
 
     for name in "abc":
         room._solos.append(_Entry(args=(None, None, None, None, None), solo=run(name)))
@@ -521,7 +521,7 @@ def test_solo_runs_take_turns_going_first():
 def test_an_empty_room_reads_a_long_prompt_in_a_generation_alones_chunks(monkeypatch):
     """With nobody else in the loop no step waits for a chunk: an empty room reads a long prompt as a generation alone
     does (generation.prefill_chunk: longer where bf16 is native); with others there, PREFILL_CHUNK tokens a step."""
-    from routerlab.core import generation
+    from routerlab.core.decode import generation
 
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 8)
     monkeypatch.setattr(generation, "prefill_chunk", lambda engine: 32)
@@ -554,7 +554,7 @@ def test_an_empty_room_reads_a_long_prompt_in_a_generation_alones_chunks(monkeyp
 def test_a_sink_receives_every_step_then_the_end_from_the_loop_itself():
     """Room.submit with a sink (the engine process's way): the loop puts the Steps there, as a reader would read them,
     then END."""
-    from routerlab.core.room import END
+    from routerlab.core.serve.room import END
 
     model = tiny_model("llama")
     engine = Engine(model)

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from routerlab.core.config import RoutingConfig
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import TINY_FAMILIES, tiny_model
-from routerlab.core.routed import RoutedAttention, RoutedBlock, RoutedMLP, attach_routers, detach_routers
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.model.routed import RoutedAttention, RoutedBlock, RoutedMLP, attach_routers, detach_routers
+from routerlab.core.routing.router import RouterSet
 
 
 @pytest.mark.parametrize("granularity, wrapper", [("attention-token", RoutedAttention), ("mlp-token", RoutedMLP), ("block-token", RoutedBlock)])

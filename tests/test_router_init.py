@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from routerlab.core.config import RoutingConfig
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import tiny_model
-from routerlab.core.routed import Anatomy
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import tiny_model
+from routerlab.core.model.routed import Anatomy
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.data import Example
 from routerlab.tuning.router_init import probe_init
 from routerlab.tuning.standin_fit import record_updates

@@ -32,7 +32,7 @@ def test_launch_options_cap_uploads_from_the_environment(monkeypatch):
 
 @pytest.fixture(scope="module")
 def app(embedded):
-    from routerlab.core.engine import Engine
+    from routerlab.core.decode.engine import Engine
 
     engine = Engine(embedded.model, embedded.tokenizer, name=embedded.name)
     limits = ui.Limits(max_new_tokens=64, max_upload_mb=1)

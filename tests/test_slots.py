@@ -1,4 +1,4 @@
-"""The batch's slots (core/slots.py) under the batched step (core/batch.py): each row's attention over its own keys
+"""The batch's slots (core/model/slots.py) under the batched step (core/ops/batch.py): each row's attention over its own keys
 only, as alone, while rows' lengths differ per layer (drop's holes), rows leave from the middle, join late, and the
 buffers grow and shrink mid-run.
 
@@ -13,14 +13,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from routerlab.core import slots as slots_mod
-from routerlab.core.batch import step_rows
-from routerlab.core.cache import LayerCache, release
-from routerlab.core.config import RoutingConfig
-from routerlab.core.engine import Engine, forward
-from routerlab.core.gates import Plan
-from routerlab.core.models import tiny_model
-from routerlab.core.router import RouterSet
+from routerlab.core.model import slots as slots_mod
+from routerlab.core.ops.batch import step_rows
+from routerlab.core.model.cache import LayerCache, release
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.decode.engine import Engine
+from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
+from routerlab.core.model.models import tiny_model
+from routerlab.core.routing.router import RouterSet
 
 TOL = 1e-4  # fp32: n rows' products may round differently from one row's
 
@@ -205,7 +206,7 @@ def test_the_last_row_left_in_the_slots_goes_on_alone_in_its_slot(engine, monkey
 
 
 def test_fit_gives_every_layer_one_capacity_and_keeps_the_rows_data(engine):
-    """The step graph binds every layer's buffers with one capacity (core/graph_rows.py): `fit` evens the layers out
+    """The step graph binds every layer's buffers with one capacity (core/graph/graph_rows.py): `fit` evens the layers out
     and grows them all, each row's keys, values and positions kept."""
     rows = []
     for n in (3, 7):

@@ -10,13 +10,14 @@ import torch
 from test_engine import run  # prefill, then decode one token at a time: logits for every position
 from torch import nn
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.costs import ideal_speedup, saved_per_cell
-from routerlab.core.engine import Engine, Plan
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import tiny_model
-from routerlab.core.router import RouterSet
-from routerlab.core.trace import savings
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.costs import ideal_speedup, saved_per_cell
+from routerlab.core.decode.engine import Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import tiny_model
+from routerlab.core.routing.router import RouterSet
+from routerlab.core.records.trace import savings
 from routerlab.tuning.checkpoint import load_routers, save_routers
 from routerlab.tuning.data import Example
 from routerlab.tuning.forward import student_forward
@@ -220,7 +221,7 @@ def test_stand_ins_enter_the_cost_model_and_the_trace():
 
 
 def _trace(engine, model, rank, config):
-    from routerlab.core.engine import Control
+    from routerlab.core.decode.engine import Control
 
     control = Control(config.threshold)
     list(engine.generate_ids([1, 2, 3], routed_set(model, "mlp-token", rank=rank), config, control))

@@ -1,11 +1,13 @@
-"""core/step_graph.py: the whole decode step as one onnxruntime graph computes the engine's step on the file's codes
+"""core/graph/step_graph.py: the whole decode step as one onnxruntime graph computes the engine's step on the file's codes
 (within the rounding of fp32 activations and 8-bit products against bf16 ones), takes over the engine's prefill cache,
 and says why where it cannot run."""
 
 import pytest
 import torch
 
-from routerlab.core.engine import Engine, Plan, forward
+from routerlab.core.decode.engine import Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.ops.forward import forward
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -17,7 +19,7 @@ def engine(embedded):
 
 
 def test_the_graph_decodes_the_engines_logits_and_tokens_after_its_prefill(engine, embedded):
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.graph.step_graph import StepGraph
 
     tok = embedded.tokenizer
     ids = tok("Explain in three sentences why the sky is blue.", add_special_tokens=False)["input_ids"]
@@ -54,7 +56,7 @@ def test_the_graph_decodes_the_engines_logits_and_tokens_after_its_prefill(engin
 
 
 def test_a_wrong_cache_or_a_full_graph_is_refused_with_a_reason(engine, embedded):
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.graph.step_graph import StepGraph
 
     graph = StepGraph(engine.anatomy, 16)
     caches = engine.new_caches(16)
@@ -73,7 +75,7 @@ def test_a_requests_numbers_do_not_depend_on_the_capacity_it_was_given(engine, e
     """The same tokens through buffers of 16 and 64 entries (10 prompt tokens and 5 or 40 new ones): the same logits
     to the bit. (Unaligned capacities, 15 and 50, moved attention's last bits, which 8-bit products then amplify: a
     router's score differed by up to 0.008 between a request alone and in a room.)"""
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.graph.step_graph import StepGraph
 
     graph = StepGraph(engine.anatomy, 64)
     caches = engine.new_caches(16)
@@ -90,7 +92,7 @@ def test_a_requests_numbers_do_not_depend_on_the_capacity_it_was_given(engine, e
 def test_the_queries_scaling_as_a_node_gives_what_it_gives_folded_into_their_codes(engine, monkeypatch):
     """head_dim 64 scales queries by 1/8, folded into their codes' scales; a head_dim whose scaling is not a power of
     two gets one Mul a layer instead: the same logits here (both exact at 1/8)."""
-    from routerlab.core import step_graph
+    from routerlab.core.graph import step_graph
 
     caches = engine.new_caches(16)
     with torch.inference_mode():
@@ -105,8 +107,8 @@ def test_the_queries_scaling_as_a_node_gives_what_it_gives_folded_into_their_cod
 
 
 def test_models_without_file_codes_or_of_another_family_say_why():
-    from routerlab.core.models import tiny_model
-    from routerlab.core.step_graph import StepGraph, why_not
+    from routerlab.core.model.models import tiny_model
+    from routerlab.core.graph.step_graph import StepGraph, why_not
 
     plain = Engine(tiny_model("llama"))  # random weights, no GGUF file: no codes to multiply
     assert "no file codes" in why_not(plain.anatomy)
@@ -147,7 +149,7 @@ def _engine_logits(engine, ids, fed, plan, caches: bool = False):
 
 
 def test_routers_in_the_graph_decide_as_the_engine_and_never_skipping_is_the_full_graph(engine, embedded, routers):
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.graph.step_graph import StepGraph
 
     tok = embedded.tokenizer
     ids = tok("Write a short poem about a lighthouse keeper.", add_special_tokens=False)["input_ids"]
@@ -180,7 +182,7 @@ def test_routers_in_the_graph_decide_as_the_engine_and_never_skipping_is_the_ful
 def test_mask_computes_every_rows_attention_and_gives_kvs_numbers(engine, embedded, routers):
     """`mask` (the reference: compute, then zero a skipped token's update) routes inside the graph too, with no `If`:
     the same logits and scores as `kv`, to the bit, where about a third of the routed cells skip."""
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.graph.step_graph import StepGraph
 
     tok = embedded.tokenizer
     ids = tok("Write a short poem about a lighthouse keeper.", add_special_tokens=False)["input_ids"]
@@ -198,7 +200,7 @@ def test_drop_writes_only_the_keys_of_tokens_that_ran_and_decides_as_the_engine(
     (nobody reads a skipped token's key there either); at 0.7 (about a third of the routed cells skip) the engine's
     decisions and logits (up to fp32 against bf16) while they agree; and, given back, each routed layer holds the
     positions of the tokens that ran it, as the engine's own `drop` decode leaves them."""
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.graph.step_graph import StepGraph
 
     tok = embedded.tokenizer
     ids = tok("Write a short poem about a lighthouse keeper.", add_special_tokens=False)["input_ids"]
@@ -250,7 +252,7 @@ def test_drop_writes_only_the_keys_of_tokens_that_ran_and_decides_as_the_engine(
 def _nodes(engine, routers, policy):
     import onnx
 
-    from routerlab.core.step_graph import build
+    from routerlab.core.graph.step_graph import build
 
     return onnx.load_from_string(build(engine.anatomy, 16, routers, policy)).graph.node
 
@@ -261,9 +263,9 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 
 def test_routing_it_cannot_do_is_refused_with_a_reason(engine, embedded):
-    from routerlab.core.config import RoutingConfig
-    from routerlab.core.router import RouterSet
-    from routerlab.core.step_graph import StepGraph, routing_why_not
+    from routerlab.core.base.config import RoutingConfig
+    from routerlab.core.routing.router import RouterSet
+    from routerlab.core.graph.step_graph import StepGraph, routing_why_not
 
     mlp = RouterSet.zeros(embedded.model, RoutingConfig.from_granularity("mlp-token", (2, 3)))
     assert "mlp-token routers" in routing_why_not(mlp)
@@ -280,8 +282,8 @@ def test_an_engine_set_to_decode_through_the_graph_streams_steps_as_torchs_path_
     routers' scores and decisions, a live threshold takes effect between tokens, and the request's caches hold every
     row it wrote at the end; under `drop` its routed layers hold the tokens that ran them; what the graph cannot take
     (a token's MLP routed) decodes through torch's ops, said why."""
-    from routerlab.core.config import GenerateConfig
-    from routerlab.core.engine import Control
+    from routerlab.core.base.config import GenerateConfig
+    from routerlab.core.decode.engine import Control
 
     engine = Engine.from_loaded(embedded, choose_kernels=False)
     engine.decode = "graph"
@@ -309,8 +311,8 @@ def test_an_engine_set_to_decode_through_the_graph_streams_steps_as_torchs_path_
     assert meta["decode"].startswith("the step graph") and meta["kv_bytes_held"] < meta["kv_bytes_full"]
     ran = sum(s.executed[i] for s in seen[:-1] for i in routed)
     assert 0 < ran < len(seen[:-1]) * len(routed)  # some routed cells skipped: they hold no key
-    from routerlab.core.config import RoutingConfig
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig
+    from routerlab.core.routing.router import RouterSet
 
     mlp = RouterSet.zeros(embedded.model, RoutingConfig.from_granularity("mlp-token", (2, 3)))
     control = Control(0.5)
@@ -324,7 +326,7 @@ def test_bench_step_graph_reports_the_graph_the_engine_and_the_routers_side_by_s
 
     from routerlab.bench import step_graph as bench
 
-    monkeypatch.setattr("routerlab.core.models.load_model", lambda *a, **k: embedded)
+    monkeypatch.setattr("routerlab.core.model.models.load_model", lambda *a, **k: embedded)
     out = tmp_path / "step-graph.json"
     assert bench.main(["--contexts", "24", "--new-tokens", "4", "--rounds", "1", "--no-peers", "--save", str(out)]) == 0
     r = json.loads(out.read_text())

@@ -1,9 +1,9 @@
-"""The room's thread count (core/threads.py): chosen from the loop's own step times per batch size, tried again now
+"""The room's thread count (core/serve/threads.py): chosen from the loop's own step times per batch size, tried again now
 and then, and changed when the load changes. Driven with made-up step times: nothing here depends on the machine."""
 
 from __future__ import annotations
 
-from routerlab.core.threads import ThreadTuner
+from routerlab.core.serve.threads import ThreadTuner
 
 
 def _tuner(**kw):

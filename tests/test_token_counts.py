@@ -15,11 +15,13 @@ import functools
 import pytest
 import torch
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.engine import Control, Engine, Plan, forward
-from routerlab.core.models import TINY_FAMILIES, tiny_model
-from routerlab.core.router import RouterSet
-from routerlab.core.weights import FEW_ROWS, Codes, Weight, quantize_int4, quantize_int8
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.ops.forward import forward
+from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.routing.router import RouterSet
+from routerlab.core.kernels.weights import FEW_ROWS, Codes, Weight, quantize_int4, quantize_int8
 from routerlab.tuning.data import Example
 from routerlab.tuning.evaluate import evaluate_examples
 
@@ -79,7 +81,7 @@ def _engine(family: str, fmt: str) -> Engine:
     model = tiny_model(family)
     for w in _weights(Engine(model)):
         w.dense.copy_(quantize_int4(w.dense).dequantize() if fmt == "int4" else _int8_weight(w.dense))
-    from routerlab.core.weights import LowBitPlan
+    from routerlab.core.kernels.weights import LowBitPlan
 
     return Engine(model, lowbit=LowBitPlan(fmt))
 

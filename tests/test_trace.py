@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from routerlab.core.errors import RouterLabError
-from routerlab.core.trace import Step, Trace, savings
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.records.trace import Step, Trace, savings
 
 
 def make_trace():

@@ -5,10 +5,10 @@ import math
 
 import torch
 
-from routerlab.core.config import RoutingConfig
+from routerlab.core.base.config import RoutingConfig
 from routerlab.tuning.data import Example
-from routerlab.core.models import LoadedModel, tiny_model
-from routerlab.core.router import RouterSet
+from routerlab.core.model.models import LoadedModel, tiny_model
+from routerlab.core.routing.router import RouterSet
 from routerlab.bench.tradeoff import COLUMNS, granularity_table, run_tradeoff, write_outputs
 
 
@@ -57,8 +57,8 @@ def test_long_examples_prepend_other_examples_whole():
 
 def test_lockstep_timing_runs_every_configuration_to_the_end():
     """Configurations decoded in lockstep produce the same generations as solo runs."""
-    from routerlab.core.config import GenerateConfig
-    from routerlab.core.engine import Engine
+    from routerlab.core.base.config import GenerateConfig
+    from routerlab.core.decode.engine import Engine
     from routerlab.bench.speed import measure_speed
 
     model = tiny_model("llama")

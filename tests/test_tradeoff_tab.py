@@ -101,7 +101,7 @@ def test_clicking_a_row_of_the_shown_table_sets_its_threshold():
 
 
 def test_raw_sweep_thresholds_are_shown_on_the_calibrated_slider_scale(tmp_path):
-    from routerlab.core.router import Calibration
+    from routerlab.core.routing.router import Calibration
 
     shipped = {r.granularity: r.meta.get("calibration") for r in ui.available_router_sets() if r.path is not None}
     block = shipped.get("attention-token") or {"scale": 6.5, "shift": 0.4, "raw_default": 0.4857}

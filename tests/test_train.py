@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 
 from routerlab.tuning.checkpoint import load_routers, save_routers
 from routerlab.tuning.data import Example
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import tiny_model
-from routerlab.core.routed import Anatomy
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import tiny_model
+from routerlab.core.model.routed import Anatomy
 from routerlab.tuning.train import TrainConfig, example_losses, parse_layers, router_parameters_only, train_routers
 
 
@@ -108,7 +108,7 @@ _JOB = """
 import json, sys, torch
 from accelerate import Accelerator
 from routerlab.tuning.data import Example
-from routerlab.core.models import tiny_model
+from routerlab.core.model.models import tiny_model
 from routerlab.tuning.train import TrainConfig, train_routers
 
 folder = sys.argv[1]

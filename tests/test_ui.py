@@ -21,9 +21,9 @@ from holding import Holding
 
 from routerlab import ui
 from routerlab.ui import heatmap_export
-from routerlab.core.config import RoutingConfig
-from routerlab.core.errors import RouterLabError
-from routerlab.core.trace import Trace
+from routerlab.core.base.config import RoutingConfig
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.records.trace import Trace
 
 RANDOM = "attention-token (random, test)"
 
@@ -42,7 +42,7 @@ def char_tokenizer():
 
 def random_routers(model, seed=0):
     """Routers with small random weights: scores spread around 0.5, about half the tokens skip."""
-    from routerlab.core.router import RouterSet
+    from routerlab.core.routing.router import RouterSet
 
     rs = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", [1, 2]))
     g = torch.Generator().manual_seed(seed)
@@ -53,8 +53,8 @@ def random_routers(model, seed=0):
 
 def tiny_resources():
     """The app's Resources around a held tiny llama (tests/holding.py), with a random router set under RANDOM."""
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
 
     model = tiny_model("llama")
     engine = Holding(Engine(model, char_tokenizer(), name="tiny-llama"))
@@ -449,7 +449,7 @@ def test_build_demo_wires_named_endpoints(res):
 
 
 def test_long_documents_fill_the_prompt_and_fit_the_default_limits():
-    from routerlab.core.documents import load_documents
+    from routerlab.core.base.documents import load_documents
     from routerlab.ui.layout import document_chosen
 
     docs = load_documents()
@@ -478,12 +478,12 @@ def test_long_documents_fill_the_prompt_and_fit_the_default_limits():
 
 
 def test_a_long_prompt_shows_how_far_its_reading_is_and_stop_ends_it(res, monkeypatch):
-    """The prompt is read in chunks (core/generation.py); the run is held after its first chunk (a Control that waits
+    """The prompt is read in chunks (core/decode/generation.py); the run is held after its first chunk (a Control that waits
     when it records it), so the frame that shows the progress is awaited, not raced."""
     import threading
 
-    from routerlab.core import engine as core_engine
-    from routerlab.core import generation
+    from routerlab.core.decode import engine as core_engine
+    from routerlab.core.decode import generation
 
     monkeypatch.setattr(generation, "PREFILL_CHUNK", 16)
     reached, go = threading.Event(), threading.Event()
@@ -552,7 +552,7 @@ def test_a_link_opens_both_prompts_and_names_a_document_in_its_menu(res):
 
     from urllib.parse import parse_qsl
 
-    from routerlab.core.documents import load_documents
+    from routerlab.core.base.documents import load_documents
 
     res = ui.Resources(res.engine, ui.Limits(), router_sets=res.router_sets, prompts=["Hi"], documents=load_documents())
     doc, routers = res.documents[0], res.router_labels()[0]

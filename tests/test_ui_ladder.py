@@ -13,8 +13,8 @@ import pytest
 from test_ui import RANDOM, tiny_resources, run_all
 
 from routerlab import ui
-from routerlab.core.errors import RouterLabError
-from routerlab.core.trace import Step, Trace
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.records.trace import Step, Trace
 from routerlab.ui.compare import lockstep_speeds, shared_tokens, step_seconds
 
 LADDER = [0.3, 0.5, 0.7]
@@ -187,7 +187,7 @@ def test_ladder_thresholds_read_every_form_and_refuse_bad_ones(res):
 def roomed():
     """The app's Resources with a room serving the engine (as app.py runs it): its reader asks every run to stop
     when the run ends by itself, which a ladder must not report as a Stop."""
-    from routerlab.core.room import Room
+    from routerlab.core.serve.room import Room
 
     resources = tiny_resources()
     engine = resources.engine._engine  # the Holding's engine: generate_ids hands requests to its room

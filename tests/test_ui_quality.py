@@ -15,7 +15,7 @@ import pytest
 from test_ui import RANDOM, tiny_resources, figure, heatmap_kind, live_figure, pull_until, run_all
 
 from routerlab import ui
-from routerlab.core.trace import Step, Trace
+from routerlab.core.records.trace import Step, Trace
 from routerlab.ui import plots
 from routerlab.ui import quality_plots as qp
 

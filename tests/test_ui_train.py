@@ -17,8 +17,8 @@ import pytest
 from test_ui import tiny_resources as _tiny_resources
 
 from routerlab import ui
-from routerlab.core.errors import RouterLabError
-from routerlab.core.config import GenerateConfig
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.config import GenerateConfig
 from routerlab.ui.train_tab import BUILT_IN, OWN, train_start, train_stop, train_tick, upload_set
 
 TEXT = "\n\n".join(f"Paragraph {k}: the quick brown fox jumps over the lazy dog, again and again, {k} times." for k in range(12))
@@ -203,8 +203,8 @@ def test_closing_the_tab_stops_the_training():
 
 def _a_set_zip(res, tmp_path):
     """A router set for the tiny model, zipped as the app's Download makes it."""
-    from routerlab.core.config import RoutingConfig
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig
+    from routerlab.core.routing.router import RouterSet
     from routerlab.tuning.bundle import zip_folder
     from routerlab.tuning.checkpoint import save_routers
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.tuning.user_data import MIN_EXAMPLES, parse_user_data
 
 PARAGRAPH = "The lighthouse keeper climbed the stairs at dusk, counting each step as his father had taught him. {}"
@@ -84,7 +84,7 @@ def test_a_lone_surrogate_in_pasted_text_is_a_text_problem_that_says_where():
 def test_an_upload_deleted_to_make_room_is_said_so(tmp_path):
     import pytest
 
-    from routerlab.core.errors import RouterLabError
+    from routerlab.core.base.errors import RouterLabError
     from routerlab.tuning.user_data import read_text
 
     with pytest.raises(RouterLabError, match="no longer on the server.*Upload it again"):

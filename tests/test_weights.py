@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from routerlab.core.config import GenerateConfig, RoutingConfig
-from routerlab.core.engine import Engine, Plan, forward
-from routerlab.core.models import _unpermute_order, read_gguf_codes, tiny_model
-from routerlab.core.router import RouterSet
-from routerlab.core.weights import (FEW_ROWS, Codes, LowBitPlan, Weight, int4_packable, quantize_int4, quantize_int8,
-                                    read_q4_1, read_q8_0)
+from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode.engine import Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.ops.forward import forward
+from routerlab.core.model.models import _unpermute_order, read_gguf_codes, tiny_model
+from routerlab.core.routing.router import RouterSet
+from routerlab.core.kernels.weights import FEW_ROWS, Codes, LowBitPlan, Weight, int4_packable, quantize_int4, quantize_int8, read_q4_1, read_q8_0
 
 
 def _q4_1_row(d: list[float], m: list[float], codes: np.ndarray) -> np.ndarray:
@@ -136,7 +137,7 @@ def test_low_bit_decode_steps_match_the_dense_weights_they_stand_for():
 
 
 def test_embedded_codes_dequantise_to_transformers_weights_exactly(embedded):
-    from routerlab.core.models import embedded_gguf_path
+    from routerlab.core.model.models import embedded_gguf_path
 
     model = embedded.model
     codes = read_gguf_codes(embedded_gguf_path(), model.config)

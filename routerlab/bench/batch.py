@@ -1,4 +1,4 @@
-"""What a batched decode step costs: the room's step (core/batch.py) at 1 to 32 rows, and its products alone.
+"""What a batched decode step costs: the room's step (core/ops/batch.py) at 1 to 32 rows, and its products alone.
 
 Owns `batch_steps`: on the engine at hand, in the calling thread, each batch size's median step time (every row of the
 default router set at its threshold, a short prompt in its cache) and the same step's linear products alone, with the
@@ -14,18 +14,18 @@ import time
 import torch
 from torch.nn import functional as F
 
-from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Control
-from routerlab.core.batch import step_rows
-from routerlab.core.generation import Generation
-from routerlab.core.trace import Trace
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.decode.engine import Control
+from routerlab.core.ops.batch import step_rows
+from routerlab.core.decode.generation import Generation
+from routerlab.core.records.trace import Trace
 
 SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def _products(engine, n: int, path: str) -> float:
     """A full step's products at n rows: `low` (each map's low-bit copy), `dense` (16-bit) or `chosen` (what the step
-    takes: `Weight.batch`, with the fp32 copies core/batch_paths.py gave where they measured faster)."""
+    takes: `Weight.batch`, with the fp32 copies core/kernels/batch_paths.py gave where they measured faster)."""
     an = engine.anatomy
     maps = [an.head] + [w for p in an.layers for w in (p.attn.qkv, p.attn.o, p.gate_up, p.down) if w is not None]
     t0 = time.perf_counter()

@@ -1,12 +1,12 @@
 """`bench context`: where skipping pays, speedup against context length, with the ideal and the quality cost beside it;
 and the shipped router sets' quality on long held-out documents beside the short example prompts'.
 
-At each context (a prompt of about N tokens: the shipped long documents, core/documents.py, joined and cut to length,
+At each context (a prompt of about N tokens: the shipped long documents, core/base/documents.py, joined and cut to length,
 then a task), the full model and the default attention-token set at each threshold under each KV policy decode the
-same NEW_TOKENS tokens (greedy, end of text ignored) side by side in lockstep (core/lockstep.py: every run's k-th token
+same NEW_TOKENS tokens (greedy, end of text ignored) side by side in lockstep (core/serve/lockstep.py: every run's k-th token
 in the same round), quality off. A run's speedup is the median over rounds of the full model's step seconds over its
 own in the same round (paired, so a noisy machine slows both alike). The ideal speedup is what removing exactly the
-skipped cells' measured cost would give (core.costs: `cost_line`, measured once, at the run's mean context). Quality
+skipped cells' measured cost would give (core.decode.costs: `cost_line`, measured once, at the run's mean context). Quality
 (mean KL to the full model, top-1 agreement) is the app's quality meter with a chunk longer than the run: it only keeps
 each token's routed logits (a copy) while the run decodes, and scores them all after the last timed step (the final
 flush), so no full-depth pass enters the timing and the runs are not decoded twice.
@@ -30,13 +30,13 @@ from types import SimpleNamespace
 
 import torch
 
-from routerlab.core.config import GenerateConfig
-from routerlab.core.costs import cost_line, ideal_speedup
-from routerlab.core.documents import cut_to_tokens, load_documents
-from routerlab.core.engine import Control, Engine
-from routerlab.core.lockstep import lockstep
-from routerlab.core.models import load_model
-from routerlab.core.paths import ASSETS
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.decode.costs import cost_line, ideal_speedup
+from routerlab.core.base.documents import cut_to_tokens, load_documents
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.serve.lockstep import lockstep
+from routerlab.core.model.models import load_model
+from routerlab.core.base.paths import ASSETS
 
 CONTEXTS = (128, 512, 1024, 2048, 4096)
 QUICK_CONTEXTS = (128, 512)

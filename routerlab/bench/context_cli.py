@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 
 
 def add_context_parser(bench) -> None:

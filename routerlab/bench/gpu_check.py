@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.base.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.bench.syncs import decode_syncs
-from routerlab.core.device import SyncCounter, choose_device, is_cuda, now, peak_memory_bytes
-from routerlab.core.engine import Control, Engine
-from routerlab.core.models import tiny_model
-from routerlab.core.precision import dtype_name, resolve_dtype
-from routerlab.core.room import Room
-from routerlab.core.router import RouterSet
+from routerlab.core.base.device import SyncCounter, choose_device, is_cuda, now, peak_memory_bytes
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.model.models import tiny_model
+from routerlab.core.base.precision import dtype_name, resolve_dtype
+from routerlab.core.serve.room import Room
+from routerlab.core.routing.router import RouterSet
 
 # The embedded model's shape (SmolLM2-135M: 30 layers, hidden 576, 9 query / 3 KV heads), random weights: a step
 # costs what the real model's does, with nothing to download.
@@ -119,7 +119,8 @@ NEAR_TIE = 0.5
 def first_departure(engine: Engine, ids: list[int], routers: RouterSet, kv_ids: list[int], mask_ids: list[int]) -> dict | None:
     """Where kv's tokens first differ from mask's (None: nowhere): the index, and the gap between the two tokens in mask's
     logits there (one forward over the prompt and the tokens both decoded before it, under mask)."""
-    from routerlab.core.engine import Plan, forward
+    from routerlab.core.routing.gates import Plan
+    from routerlab.core.ops.forward import forward
 
     k = next((j for j, (a, b) in enumerate(zip(kv_ids, mask_ids)) if a != b), None)
     if k is None:
@@ -136,7 +137,7 @@ def first_departure(engine: Engine, ids: list[int], routers: RouterSet, kv_ids: 
 # -- speed ---------------------------------------------------------------------------------------
 def check_speed(engine: Engine, ids: list[int], routers: RouterSet, new_tokens: int, rounds: int) -> dict:
     from routerlab.bench.speed import measure_speed
-    from routerlab.core.costs import cost_breakdown, ideal_speedup
+    from routerlab.core.decode.costs import cost_breakdown, ideal_speedup
 
     n = engine.n_layers
     never = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("attention-token", default_layers(n)))

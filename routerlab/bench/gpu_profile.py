@@ -6,7 +6,7 @@ import statistics
 import torch
 
 from routerlab.bench import gpu_check as g
-from routerlab.core.engine import Control
+from routerlab.core.decode.engine import Control
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from routerlab.core.batch_paths import kinds
-from routerlab.core.precision import cpu_vector_unit
-from routerlab.core.weights import Int4, Int8, quantize_int8
+from routerlab.core.kernels.batch_paths import kinds
+from routerlab.core.base.precision import cpu_vector_unit
+from routerlab.core.kernels.weights import Int4, Int8, quantize_int8
 
 KINDS = ("qkv", "o", "gate_up", "down", "head")
 ROWS = (1, 8, 32)
@@ -141,8 +141,8 @@ def measure(engine, rows=ROWS, rounds: int = 5, log=print) -> dict:
 
 def kernels_benchmark(threads: int | None = None, rounds: int = 5, log=print) -> dict:
     from routerlab.bench.speed import cpu_model
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import load_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import load_model
 
     if threads:
         torch.set_num_threads(threads)

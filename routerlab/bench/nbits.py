@@ -3,7 +3,7 @@ int4 kernel: each map kind alone, then inside whole decode steps.
 
 llama.cpp multiplies Q4_1 weights with activations quantised to 8 bits per block of 32 (integer dot products);
 onnxruntime's `MatMulNBits` (accuracy level 4) does the same, and its wheel needs no compiler. Here it computes the
-file's codes and scales (core/nbits.py `product_nodes`): Q4_1 (w = q * d + m) as (q - z) * d at the zero point z
+file's codes and scales (core/kernels/nbits.py `product_nodes`): Q4_1 (w = q * d + m) as (q - z) * d at the zero point z
 nearest -m / d, plus the rest m + z d (8 bits) times each block's input sum; Q8_0 (w = d * q) exactly, as 8-bit codes
 with zero point 128.
 
@@ -20,7 +20,7 @@ under each way to share them, each in a process of its own (onnxruntime's global
 2-4x faster than the int4 kernel alone.
 
 Each mode decodes the same prompt greedily with the int4 kernel and with onnxruntime in alternating rounds and prints
-the ratio. The products are core/nbits.py's, which the engine takes where core/low_paths.py measures them faster
+the ratio. The products are core/kernels/nbits.py's, which the engine takes where core/kernels/low_paths.py measures them faster
 (requirements.txt installs onnxruntime and onnx; `make bench-nbits` too, where they are missing). Knows nothing about
 the UI.
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from routerlab.core.nbits import NBits
+from routerlab.core.kernels.nbits import NBits
 
 MODES = ("own-pools", "shared-pool", "ort-cores")
 
@@ -47,7 +47,7 @@ MODES = ("own-pools", "shared-pool", "ort-cores")
 # -- the file's codes, map by map ---------------------------------------------------------------------------------
 def map_codes(an, codes: dict) -> list[tuple[str, object, object]]:
     """(kind, Weight, its Codes) for every map a decode step multiplies, stacked as routed.Anatomy stacks them."""
-    from routerlab.core.weights import Codes
+    from routerlab.core.kernels.weights import Codes
 
     out = []
     for i, p in enumerate(an.layers):
@@ -109,7 +109,8 @@ def alone(maps: list, lows: list, hidden: torch.Tensor) -> dict:
 @torch.inference_mode()
 def decode_rate(engine, ids: list[int], new_tokens: int) -> tuple[float, list[int]]:
     """Greedy decode tokens/s after a prefill of `ids` (the engine's one-token forward), and the tokens."""
-    from routerlab.core.engine import Plan, forward
+    from routerlab.core.routing.gates import Plan
+    from routerlab.core.ops.forward import forward
 
     an = engine.anatomy
     caches = engine.new_caches(len(ids) + new_tokens + 8)
@@ -134,8 +135,8 @@ def one_mode(mode: str, threads: int, rounds: int, prompt_tokens: int, new_token
 
     from routerlab.bench.kernels import _hidden
     from routerlab.bench.speed import bench_prompt
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import embedded_codes, load_model
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import embedded_codes, load_model
 
     if mode != "own-pools":
         from onnxruntime.capi.onnxruntime_pybind11_state import set_global_thread_pool_sizes
@@ -191,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench nbits needs onnxruntime and onnx ({err}): `make bench-nbits` installs them into .venv")
         return 2
     from routerlab.bench.speed import cpu_model
-    from routerlab.core.precision import cpu_vector_unit
+    from routerlab.core.base.precision import cpu_vector_unit
 
-    from routerlab.core.precision import cpu_matrix_flags, machine_kind
+    from routerlab.core.base.precision import cpu_matrix_flags, machine_kind
 
     results = {"cpu": cpu_vector_unit(), "cpu_model": cpu_model(), "machine_kind": machine_kind(), "cpu_flags": cpu_matrix_flags(),
                "maps": list(kinds), "modes": {}}

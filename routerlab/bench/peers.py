@@ -215,7 +215,7 @@ def check(new_tokens: int = 4) -> tuple[bool, str]:
     """Whether llama.cpp decodes the embedded model's GGUF here (in its child process), and what happened."""
     if not llama_cpp_available():
         return False, "llama-cpp-python is not installed (`make bench-peers` builds it)"
-    from routerlab.core.models import embedded_gguf_path
+    from routerlab.core.model.models import embedded_gguf_path
 
     try:
         peer = InChild(LlamaCpp, embedded_gguf_path(fetch=False), 64, 1)

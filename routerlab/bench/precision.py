@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from routerlab.core import low_paths
-from routerlab.core.engine import Plan
-from routerlab.core.models import load_model
-from routerlab.core.precision import describe, dtype_name
-from routerlab.core.routed import Anatomy
+from routerlab.core.kernels import low_paths
+from routerlab.core.routing.gates import Plan
+from routerlab.core.model.models import load_model
+from routerlab.core.base.precision import describe, dtype_name
+from routerlab.core.model.routed import Anatomy
 from routerlab.tuning.checkpoint import resolve_routers
 from routerlab.tuning.data import encode_all, load_records
 from routerlab.tuning.evaluate import evaluate_examples, full_depth
@@ -125,12 +125,12 @@ def default_path(model, lowbit, reference, examples, routers_path, granularity: 
 
 
 def step_graph_path(anatomy, examples, reference, log) -> dict:
-    """The full model decoding through the step graph (core/step_graph.py: the whole step as one onnxruntime graph,
+    """The full model decoding through the step graph (core/graph/step_graph.py: the whole step as one onnxruntime graph,
     fp32 activations, 8-bit products) after the default path's own prefill, teacher-forced, against the float32 model;
     {"skipped": reason} where it cannot run."""
-    from routerlab.core import step_graph
-    from routerlab.core.cache import LayerCache
-    from routerlab.core.engine import forward
+    from routerlab.core.graph import step_graph
+    from routerlab.core.model.cache import LayerCache
+    from routerlab.core.ops.forward import forward
 
     reason = step_graph.why_not(anatomy)
     if reason is not None:

@@ -28,12 +28,12 @@ import time
 
 import torch
 
-from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Control, Engine
-from routerlab.core.lockstep import in_turn
-from routerlab.core.models import load_model
-from routerlab.core.precision import describe
-from routerlab.core.quality import CHUNK, REFRESH_SECONDS
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.serve.lockstep import in_turn
+from routerlab.core.model.models import load_model
+from routerlab.core.base.precision import describe
+from routerlab.core.records.quality import CHUNK, REFRESH_SECONDS
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

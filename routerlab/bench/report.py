@@ -14,7 +14,7 @@ from pathlib import Path
 
 from routerlab.bench.report_cells import READ_ERRORS, _cell, _num, _pct, _read
 from routerlab.bench.report_kinds import speed_kinds_markdown
-from routerlab.core.paths import ASSETS, ROOT
+from routerlab.core.base.paths import ASSETS, ROOT
 
 BENCH = ASSETS / "bench"  # the committed benchmark files
 RESULTS = ROOT / "docs" / "results.md"  # the document rendered from them

@@ -32,8 +32,8 @@ def speed_kinds_markdown(folder: Path) -> list[str]:
             "512 and at 2,048 tokens of context, time to first token of a 2,048-token prompt (engine / transformers "
             "`generate`), never-skip routing against the full model, and the kernel floor (products, attention and head "
             "alone) against llama.cpp's whole step, and the maps whose one-row products went through onnxruntime "
-            "(core/low_paths.py measures that at start-up; \"-\": a result from before it did), and the decode path measured "
-            "faster at start-up (core/decode_paths.py: torch's ops, or one onnxruntime graph a step).", "",
+            "(core/kernels/low_paths.py measures that at start-up; \"-\": a result from before it did), and the decode path measured "
+            "faster at start-up (core/decode/decode_paths.py: torch's ops, or one onnxruntime graph a step).", "",
             "| file | machine | engine tok/s | llama.cpp tok/s | engine vs llama.cpp | at 2,048 | first token, 2,048 | never-skip | kernel floor vs llama.cpp | through onnxruntime | decode path |",
             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 

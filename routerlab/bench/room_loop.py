@@ -19,10 +19,11 @@ import platform
 import statistics
 import time
 
-from routerlab.core import batch_paths, low_paths
-from routerlab.core.config import GenerateConfig
-from routerlab.core.engine import Control, Engine, Plan
-from routerlab.core.room import Room
+from routerlab.core.kernels import batch_paths, low_paths
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.serve.room import Room
 
 KNOBS = ("pack_quality", "pack_prefill")
 
@@ -56,7 +57,7 @@ def run(engine, routers, prompts: list[str], n: int, mode: str, new_tokens: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from routerlab.core.models import load_model
+    from routerlab.core.model.models import load_model
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.ui.resources import ROUTERS_DIR, load_prompts
 
@@ -71,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paths", action="store_true", help="instead: the app's way (shared) with the products batch_paths "
                    "chooses now against fp32 copies only (its rule before), alternating rounds")
     p.add_argument("--kernels", action="store_true", help="instead: the app's way (shared) with the one-row kernels "
-                   "core/low_paths.py chooses against torch's int4 kernel for every map, alternating rounds")
+                   "core/kernels/low_paths.py chooses against torch's int4 kernel for every map, alternating rounds")
     p.add_argument("--decode", action="store_true", help="instead: the app's way (shared) with every row the step graph "
-                   "can take decoding through it (core/graph_rows.py) against torch's ops for every row, alternating rounds")
+                   "can take decoding through it (core/graph/graph_rows.py) against torch's ops for every row, alternating rounds")
     args = p.parse_args(argv)
     engine = Engine.from_loaded(load_model(device=args.device), choose_kernels=not args.kernels)
     routers = load_routers(ROUTERS_DIR / args.router_set, engine.model)[0]

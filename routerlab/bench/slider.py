@@ -22,8 +22,8 @@ LONG = [("full", ["--granularity", "full"]), ("kv 0.7", ["--threshold", "0.7", "
 
 
 def prompts(long_tokens: int) -> dict[str, str]:
-    from routerlab.core.documents import cut_to_tokens, load_documents
-    from routerlab.core.models import load_model
+    from routerlab.core.base.documents import cut_to_tokens, load_documents
+    from routerlab.core.model.models import load_model
     from routerlab.ui.resources import load_prompts
 
     documents = load_documents()
@@ -48,7 +48,7 @@ def generate(prompt: str, args: list[str], new_tokens: int) -> dict:
 
 
 def run(rounds: int, new_tokens: int, long_tokens: int, log=print) -> dict:
-    from routerlab.core.precision import machine_kind
+    from routerlab.core.base.precision import machine_kind
 
     texts = prompts(long_tokens)
     result = {"machine_kind": machine_kind(), "rounds": rounds, "new_tokens": new_tokens, "prompts": {}}

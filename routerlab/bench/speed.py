@@ -6,7 +6,7 @@ configurations generate in lockstep with the engine's full model (one token each
 rounds, and the report gives medians of per-round figures and ratios. The ideal speedup of a
 skipping run comes from the measured cost of exactly the work it skips (`cost_breakdown`:
 measured inside whole decode steps, in the same process, at the same context; it lives in
-core/costs.py, which the app also uses, and is re-exported here).
+core/decode/costs.py, which the app also uses, and is re-exported here).
 
 Knows nothing about the UI or training.
 """
@@ -20,15 +20,18 @@ import torch
 from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from routerlab.core import decode_paths, low_paths
-from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
-from routerlab.core.device import is_cuda, now
-from routerlab.core.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
-from routerlab.core.engine import Control, Engine, Plan, forward
-from routerlab.core.lockstep import in_turn
-from routerlab.core.models import load_model
-from routerlab.core.precision import cpu_matrix_flags, cpu_vector_unit, dtype_name, machine_kind
-from routerlab.core.router import RouterSet
+from routerlab.core.decode import decode_paths
+from routerlab.core.kernels import low_paths
+from routerlab.core.base.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.base.device import is_cuda, now
+from routerlab.core.decode.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.routing.gates import Plan
+from routerlab.core.ops.forward import forward
+from routerlab.core.serve.lockstep import in_turn
+from routerlab.core.model.models import load_model
+from routerlab.core.base.precision import cpu_matrix_flags, cpu_vector_unit, dtype_name, machine_kind
+from routerlab.core.routing.router import RouterSet
 
 # A fixed English passage, repeated to any length: deterministic prompts without a data file.
 PASSAGE = (
@@ -264,7 +267,7 @@ def _llama_cpp(loaded, context: int, log):
     """llama.cpp on the embedded model's GGUF in a child process, or None (another model, llama-cpp-python not
     installed, or it failed to start: said in the log)."""
     from routerlab.bench.peers import InChild, LlamaCpp, PeerCrashed, llama_cpp_available
-    from routerlab.core.models import EMBEDDED_NAME, embedded_gguf_path
+    from routerlab.core.model.models import EMBEDDED_NAME, embedded_gguf_path
 
     if loaded.name != EMBEDDED_NAME:
         return None

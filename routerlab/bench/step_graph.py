@@ -1,4 +1,4 @@
-"""`python -m routerlab.bench.step_graph`: the whole decode step as one onnxruntime graph (core/step_graph.py) against
+"""`python -m routerlab.bench.step_graph`: the whole decode step as one onnxruntime graph (core/graph/step_graph.py) against
 the engine's step and llama.cpp on the same GGUF, side by side in one run.
 
 For each context length: the engine prefills the prompt; the graph takes over that prefill's KV cache and decodes
@@ -7,7 +7,7 @@ decodes the same ids in its child process. Rounds alternate the order; medians a
 first greedy tokens the graph and the engine share (the graph's activations are fp32 with 8-bit products, the engine's
 bf16: a near tie may go either way). Then the shipped attention-token routers inside the graph (`routing`): never
 skipping (what routing costs) and at their default threshold, against the full graph, on the app's first example
-prompt and the passage; under `kv` each step takes the form that pays (core/graph_forms.py), whose measured costs
+prompt and the passage; under `kv` each step takes the form that pays (core/graph/graph_forms.py), whose measured costs
 are printed and saved too, beside the same runs with an `If` at every step (the form alone before). Knows nothing about the UI beyond its example prompts.
 """
 
@@ -23,7 +23,8 @@ import torch
 
 def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
     """The engine's greedy decode of `n` tokens after a prefill of `ids`: seconds a token (decode only), the tokens."""
-    from routerlab.core.engine import Plan, forward
+    from routerlab.core.routing.gates import Plan
+    from routerlab.core.ops.forward import forward
 
     an = engine.anatomy
     caches = engine.new_caches(len(ids) + n + 1)
@@ -41,7 +42,8 @@ def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
 def _prefilled(engine, graph, ids: list[int], n: int, routers=None, threshold: float = 0.5) -> int:
     """The engine's prefill of `ids` (under the routers and the graph's KV policy where given), its caches loaded into
     `graph` with room for `n` tokens; the first greedy token."""
-    from routerlab.core.engine import Plan, forward
+    from routerlab.core.routing.gates import Plan
+    from routerlab.core.ops.forward import forward
 
     caches = engine.new_caches(len(ids) + 1)
     plan = Plan(routers, threshold, graph.policy) if routers is not None else Plan(None)
@@ -74,8 +76,8 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
     steps them in turn, token by token (which goes first rotating), so a busy moment falls on all of them; a run's rate
     is its round's mean step, medians over rounds. (Whole decodes in alternating rounds moved the same ratio by up to
     5% between runs on a 2-core EPYC.)"""
-    from routerlab.core import graph_forms
-    from routerlab.core.step_graph import StepGraph
+    from routerlab.core.graph import graph_forms
+    from routerlab.core.graph.step_graph import StepGraph
     from routerlab.tuning.checkpoint import resolve_routers
 
     routers, defaults = resolve_routers(None, "attention-token", loaded.model)
@@ -85,7 +87,7 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
     dropped = StepGraph(engine.anatomy, longest, routers=routers, policy="drop")
     out = {"routers": "attention-token (shipped)", "threshold": threshold, "prompts": {}, "interleaved": "steps",
            "forms": {"branches_ms": routed.costs.branches_ms, "saved_ms": list(routed.costs.saved_ms), "contexts": list(routed.costs.contexts)}}
-    log(f"routers in the graph under kv, measured at its build (core/graph_forms.py): {routed.costs.describe()}")
+    log(f"routers in the graph under kv, measured at its build (core/graph/graph_forms.py): {routed.costs.describe()}")
     with_if = [routed.twin(), routed.twin()]  # the form with an If around every routed attention, at every step
     for g in with_if:
         g.form = graph_forms.BRANCH
@@ -127,10 +129,10 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
 
 def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, log=print) -> dict:
     from routerlab.bench.speed import _llama_cpp, bench_prompt, cpu_model
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import load_model
-    from routerlab.core.precision import cpu_matrix_flags, machine_kind
-    from routerlab.core.step_graph import StepGraph, why_not
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import load_model
+    from routerlab.core.base.precision import cpu_matrix_flags, machine_kind
+    from routerlab.core.graph.step_graph import StepGraph, why_not
 
     loaded = load_model(device="cpu")
     engine = Engine.from_loaded(loaded)

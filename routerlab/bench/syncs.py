@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from routerlab.core.config import GenerateConfig
-from routerlab.core.device import SyncCounter
-from routerlab.core.engine import Control, Engine
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import GenerateConfig
+from routerlab.core.base.device import SyncCounter
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.routing.router import RouterSet
 
 
 def decode_syncs(engine: Engine, ids: list[int], routers: RouterSet | None, new_tokens: int, policy: str = "kv") -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from routerlab.core.trace import Trace
+from routerlab.core.records.trace import Trace
 from routerlab.slides.export import HEIGHT, WIDTH
 from routerlab.ui import plots
 

@@ -14,7 +14,7 @@ import shutil
 import warnings
 from pathlib import Path
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 
 WIDTH, HEIGHT = 1920, 1080  # layout pixels = PNG pixels (scale 1); the SVG's own size
 FORMATS = ("png", "svg")

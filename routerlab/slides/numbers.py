@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from routerlab.core.trace import Trace, savings
+from routerlab.core.records.trace import Trace, savings
 from routerlab.ui import plots
 from routerlab.ui.compare import decode_speed, ladder_rows, lockstep_speeds, shared_tokens
 
@@ -73,7 +73,7 @@ def ladder(full: Trace, rungs: list[Trace], calibrated: float) -> dict:
 
 
 def kv(full: Trace, policies: dict[str, Trace]) -> dict:
-    """Each KV policy's run at one threshold: speed against the full model's, what it saved (core.trace.savings), its text."""
+    """Each KV policy's run at one threshold: speed against the full model's, what it saved (core.records.trace.savings), its text."""
     f_tps, *speeds = lockstep_speeds([full, *policies.values()])  # each against the full model over the rounds both decoded
     out = {}
     for (policy, trace), tps in zip(policies.items(), speeds):
@@ -107,7 +107,7 @@ def machine() -> dict:
     import torch
 
     from routerlab.bench.speed import cpu_model
-    from routerlab.core.precision import cpu_has_native_bf16, cpu_vector_unit
+    from routerlab.core.base.precision import cpu_has_native_bf16, cpu_vector_unit
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "vector_unit": cpu_vector_unit(), "native_bf16": cpu_has_native_bf16()}

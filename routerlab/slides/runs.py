@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routerlab.core.config import KV_POLICIES, GenerateConfig
-from routerlab.core.trace import Trace
+from routerlab.core.base.config import KV_POLICIES, GenerateConfig
+from routerlab.core.records.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def plan(names: tuple[str, ...], prompts: list[str], threshold: float, kv_policy
 
 def lockstep(engine, routers, jobs: list[Job], max_new_tokens: int) -> dict[Job, Trace]:
     """Run `jobs` to the end, one token each in turn on this thread; their Traces by job."""
-    from routerlab.core.engine import Control
-    from routerlab.core.lockstep import lockstep
+    from routerlab.core.decode.engine import Control
+    from routerlab.core.serve.lockstep import lockstep
 
     controls, live = {}, []
     for job in jobs:

@@ -21,7 +21,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from routerlab.core.errors import RouterLabError, quote
+from routerlab.core.base.errors import RouterLabError, quote
 from routerlab.tuning.checkpoint import CONFIG, WEIGHTS
 
 MEMBERS = (CONFIG, WEIGHTS, "report.json", "README.md", "curves.png", "train_log.jsonl")
@@ -47,7 +47,7 @@ def model_card(report: dict, model_name: str) -> str:
     """README.md with Hub front matter: base model, library, tags, training settings, held-out figures."""
     s = report.get("settings", {})
     rows = report.get("heldout", {}).get("rows", {})
-    from routerlab.core.models import EMBEDDED_HUB_ID, EMBEDDED_NAME
+    from routerlab.core.model.models import EMBEDDED_HUB_ID, EMBEDDED_NAME
 
     base = EMBEDDED_HUB_ID if model_name == EMBEDDED_NAME else model_name
     front = ["---", f"base_model: {base}", "library_name: routerlab", "tags:", "- router-tuning", "- dynamic-depth",

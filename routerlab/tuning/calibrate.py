@@ -2,7 +2,7 @@
 
 Trained routers' scores crowd around 0.5 (the attention-token set skips nothing at 0.47 and breaks
 the text at 0.52), so a 0-1 slider would spend 95% of its travel on nothing. A `Calibration`
-(`routerlab/core/router.py`) maps each raw logit z to `sigmoid(a * z + b)`, a > 0, the same for
+(`routerlab/core/routing/router.py`) maps each raw logit z to `sigmoid(a * z + b)`, a > 0, the same for
 every layer of the set: no ordering and no decision changes, only where a threshold falls.
 
 The fit rule (`fit_calibration`), on the raw full-depth scores of the fit prompts' routed response
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from routerlab.core.errors import RouterLabError
-from routerlab.core.paths import ASSETS
-from routerlab.core.router import IDENTITY, Calibration, logit
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.paths import ASSETS
+from routerlab.core.routing.router import IDENTITY, Calibration, logit
 
 DEFAULT = 0.5  # the calibrated threshold of the set's default
 HIGH = 0.7  # the calibrated threshold of `multiple` times the default's skip rate
@@ -151,8 +151,8 @@ def command_of(args) -> str:
 
 def run_calibrate(args) -> dict:
     """`python -m routerlab calibrate`: fit, measure, write router.json (unless --dry-run). A JSON-able dict."""
-    from routerlab.core.models import load_model
-    from routerlab.core.routed import Anatomy
+    from routerlab.core.model.models import load_model
+    from routerlab.core.model.routed import Anatomy
     from routerlab.tuning.checkpoint import load_routers, read_config, write_calibration
     from routerlab.tuning.data import examples_of, load_records
     from routerlab.tuning.evaluate import response_scores

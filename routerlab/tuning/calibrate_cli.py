@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Callable
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.tuning.data import SPLITS
 
 

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from routerlab.core.paths import ASSETS
-from routerlab.core.config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
-from routerlab.core.errors import RouterLabError
-from routerlab.core.models import model_identity
-from routerlab.core.router import IDENTITY, Calibration, RouterSet
-from routerlab.core.standin import ACTIVATION
+from routerlab.core.base.paths import ASSETS
+from routerlab.core.base.config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model.models import model_identity
+from routerlab.core.routing.router import IDENTITY, Calibration, RouterSet
+from routerlab.core.routing.standin import ACTIVATION
 
 FORMAT = "routerlab-routers"
 FORMAT_VERSION = 1
@@ -232,7 +232,7 @@ def routers_folder(spec: str | Path) -> Path:
         return Path(text).expanduser()
     from huggingface_hub import snapshot_download
 
-    from routerlab.core.models import _hub_reachable
+    from routerlab.core.model.models import _hub_reachable
 
     try:
         return Path(snapshot_download(repo_id=text, allow_patterns=_HUB_FILES, local_files_only=not _hub_reachable()))

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from routerlab.core.paths import ASSETS
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.paths import ASSETS
+from routerlab.core.base.errors import RouterLabError
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def read_hub(name: str, split: str = "train", limit: int | None = None) -> list[
     except ImportError:
         raise RouterLabError(f"{name!r} is not a local file, and loading a Hugging Face dataset needs `datasets`.",
                              "pip install datasets (online), or pass a local JSONL file.") from None
-    from routerlab.core.models import _hub_reachable
+    from routerlab.core.model.models import _hub_reachable
 
     if not _hub_reachable():
         raise RouterLabError(f"{name!r} is not a local file and the Hugging Face Hub cannot be reached (offline).",
@@ -148,7 +148,7 @@ def load_records(source: str | Path | None = None, split: str = "all") -> list[R
     if split not in SPLITS:
         raise RouterLabError(f"Unknown split {split!r}.", f"Choose one of: {', '.join(SPLITS)}.")
     if str(source) == DOCUMENTS:
-        from routerlab.core.documents import load_documents
+        from routerlab.core.base.documents import load_documents
 
         return [Record((), d.text, "heldout") for d in load_documents() if split in ("heldout", "all")]
     if source is None:
@@ -292,7 +292,7 @@ def build_default(loaded=None, *, prompts: Path = PROMPTS, out: Path = DEFAULT, 
         raise RouterLabError(f"temperature={temperature!r} must be >= 0.", "0 answers greedily, 1 samples the model as it is.")
     import torch
 
-    from routerlab.core.models import load_model
+    from routerlab.core.model.models import load_model
 
     loaded = loaded or load_model(device="cpu", dtype=dtype)
     model, tok = loaded.model, loaded.tokenizer

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from routerlab.core.config import RoutingConfig, check_kv_policy, check_threshold, default_layers
-from routerlab.core.errors import RouterLabError
-from routerlab.core.quality import KL_TOP, kl_top_k
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import RoutingConfig, check_kv_policy, check_threshold, default_layers
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.records.quality import KL_TOP, kl_top_k
+from routerlab.core.routing.router import RouterSet
 
 BASELINES = ("random", "static")
 STATIC_THRESHOLD = 0.51  # a zero router scores 0.5: under this threshold it always skips
@@ -114,7 +114,7 @@ def static_order(importance: list[float]) -> list[int]:
 @torch.no_grad()
 def response_scores(anatomy, routers: RouterSet, examples) -> torch.Tensor:
     """The routers' scores of every routed response cell of `examples`, sorted (scored at full depth)."""
-    from routerlab.core.engine import Plan
+    from routerlab.core.routing.gates import Plan
     from routerlab.tuning.forward import student_forward
 
     device = anatomy.embed.weight.device
@@ -156,7 +156,7 @@ class _Full:
 def kl_to_full(full: _Full, logp: torch.Tensor) -> torch.Tensor:
     """KL(full || routed) at each response position (R,), nats, from the routed log-probs `logp` (R, V).
 
-    The definition generation's per-token `kl_full` uses too (core/quality.py): exact over the full
+    The definition generation's per-token `kl_full` uses too (core/records/quality.py): exact over the full
     model's top-k tokens, the remaining tokens as one bucket.
     """
     return kl_top_k(full.top_logp, full.top_ids, logp)
@@ -166,7 +166,8 @@ def kl_to_full(full: _Full, logp: torch.Tensor) -> torch.Tensor:
 def full_depth(anatomy, examples, top: int = KL_TOP, stepwise: bool = False) -> list[_Full]:
     """The full model's figures on each example; `stepwise`: one decode step per response token
     (tuning.forward.stepwise_forward), as generation computes them."""
-    from routerlab.core.engine import Plan, forward
+    from routerlab.core.routing.gates import Plan
+    from routerlab.core.ops.forward import forward
     from routerlab.tuning.forward import response_slice, stepwise_forward
 
     out = []
@@ -191,7 +192,7 @@ def evaluate_examples(anatomy, examples, routers, threshold: float = 0.5, kv_pol
     `stepwise`: every response token as its own decode step, as generation computes it (the low-bit
     weights, where the model has them); else one teacher-forced forward per example. `run`: another
     forward with `student_forward`'s signature and outputs (e.g. bench precision's step graph)."""
-    from routerlab.core.engine import Plan
+    from routerlab.core.routing.gates import Plan
     from routerlab.tuning.forward import stepwise_forward, student_forward
 
     check_threshold(threshold)
@@ -321,8 +322,8 @@ def run_eval(args) -> dict:
     """`python -m routerlab eval`: one JSON-able dict (with a `_text` rendering for the terminal)."""
     from routerlab.tuning.checkpoint import resolve_routers
     from routerlab.tuning.data import examples_of, load_records
-    from routerlab.core.models import load_model
-    from routerlab.core.routed import Anatomy
+    from routerlab.core.model.models import load_model
+    from routerlab.core.model.routed import Anatomy
 
     if args.granularity != "full":
         RoutingConfig.from_granularity(args.granularity)

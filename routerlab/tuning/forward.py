@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.engine import ALL, Plan, attention_part, forward, mlp_part
+from routerlab.core.routing.gates import ALL, Plan
+from routerlab.core.ops.forward import attention_part, forward, mlp_part
 
 
 def response_slice(start: int) -> slice:
@@ -31,8 +32,8 @@ def student_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool =
 def stepwise_forward(anatomy, ids: torch.Tensor, start: int, plan, logits: bool = True):
     """`student_forward`'s outputs as generation computes them: the prompt in one forward, then each
     response token as its own decode step through the KV cache, so a model with low-bit weights
-    (core/weights.py) uses them as it does when it generates. Slower (one forward per token)."""
-    from routerlab.core.cache import LayerCache
+    (core/kernels/weights.py) uses them as it does when it generates. Slower (one forward per token)."""
+    from routerlab.core.model.cache import LayerCache
 
     t = ids.shape[1]
     positions = torch.arange(t, device=ids.device)

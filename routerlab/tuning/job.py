@@ -28,8 +28,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from routerlab.core.config import GRANULARITIES, RoutingConfig, default_layers
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.config import GRANULARITIES, RoutingConfig, default_layers
+from routerlab.core.base.errors import RouterLabError
 
 PHASES = ("queued", "data", "answering", "training", "evaluating", "done", "stopped", "failed", "cancelled")
 FINAL = ("done", "stopped", "failed", "cancelled")
@@ -223,7 +223,7 @@ class TrainJob:
         return self.settings.minutes * 60 - (time.perf_counter() - self._state["started"])
 
     def _run(self) -> None:
-        from routerlab.core.routed import Anatomy
+        from routerlab.core.model.routed import Anatomy
         from routerlab.tuning.checkpoint import read_config
         from routerlab.tuning.data import encode_all
         from routerlab.tuning.evaluate import full_depth
@@ -376,7 +376,7 @@ class TrainJob:
         self._set(checkpoints=self._state["checkpoints"] + [point])
 
     def _finish(self, anatomy, result, heldout, full) -> None:
-        from routerlab.core.router import IDENTITY
+        from routerlab.core.routing.router import IDENTITY
         from routerlab.tuning.calibrate import DEFAULT, fit_calibration
         from routerlab.tuning.checkpoint import save_routers
         from routerlab.tuning.evaluate import response_scores
@@ -438,7 +438,7 @@ class TrainJob:
                           "training gate, not a calibrated default) and not compared on the held-out slice." + notes)
 
     def model_name(self) -> str:
-        from routerlab.core.models import model_identity
+        from routerlab.core.model.models import model_identity
 
         return str(model_identity(self.model).get("name", "model"))
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from routerlab.core.router import RouterSet
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.standin_fit import record_updates
 
 RIDGE = 1e-2  # the ridge term, relative to the mean of diag(X^T X)

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from routerlab.core.router import RouterSet
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.forward import layer_walk
 
 

@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from routerlab.core.config import DECAYS, RoutingConfig, check_threshold, default_layers
-from routerlab.core.errors import RouterLabError
-from routerlab.core.router import RouterSet
+from routerlab.core.base.config import DECAYS, RoutingConfig, check_threshold, default_layers
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.forward import student_forward, teacher_logits
 
 KV_POLICY = "kv"  # training's hard gate has mask semantics == kv numbers; inference defaults to it
@@ -132,7 +132,7 @@ def gate_values(plan, scores: torch.Tensor, routers: RouterSet, start: int) -> t
 def example_losses(anatomy, routers: RouterSet, ids: torch.Tensor, start: int, cfg: TrainConfig, target: float,
                    teacher_logits: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """Losses of one example (1, T) whose response starts at `start`. Differentiable w.r.t. routers."""
-    from routerlab.core.engine import Plan
+    from routerlab.core.routing.gates import Plan
 
     plan = Plan(routers, cfg.threshold, KV_POLICY, ste=True)
     gates: list[torch.Tensor] = []
@@ -200,7 +200,7 @@ class _RecordingSet:
 
 
 def _forward_recording(anatomy, routers, ids, start, plan, sink):
-    from routerlab.core.engine import Plan
+    from routerlab.core.routing.gates import Plan
 
     rec = Plan(_RecordingSet(routers, plan.threshold, sink), plan.threshold, plan.policy, ste=True)
     return student_forward(anatomy, ids, start, rec)
@@ -256,7 +256,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    from routerlab.core.routed import Anatomy
+    from routerlab.core.model.routed import Anatomy
 
     accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
     set_seed(cfg.seed)
@@ -475,8 +475,8 @@ def run_training(args) -> dict | None:
 
     from routerlab.tuning.checkpoint import save_routers
     from routerlab.tuning.data import DEFAULT, build_default, examples_of, load_records
-    from routerlab.core.models import load_model
-    from routerlab.core.routed import Anatomy
+    from routerlab.core.model.models import load_model
+    from routerlab.core.model.routed import Anatomy
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
                                                "budget_weight", "ramp", "warmup", "decay", "seed", "adapters", "adapter_lr", "adapter_fit", "init") if getattr(args, k, None) is not None}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.tuning.data import Record, json_lines, record_from_row, split_of
 
 CHUNK = 1200  # characters: a paragraph longer than twice this is cut into pieces of about this size

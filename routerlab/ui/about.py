@@ -1,10 +1,10 @@
 """The About tab's text: how a router decides, the KV policies, what each number measures, a diagram.
 
-Owns `ABOUT_MD` (Markdown; the KV policy lines come from `core.config.KV_POLICY_HELP`) and
+Owns `ABOUT_MD` (Markdown; the KV policy lines come from `core.base.config.KV_POLICY_HELP`) and
 `DIAGRAM` (inline SVG, no network). Knows nothing else: no handlers, no state.
 """
 
-from routerlab.core.config import KV_POLICY_HELP
+from routerlab.core.base.config import KV_POLICY_HELP
 
 ABOUT_MD_TEMPLATE = """
 ### What you are looking at

@@ -18,7 +18,7 @@ import functools
 import gradio as gr
 from gradio.data_classes import FileData, ListFiles
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.ui import fields, safe
 
 

@@ -21,9 +21,9 @@ import statistics
 
 import gradio as gr
 
-from routerlab.core.divergence import repetition
-from routerlab.core.errors import RouterLabError, quote
-from routerlab.core.trace import Trace
+from routerlab.core.records.divergence import repetition
+from routerlab.core.base.errors import RouterLabError, quote
+from routerlab.core.records.trace import Trace
 from routerlab.ui import fields, plots, safe
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.session import Session, _shown, _status, _warn, plot_data, without_paths
@@ -80,7 +80,7 @@ def compare_run(res: Resources, prompt, thresholds, router_label, kv_policy, max
     Yields RUNGS + 4 values: the full model's column, one column per threshold (a placeholder where
     fewer were given), the ladder table, the heatmap of the highest threshold's run, status.
     """
-    from routerlab.core.engine import Control
+    from routerlab.core.decode.engine import Control
 
     skip = gr.skip()
     blank = (skip,) * (RUNGS + 3)
@@ -217,8 +217,8 @@ def lockstep_speeds(traces: list[Trace], tokens: int | None = None) -> list[floa
 def lockstep_traces(engine, prompt: str, runs: list[tuple], progress=None) -> list:
     """Traces of `runs` ((routers, config) each) on `prompt`, decoded one token each in turn on this thread, who goes
     first rotating every round, so each run's k-th token is decoded in the same round as every other's."""
-    from routerlab.core.engine import Control
-    from routerlab.core.lockstep import lockstep
+    from routerlab.core.decode.engine import Control
+    from routerlab.core.serve.lockstep import lockstep
 
     controls = [Control(config.threshold) for _, config in runs]
     total = max(config.max_new_tokens for _, config in runs)

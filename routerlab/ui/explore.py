@@ -16,8 +16,8 @@ from typing import Iterator
 
 import gradio as gr
 
-from routerlab.core.errors import RouterLabError
-from routerlab.core.trace import Trace
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.records.trace import Trace
 from routerlab.ui import fields, plots
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
@@ -67,7 +67,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     """Stream one generation: text, heatmap (throttled), stats, status; then figures and exports.
 
     `quality` (the "Measure quality" switch, last so that API callers without it keep working): score
-    each generated token against the full model (core/quality.py), shown as the heatmap's strip, the
+    each generated token against the full model (core/records/quality.py), shown as the heatmap's strip, the
     text's underline and the stats' mean KL and agreement.
 
     Yields 10 values: text, heatmap, stats, status, trace file, the heatmap download button's label, layer bar, score histogram, generate button,
@@ -75,7 +75,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
     `plots.heatmap_json(live=True)`) go to the last value, which the page draws into the heatmap's plot
     (layout.LIVE_HEATMAP_JS); the final figure goes to the heatmap itself, and the last value is emptied.
     """
-    from routerlab.core.engine import Control
+    from routerlab.core.decode.engine import Control
 
     skip = gr.skip()
     session = session if isinstance(session, Session) else Session()
@@ -144,7 +144,7 @@ def explore_run(res: Resources, prompt, threshold, router_label, kv_policy, max_
 
 
 def _sharing(control) -> str:
-    """' · 3 generations share each step' while the room batches this run with others (core/room.py)."""
+    """' · 3 generations share each step' while the room batches this run with others (core/serve/room.py)."""
     n = getattr(control, "sharing", 0)
     return f" · {n} generations share each step" if n > 1 else ""
 

@@ -3,7 +3,7 @@
 Owns the field kinds (`Number`: a finite number in a range, or a whole count; `Flag`: true or false; `Choice`: one of
 the allowed strings; `Text`: a string up to a length), the app's fields (`THRESHOLD`, `MAX_NEW_TOKENS`, the Train
 tab's settings, ...) and `FieldError`. A field's `check(value)` returns the value as the handler uses it, or raises a
-FieldError whose message names the field by the label the visitor sees, quotes the value (core.errors.quote) and
+FieldError whose message names the field by the label the visitor sees, quotes the value (core.base.errors.quote) and
 says what is allowed. The page's components check their payload with their field (layout.py) and the handlers check
 their arguments with the same fields, so a browser, a script and a test get the same answer.
 
@@ -18,9 +18,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from routerlab.core.config import GRANULARITIES, KV_POLICIES
-from routerlab.core.errors import RouterLabError
-from routerlab.core.errors import quote as shown
+from routerlab.core.base.config import GRANULARITIES, KV_POLICIES
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.errors import quote as shown
 
 
 class FieldError(RouterLabError):

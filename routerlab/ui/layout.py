@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from routerlab.core.config import GRANULARITIES, KV_POLICIES
-from routerlab.core.errors import RouterLabError
-from routerlab.core.paths import ASSETS
+from routerlab.core.base.config import GRANULARITIES, KV_POLICIES
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.paths import ASSETS
 from routerlab.tuning.job import JobSettings
 from routerlab.ui import fields, plots, safe, served
 from routerlab.ui.about import ABOUT_MD, DIAGRAM

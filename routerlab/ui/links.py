@@ -30,7 +30,7 @@ from urllib.parse import urlencode
 
 import gradio as gr
 
-from routerlab.core.config import KV_POLICIES
+from routerlab.core.base.config import KV_POLICIES
 from routerlab.ui import safe
 
 LINK_PROMPT_CHARS = 2000  # the longest prompt a link carries as text

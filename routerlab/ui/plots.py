@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from routerlab.core.costs import context_of, estimate_speedup
-from routerlab.core.divergence import departure, repetition
-from routerlab.core.trace import Step, Trace, savings
+from routerlab.core.decode.costs import context_of, estimate_speedup
+from routerlab.core.records.divergence import departure, repetition
+from routerlab.core.records.trace import Step, Trace, savings
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
 from routerlab.ui.text_view import first_divergence, token_html, token_label  # noqa: F401 (callers use plots.token_html)
@@ -476,7 +476,7 @@ def _histogram_parts(trace: Trace | None, bins: int, threshold: float | None, ca
 # -- live numbers ----------------------------------------------------------------------------------
 def live_stats(trace: Trace | None, costs: dict[str, float] | None = None, threshold: float | None = None) -> dict[str, Any]:
     """The numbers the Explore tab shows: skip rate, measured decode speed, the speedup estimated from the
-    per-layer `costs` measured at start-up (core.costs), work and memory saved, and the quality cost so far.
+    per-layer `costs` measured at start-up (core.decode.costs), work and memory saved, and the quality cost so far.
 
     With `threshold` (a what-if view) the skip rate, savings and estimated speedup all follow the
     decisions re-made at that threshold; tokens/s and the quality cost stay the recorded run's.
@@ -495,13 +495,13 @@ def live_stats(trace: Trace | None, costs: dict[str, float] | None = None, thres
         "speedup_estimate": estimate_speedup(trace, costs, threshold),
         "costs_measured": bool(costs),
         "costs_context": (costs or {}).get("context"),
-        "costs_line": bool((costs or {}).get("per_token")),  # each token costed at its own context (core.costs.cost_line)
+        "costs_line": bool((costs or {}).get("per_token")),  # each token costed at its own context (core.decode.costs.cost_line)
         "run_context": context_of(trace),
         "quality": qp.measured(trace),
         "mean_kl": trace.mean_kl(),
         "agreement": trace.agreement(),
         "kl_scored": len(scored),
-        "departure": departure(trace),  # where the text leaves the full model's greedy answer (core/divergence.py)
+        "departure": departure(trace),  # where the text leaves the full model's greedy answer (core/records/divergence.py)
         "repetition": loop,
         "repeated_unit": "".join(s.text for s in generated[loop.start : loop.start + loop.period]) if loop else "",
         "attention_flops_saved": saved["attention_flops_saved"],

@@ -6,7 +6,7 @@ one cell per generated token, grey where not measured yet), the text view's per-
 hover title (`token_mark`) and legend, and the quality and speed stat cards' wording.
 
 Knows nothing about torch, the engine or Gradio: it reads `Step.kl_full` / `full_top_text` (written
-by core/quality.py's QualityMeter) and returns plain dicts and strings; plots.py places them.
+by core/records/quality.py's QualityMeter) and returns plain dicts and strings; plots.py places them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from routerlab.core.divergence import MAX_PERIOD, REPEAT_MIN_TIMES, REPEAT_MIN_TOKENS
-from routerlab.core.trace import Step, Trace
+from routerlab.core.records.divergence import MAX_PERIOD, REPEAT_MIN_TIMES, REPEAT_MIN_TOKENS
+from routerlab.core.records.trace import Step, Trace
 
 KL_MAX = 2.0  # nats: the darkest colour (the strip clips above; hover and title show the true value)
 # Stops in KL nats. Most tokens of a good run sit far below 0.1 nats and a few spike to several,

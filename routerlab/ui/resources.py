@@ -2,7 +2,7 @@
 
 Owns `Limits` (caps from the environment), `RouterSetInfo` and the scan of shipped router sets
 (with `expected_skips`: a calibrated set's measured skip rates along the slider, read from its router.json),
-the example prompts and the long documents (core/documents.py), the dropdown labels `UNTRAINED` / `FULL`, and `Resources` (engines loaded
+the example prompts and the long documents (core/base/documents.py), the dropdown labels `UNTRAINED` / `FULL`, and `Resources` (engines loaded
 once, routers built once, prompt and config checks, the per-layer costs measured at start-up).
 Knows nothing about Gradio components, sessions, tabs or plots; tensors stay behind the lazy
 imports of `routerlab.core` / `routerlab.tuning` (routers, checkpoints).
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from routerlab.core.config import GenerateConfig, RoutingConfig, default_layers
-from routerlab.core.documents import load_documents
-from routerlab.core.errors import RouterLabError, quote
-from routerlab.core.paths import ASSETS
+from routerlab.core.base.config import GenerateConfig, RoutingConfig, default_layers
+from routerlab.core.base.documents import load_documents
+from routerlab.core.base.errors import RouterLabError, quote
+from routerlab.core.base.paths import ASSETS
 from routerlab.ui import fields
 
 log = logging.getLogger(__name__)
@@ -76,10 +76,10 @@ class Limits:
     training_nice: int = 10  # how much lower the training worker's scheduling priority is than generation's (0: the same)
     max_upload_mb: int = 32  # the largest file Gradio accepts (a router set is ~100 KB, 32 MB at most unpacked; text 4 bytes a character)
     session_sets: int = 8  # router sets one tab keeps (trained or uploaded); a new one drops the oldest
-    room: bool = True  # one decode loop for every visitor, a batched step (core/room.py); off: each generation decodes alone
+    room: bool = True  # one decode loop for every visitor, a batched step (core/serve/room.py); off: each generation decodes alone
     max_batch: int = 32  # the most rows in one step of the room
     room_cache_mb: int = 2048  # the most KV cache the room's rows may hold (as their longest runs would fill them)
-    room_process: bool = True  # the room's loop in an engine process of its own (core/remote.py); False: in the web server's process
+    room_process: bool = True  # the room's loop in an engine process of its own (core/serve/remote.py); False: in the web server's process
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -205,7 +205,7 @@ class Resources:
         self.limits = limits or Limits()
         self.router_sets = router_sets if router_sets is not None else available_router_sets()
         self.prompts = prompts or load_prompts()
-        # core.documents.Document: the long-document choice in Explore and Compare, those that fit this server's limit
+        # core.base.documents.Document: the long-document choice in Explore and Compare, those that fit this server's limit
         docs = load_documents() if documents is None else documents
         self.documents = [d for d in docs if len(d.prompt) <= self.limits.max_prompt_chars]
         self.model_loader = model_loader  # name -> Engine, for operator-allowed models
@@ -213,7 +213,7 @@ class Resources:
         self.status = status or ("Pick an example prompt (or a long document) and press **Generate**: the heatmap shows, token by "
                                  "token, which layers each token skipped. Move the threshold to skip more or less, even mid-run.")
         self.details = details or f"Model **{engine.name}** loaded · {engine.n_layers} layers."
-        self.costs: dict[str, dict[str, float]] = {}  # engine name -> core.costs.cost_breakdown, measured at start-up
+        self.costs: dict[str, dict[str, float]] = {}  # engine name -> core.decode.costs.cost_breakdown, measured at start-up
         self._reading: collections.deque = collections.deque(maxlen=8)  # (tokens, seconds) of recent long prompts read
         self._engines = {engine.name: engine}
         self._routers: dict[tuple[str, str], Any] = {}
@@ -266,7 +266,7 @@ class Resources:
 
     @staticmethod
     def _build_routers(engine, info: RouterSetInfo):
-        from routerlab.core.router import RouterSet  # torch lives behind this import; the UI itself never touches tensors
+        from routerlab.core.routing.router import RouterSet  # torch lives behind this import; the UI itself never touches tensors
 
         if info.path is None:
             config = RoutingConfig.from_granularity(info.granularity, default_layers(engine.n_layers))
@@ -323,10 +323,10 @@ class Resources:
 
     def measure_costs(self, contexts: tuple[int, int] = (128, 1024), repeat: int = 10) -> dict[str, float]:
         """Seconds per decode token of each piece of the default model's step on this machine
-        (core.costs.cost_line: cost_breakdown at two contexts, so attention's growth with the cache is known),
+        (core.decode.costs.cost_line: cost_breakdown at two contexts, so attention's growth with the cache is known),
         what Explore's estimated speedup is made of: each decoded token costed at its own context. Some seconds
         at start-up (app.py; --no-warmup skips it and shows no estimate)."""
-        from routerlab.core.costs import cost_line
+        from routerlab.core.decode.costs import cost_line
 
         engine = self.engine
         if engine.tokenizer is not None:

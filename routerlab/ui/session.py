@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from routerlab.core.trace import Trace
+from routerlab.core.records.trace import Trace
 from routerlab.ui import exports, safe
 from routerlab.ui.uploads import upload_folder
 

@@ -19,7 +19,7 @@ import dataclasses
 
 import gradio as gr
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.ui import plots, safe
 from routerlab.ui.compare import lockstep_speeds, lockstep_traces
 from routerlab.ui.resources import FULL, Resources

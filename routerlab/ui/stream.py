@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
-from routerlab.core.lockstep import in_turn
-from routerlab.core.trace import Trace
+from routerlab.core.serve.lockstep import in_turn
+from routerlab.core.records.trace import Trace
 
 # Streaming frame rates. Every frame costs Python time in this process, and Python time here is
 # GIL time the decoder thread waits for; in the browser each heatmap frame is a plotly redraw, CPU a
@@ -29,14 +29,14 @@ TEXT_INTERVAL = 0.5  # seconds between text updates while streaming
 # decode steps do when the browser takes a core); after, it is a second redraw for nothing new.
 MEASURED_PLOT_SLACK = 2.0
 POLL = 0.02  # seconds between looks while a frame is due but held: never spin, the decoder needs the GIL
-# In a room (core/room.py) every visitor's frames are drawn on the machine that decodes for all of them: with more
+# In a room (core/serve/room.py) every visitor's frames are drawn on the machine that decodes for all of them: with more
 # than this many generations sharing a step, a visitor's frames come proportionally less often (8 sharing: every
 # 1 s and 4 s; 32: every 4 s and 16 s), so drawing keeps its share of the machine as the room grows.
 SHARED_ROWS_PER_PACE = 4
 
 
 class RunState(Protocol):
-    """What the pacer reads of a run (core.engine.Control)."""
+    """What the pacer reads of a run (core.decode.engine.Control)."""
 
     measuring: bool
     scoring: bool
@@ -152,7 +152,7 @@ class Decoder:
 
 def prefill_progress(controls: Sequence) -> str | None:
     """'reading the prompt: 512 of 1,800 tokens' while the runs of `controls` (one prompt each, the same for all: a
-    run or a ladder) still read it (core/generation.py reads a long prompt in chunks); None once all have read it.
+    run or a ladder) still read it (core/decode/generation.py reads a long prompt in chunks); None once all have read it.
     A run not started yet counts its prompt as unread."""
     total = max((getattr(c, "prompt_tokens", 0) for c in controls), default=0)
     read = sum(getattr(c, "prompt_read", 0) for c in controls)

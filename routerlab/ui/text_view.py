@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from typing import Iterable
 
-from routerlab.core.trace import Step, Trace
+from routerlab.core.records.trace import Step, Trace
 from routerlab.ui import quality_plots as qp
 from routerlab.ui import safe
 

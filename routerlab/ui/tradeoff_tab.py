@@ -19,8 +19,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from routerlab.core.errors import RouterLabError
-from routerlab.core.paths import ASSETS
+from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.paths import ASSETS
 from routerlab.ui import plots, safe, tradeoff_plots
 from routerlab.ui.compare import lockstep_speeds, lockstep_traces, shared_tokens
 from routerlab.ui.resources import FULL, UNTRAINED, Resources
@@ -117,7 +117,7 @@ def load_results(folder: Path = BENCH_DIR, calibrations: dict[str, dict] | None 
 
 def _on_slider(threshold, method, granularity, calibrations: dict[str, dict], converted: set[str]):
     """A raw router threshold of a tuned row as the calibrated slider reads it (monotone: the same decisions)."""
-    from routerlab.core.router import Calibration
+    from routerlab.core.routing.router import Calibration
 
     block, raw = calibrations.get(str(granularity)), _number(threshold)
     if raw is None or not isinstance(block, dict) or str(method).split(" ")[0] in BASELINES:

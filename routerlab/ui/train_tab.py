@@ -17,7 +17,7 @@ import threading
 
 import gradio as gr
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 from routerlab.tuning.job import FINAL
 from routerlab.ui import fields, safe, train_plots
 from routerlab.ui.resources import FULL, Resources, RouterSetInfo

@@ -25,7 +25,7 @@ from routerlab.bench.load.server import _serve_forever, serve, spawn
 from routerlab.bench.load.soak import soak_test
 from routerlab.bench.load.traffic import _mb, load_test
 from routerlab.bench.load.training import training_load_test
-from routerlab.core.paths import ASSETS
+from routerlab.core.base.paths import ASSETS
 
 DEFAULT_OUT = ASSETS / "bench" / "load.json"
 ROOM_OUT = ASSETS / "bench" / "room.json"
@@ -34,7 +34,7 @@ DESCRIPTION = "Load, fault, bad-input and loader-fuzz tests of the real app, ove
 
 def _cpu() -> str:
     from routerlab.bench.speed import cpu_model
-    from routerlab.core.precision import cpu_has_native_bf16, cpu_vector_unit
+    from routerlab.core.base.precision import cpu_has_native_bf16, cpu_vector_unit
 
     return f"{cpu_model()}, {cpu_vector_unit()}{', native bf16' if cpu_has_native_bf16() else ''}"
 
@@ -74,15 +74,15 @@ def run_all(args, log=print) -> dict:
         log(f"[fuzz] {report['fuzz']}")
     server_log = None if args.inprocess else Path(tempfile.gettempdir()) / "routerlab-loadtest-server.log"
     if args.device:  # the child server loads its model where ROUTERLAB_DEVICE says (checked here, before it starts)
-        from routerlab.core.device import ENV, choose_device
+        from routerlab.core.base.device import ENV, choose_device
 
         env[ENV] = choose_device(args.device)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         if args.inprocess:
-            from routerlab.core.engine import Engine
-            from routerlab.core.models import load_model
+            from routerlab.core.decode.engine import Engine
+            from routerlab.core.model.models import load_model
 
             loaded = load_model(device=args.device or "cpu")
             server = serve(Engine.from_loaded(loaded))
@@ -158,9 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _step_costs() -> dict:
     """The batched step itself, in this (main) thread: ms per step and per step's products at 1-32 rows."""
     from routerlab.bench.batch import batch_steps
-    from routerlab.core import batch_paths
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import load_model
+    from routerlab.core.kernels import batch_paths
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import load_model
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.ui.resources import ROUTERS_DIR
 

@@ -121,7 +121,7 @@ def wait_until(fn, timeout: float, every: float = 0.02):
 
 
 def trace_of(result):
-    from routerlab.core.trace import Trace
+    from routerlab.core.records.trace import Trace
 
     update = result[4]
     value = update.get("value", update) if isinstance(update, dict) else update

@@ -13,7 +13,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from routerlab.core.errors import RouterLabError
+from routerlab.core.base.errors import RouterLabError
 
 
 def fuzz_router_loading(cases: int = 60, seed: int = 0) -> dict:
@@ -21,10 +21,10 @@ def fuzz_router_loading(cases: int = 60, seed: int = 0) -> dict:
     `available_router_sets`): only RouterLabError (a clean message), never another exception."""
     from routerlab import ui
     from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, save_routers
-    from routerlab.core.config import RoutingConfig
-    from routerlab.core.engine import Engine
-    from routerlab.core.models import tiny_model
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.model.models import tiny_model
+    from routerlab.core.routing.router import RouterSet
 
     rng = random.Random(seed)
     model = tiny_model("llama")
@@ -101,7 +101,7 @@ def safe_loading_checks() -> dict:
     """Static and environment checks: no trust_remote_code by default, the allow-list, the caps from env."""
     import inspect
 
-    from routerlab.core import models
+    from routerlab.core.model import models
     from routerlab import ui
 
     default_trc = inspect.signature(models.load_model).parameters["trust_remote_code"].default

@@ -120,7 +120,7 @@ def train_cases(folder: Path) -> list[tuple]:
     """(name, "/train", arguments[, what the answer must name]) for the training's bad input a visitor can paste,
     upload or send: each runs in a session of its own (a session trains one set at a time), with a half-minute budget,
     stopped if it starts."""
-    from routerlab.core.config import GRANULARITIES
+    from routerlab.core.base.config import GRANULARITIES
     from routerlab.tuning.job import JobSettings
     from routerlab.ui.train_tab import OWN, STARTS
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from routerlab.bench.load.driver import PROMPTS, _fn_index, _raw_call, client, probe, submit, wait_until
 from routerlab.bench.load.flood import folder_bytes
 from routerlab.bench.load.server import free_port
-from routerlab.core.paths import ROOT
+from routerlab.core.base.paths import ROOT
 
 MB = 2**20
 

@@ -203,7 +203,7 @@ def app_vs_cli(url: str, settings: dict, prompt: str, new_tokens: int = 64, roun
     import subprocess
     import sys
 
-    from routerlab.core.paths import ROOT
+    from routerlab.core.base.paths import ROOT
 
     app, cli = [], []
     cmd = [sys.executable, "-m", "routerlab", "generate", "--prompt", prompt, "--max-new-tokens", str(new_tokens),
@@ -319,7 +319,7 @@ class LoopAlone:
         import subprocess
         import sys
 
-        from routerlab.core.paths import ROOT
+        from routerlab.core.base.paths import ROOT
 
         self.cmd = [sys.executable, "-m", "routerlab.bench.room_loop", "--stdin"]
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

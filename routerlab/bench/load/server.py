@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from routerlab.core.paths import ROOT
+from routerlab.core.base.paths import ROOT
 
 FAULT_MARKER = "[[routerlab-loadtest:fault]]"
 READY = "ROUTERLAB-LOADTEST-READY"
@@ -54,7 +54,7 @@ class WatchedEngine:
         return getattr(self._engine, name)
 
     def generate(self, prompt, routers, config, control=None):
-        from routerlab.core.engine import Control
+        from routerlab.core.decode.engine import Control
 
         control = control or Control(config.threshold)
         control._stop = _StampedEvent()  # same behaviour; it only records when Stop was asked for
@@ -121,8 +121,8 @@ def malloc_trim() -> bool:
 def _broken_router_set(engine, folder: Path):
     """A router set with a valid router.json and a truncated weights file: choosing it must fail cleanly."""
     from routerlab.tuning.checkpoint import WEIGHTS, save_routers
-    from routerlab.core.config import RoutingConfig, default_layers
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig, default_layers
+    from routerlab.core.routing.router import RouterSet
     from routerlab.ui import RouterSetInfo
 
     routers = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("attention-token", default_layers(engine.n_layers)))
@@ -138,8 +138,8 @@ def _random_router_set(engine, folder: Path, granularity: str, seed: int):
     import torch
 
     from routerlab.tuning.checkpoint import read_config, save_routers
-    from routerlab.core.config import RoutingConfig, default_layers
-    from routerlab.core.router import RouterSet
+    from routerlab.core.base.config import RoutingConfig, default_layers
+    from routerlab.core.routing.router import RouterSet
     from routerlab.ui import RouterSetInfo
 
     routers = RouterSet.zeros(engine.model, RoutingConfig.from_granularity(granularity, default_layers(engine.n_layers)))
@@ -158,7 +158,7 @@ class Server:
     pid: int
     res: Any = None  # in-process only
     watched: WatchedEngine | None = None  # in-process only
-    room: Any = None  # the engine's core.room.Room, when it has one (in-process only)
+    room: Any = None  # the engine's core.serve.room.Room, when it has one (in-process only)
 
 
 def build_server(engine, limits=None, router_sets=None, workdir: Path | None = None):
@@ -222,8 +222,8 @@ def serve(engine, limits=None, router_sets=None, port: int | None = None, room_t
     model) its loop runs in an engine process, as app.py runs it with ROUTERLAB_ENGINE=process; else in a thread of its
     own, unless `room_thread` is False (the caller then runs `server.room`'s loop, e.g. in the main thread)."""
     from routerlab import ui
-    from routerlab.core.engine import Engine
-    from routerlab.core.remote import RemoteRoom, open_room
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.serve.remote import RemoteRoom, open_room
 
     demo, res, watched = build_server(engine, limits, router_sets)
     room = None
@@ -280,11 +280,11 @@ def spawn(port: int | None = None, env: dict | None = None, timeout: float = 600
 
 def _serve_forever(port: int) -> int:
     from routerlab import ui
-    from routerlab.core.engine import Engine
-    from routerlab.core.engine_process import EngineSpec
-    from routerlab.core.models import load_model
-    from routerlab.core.remote import RemoteRoom
-    from routerlab.core.room import run_where_fastest, where_to_run
+    from routerlab.core.decode.engine import Engine
+    from routerlab.core.serve.engine_process import EngineSpec
+    from routerlab.core.model.models import load_model
+    from routerlab.core.serve.remote import RemoteRoom
+    from routerlab.core.serve.room import run_where_fastest, where_to_run
 
     loaded = load_model(device="cpu")
     engine = Engine.from_loaded(loaded)

@@ -1,0 +1,1 @@
+"""A request through the model: the Engine (one loaded model, every request's entry), Generation (prefill, one token at a time, sampling), which runtime decodes on this machine (decode_paths), the cost model."""

@@ -1,0 +1,1 @@
+"""The decode step as one onnxruntime graph (step_graph), a room's rows through it (graph_rows), the form a routed step takes under kv (graph_forms), a routed layer's own cache entries under drop (own_entries)."""

@@ -1,0 +1,1 @@
+"""The products of linear maps: weight formats and the GGUF file's codes, onnxruntime's MatMulNBits, rotary embeddings, and the start-up choosers of which product each map takes (one row: low_paths; many rows: batch_paths)."""

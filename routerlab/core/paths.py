@@ -1,6 +1,0 @@
-"""Where RouterLab's shipped files live (the repository's `assets/` folder), in one place."""
-
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT / "assets"
