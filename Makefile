@@ -78,7 +78,7 @@ bench-peers: setup
 # under three ways of sharing the cores (results: assets/bench/nbits-<kind>.json); installs onnxruntime and onnx into .venv, never a requirement.
 bench-nbits: setup
 	$(BIN)/python -c "import onnxruntime, onnx" 2>/dev/null || $(BIN)/python -m pip install -q onnxruntime onnx
-	$(BIN)/python -m routerlab.bench.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.base.precision import machine_kind; print(machine_kind())").json
+	$(BIN)/python -m routerlab.bench.products.nbits --save assets/bench/nbits-$$($(BIN)/python -c "from routerlab.core.base.precision import machine_kind; print(machine_kind())").json
 
 # The whole decode step as one onnxruntime graph against the engine and llama.cpp (when `make bench-peers` built it),
 # and the shipped routers inside it; one result per machine kind (assets/bench/step-graph-<kind>.json; docs/method.md). ~4 minutes on 2 cores.
@@ -109,7 +109,7 @@ room: setup
 # clocks and the host's waits per token counted; writes one JSON (about 2 minutes on an H200). Needs no gradio, plotly
 # or gguf. The test suite runs the same check on the CPU (tests/test_device.py).
 gpu-check:
-	python3 -m routerlab.bench.gpu_check --device cuda --out assets/bench/gpu-check.json
+	python3 -m routerlab.bench.gpu.gpu_check --device cuda --out assets/bench/gpu-check.json
 
 # The same routers with the base in float32, bfloat16 and the default path (the file's own 4-bit codes at decode,
 # scored one decode step per response token): perplexities, KL and routing decisions flipped. ~15 min on 2 cores.

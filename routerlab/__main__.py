@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     kn.add_argument("--rounds", type=int, default=5, help="alternating rounds; medians are reported")
     kn.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     kn.add_argument("--save", default=None, help="also write the JSON result here (e.g. assets/bench/kernels-avx512.json)")
-    kn.set_defaults(func=lambda args: __import__("routerlab.bench.kernels", fromlist=["main"]).main(args))
+    kn.set_defaults(func=lambda args: __import__("routerlab.bench.products.kernels", fromlist=["main"]).main(args))
     q = bench.add_parser("quality", help="decode tokens/s with the per-token quality cost on vs off, side by side")
     q.add_argument("--model", default=None)
     _add_dtype(q)
@@ -487,7 +487,7 @@ def _bench_standins(args) -> int:
 
 
 def _bench_precision(args) -> int:
-    from routerlab.bench.precision import format_precision, precision_report
+    from routerlab.bench.products.precision import format_precision, precision_report
 
     result = precision_report(args.model, args.data, args.split, args.limit, args.granularity, args.routers,
                               quantize=args.quantize, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -545,7 +545,7 @@ def _bench_tradeoff(args) -> int:
 
 
 def _bench_report(args) -> int:
-    from routerlab.bench.report import BENCH, RESULTS, markdown, results_markdown
+    from routerlab.bench.results.report import BENCH, RESULTS, markdown, results_markdown
 
     folder = Path(args.out) if args.out else BENCH
     document = Path(args.results) if args.results else (None if args.out else RESULTS)

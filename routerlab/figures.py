@@ -93,7 +93,7 @@ def build(names: tuple[str, ...] = FIGURES, max_new_tokens: int = MAX_NEW_TOKENS
     from routerlab.core.model.models import load_model
     from routerlab.slides import runs
     from routerlab.tuning.checkpoint import resolve_routers
-    from routerlab.ui.compare import LADDER
+    from routerlab.ui.tabs.compare import LADDER
 
     pairs = examples()
     log("loading the embedded model")
@@ -148,7 +148,7 @@ def build(names: tuple[str, ...] = FIGURES, max_new_tokens: int = MAX_NEW_TOKENS
 def _tradeoff(built: Built) -> None:
     from routerlab.slides import draw, numbers
     from routerlab.tuning.checkpoint import read_config, shipped_routers
-    from routerlab.ui.tradeoff_tab import BENCH_DIR, load_results, tradeoff_figures
+    from routerlab.ui.tabs.tradeoff_tab import BENCH_DIR, load_results, tradeoff_figures
 
     calibrations = {g: read_config(folder).get("calibration") for g, folder in shipped_routers().items()}
     results = load_results(BENCH_DIR, calibrations=calibrations)  # as the Trade-off tab loads them

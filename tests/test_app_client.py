@@ -230,7 +230,7 @@ RUN_PARAMETERS = ["prompt", "threshold", "router_set", "kv_policy", "max_new_tok
 def test_api_names_every_parameter(app):
     """A script sees each endpoint's parameters by name (view_api, keyword arguments), never `param_0`, `param_1`, ...;
     the session (gr.State) is not a parameter, and the Measure-quality switch stays last."""
-    from routerlab.ui.compare import RUNGS
+    from routerlab.ui.tabs.compare import RUNGS
 
     url, _ = app
     api = client(url).view_api(print_info=False, return_format="dict")
@@ -306,7 +306,7 @@ def test_a_file_field_given_no_file_and_a_bad_example_index_are_refused_by_name(
     not one (the page's `load_example`, reached by its index) get a message naming the field, not `{"error": null}`."""
     from routerlab.bench.load.driver import _fn_index, _raw_call
     from routerlab.tuning.job import JobSettings
-    from routerlab.ui.train_tab import OWN, STARTS
+    from routerlab.ui.tabs.train_tab import OWN, STARTS
 
     url, res = app
     train = _fn_index(url, "train")

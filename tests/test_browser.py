@@ -163,7 +163,7 @@ def _explore_tour(page, app_url, engine):
     assert re.search(r"(^|\n)no(\n|$)|yes, from token \d+", stats), stats
     assert "own prefix" in page.locator("#rl-stats .rl-card", has_text="top-1 agreement").get_attribute("title")
     page.screenshot(path=str(SHOTS / "explore-done.png"), full_page=True)
-    # the routed speed against the full model's, decoded side by side (ui/side_by_side.py), beside the estimate
+    # the routed speed against the full model's, decoded side by side (ui/tabs/side_by_side.py), beside the estimate
     page.locator("#rl-vs-full").click()
     page.locator("#rl-vs-text", has_text="measured side by side").wait_for()
     said = page.locator("#rl-vs-text").inner_text()
@@ -181,7 +181,7 @@ def _explore_tour(page, app_url, engine):
         page.locator("#rl-dl-trace").click()
     saved = json.loads(Path(got.value.path()).read_text())
     assert any(not step["is_prompt"] for step in saved["steps"]) and saved["meta"]["kv_policy"]
-    with page.expect_download() as got:  # made in the page from what it shows (ui/heatmap_export.py), plotly.js inside
+    with page.expect_download() as got:  # made in the page from what it shows (ui/web/heatmap_export.py), plotly.js inside
         page.locator("#rl-dl-html").click()
     assert got.value.suggested_filename == "routerlab-heatmap.html"
     shown = page.evaluate("document.querySelector('#rl-heatmap .js-plotly-plot').data.length")
@@ -489,7 +489,7 @@ def test_a_long_documents_final_view_shows_what_its_trace_says(browser, long_run
     end the page's text, heatmap (decisions, quality strip and its colours), and stats are the final view built from
     the run's own downloaded trace, value for value: the streamed frames left nothing of theirs behind."""
     from routerlab.core.records.trace import Trace
-    from routerlab.ui import plots
+    from routerlab.ui.figures import plots
 
     document = " ".join(f"Line {k}: the tide table for the harbour says high water at {k % 12 + 1} o'clock." for k in range(12))[:700]
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
@@ -559,7 +559,7 @@ def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, 
     import time
 
     from routerlab.core.decode.generation import Generation
-    from routerlab.ui import stream
+    from routerlab.ui.state import stream
 
     url, res = app
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
@@ -699,7 +699,8 @@ def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypat
     import json
     import time
 
-    from routerlab.ui import plots, stream
+    from routerlab.ui.figures import plots
+    from routerlab.ui.state import stream
 
     if not Path("/proc/self/stat").exists():
         pytest.skip("no /proc: Chromium's CPU time cannot be read here")

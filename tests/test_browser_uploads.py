@@ -1,5 +1,5 @@
 """Uploads in a real browser (Debian's headless Chromium, driven by Playwright) through the upload guard
-(routerlab/ui/uploads.py): the app's own page uploads as before; a page of another origin that posts to the app's
+(routerlab/ui/state/uploads.py): the app's own page uploads as before; a page of another origin that posts to the app's
 upload route through the visitor's browser stores nothing. Skips where Chromium or playwright is missing.
 """
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import gradio as gr
 from test_browser import _free_port, browser  # noqa: F401 (browser: the module-scoped Chromium fixture)
 
-from routerlab.ui import uploads
-from routerlab.ui.uploads import UploadBudget
+from routerlab.ui.state import uploads
+from routerlab.ui.state.uploads import UploadBudget
 
 FOREIGN_POST = """async (target) => {
   const form = new FormData();

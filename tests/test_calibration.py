@@ -217,7 +217,7 @@ def test_command_of_names_only_what_differs_from_the_defaults():
 
 
 def test_the_slider_marks_read_a_calibrated_sets_measured_skip_rates():
-    from routerlab.ui.resources import expected_skips
+    from routerlab.ui.state.resources import expected_skips
 
     points = [{"threshold": t, "skip_rate": r} for t, r in ((0.1, 0.0), (0.3, 0.012), (0.5, 0.075), (0.7, 0.31), (0.9, 0.7))]
     meta = {"granularity": "attention-token", "calibration": {"scale": 6.5, "shift": 0.4, "points": {"heldout": points}}}
@@ -231,7 +231,7 @@ def test_the_slider_marks_read_a_calibrated_sets_measured_skip_rates():
 
 def test_choosing_a_calibrated_set_marks_its_skip_rates_on_the_slider(tmp_path):
     from routerlab.ui.layout import router_set_chosen
-    from routerlab.ui.resources import RouterSetInfo
+    from routerlab.ui.state.resources import RouterSetInfo
 
     points = [{"threshold": t, "skip_rate": r} for t, r in ((0.3, 0.016), (0.5, 0.073), (0.7, 0.282))]
     meta = {"granularity": "attention-token", "threshold": 0.5, "kv_policy": "kv",

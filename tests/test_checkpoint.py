@@ -122,7 +122,7 @@ def test_the_operators_router_sets_come_from_folders_or_the_hub_cache_and_are_ch
     """`app.py --routers` / ROUTERLAB_ROUTERS: each set is loaded against the model before the app starts."""
     import huggingface_hub.constants
 
-    from routerlab.ui.resources import operator_router_sets
+    from routerlab.ui.state.resources import operator_router_sets
 
     model, _, folder = saved
     _hub_cache(tmp_path / "hub", "someone/my-routers", folder)

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from routerlab.bench.context import context_point
-from routerlab.bench.report import context_curve_markdown
+from routerlab.bench.results.report import context_curve_markdown
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.base.documents import Document, cut_to_tokens, load_documents
 from routerlab.core.decode.engine import Engine
 from routerlab.core.model.models import tiny_model
 from routerlab.core.routing.router import RouterSet
-from routerlab.ui.tradeoff_plots import context_curve
+from routerlab.ui.figures.tradeoff_plots import context_curve
 
 COSTS = {"attention_full": 2e-4, "attention_kv_only": 5e-5, "mlp": 3e-4, "head": 1e-3, "step": 1e-2, "routing": 0.0,
          "overhead": 0.0, "context": 16.0, "per_token": {"attention_full": 1e-6, "attention_kv_only": 0.0, "step": 3e-5},

@@ -1,6 +1,6 @@
-"""core/'s layout: sub-packages stacked in one order, every import (at the top of a module or inside a function) going
-to the same sub-package or one below it, no import cycle among modules, and no folder of the library holding more than
-12 modules directly. docs/architecture.md draws the same order."""
+"""The library's layout: core/ and ui/ as sub-packages stacked in one order each, every import (at the top of a module
+or inside a function) going to the same sub-package or one below it, no import cycle among modules, and no folder of
+the library holding more than 12 modules directly. docs/architecture.md draws the same orders."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ LIB = ROOT / "routerlab"
 CORE = LIB / "core"
 # bottom to top: a sub-package may import its own modules and those of the sub-packages before it, never after
 ORDER = ("base", "kernels", "routing", "model", "graph", "ops", "records", "decode", "serve")
+UI_ORDER = ("figures", "state", "web", "tabs")  # then ui/layout.py, which builds the page from them all
 MOST_MODULES = 12
 
 
@@ -109,3 +110,20 @@ def test_no_library_folder_holds_more_than_12_modules():
     crowded = {str(d.relative_to(ROOT)): n for d in [LIB, *LIB.rglob("*")] if d.is_dir() and d.name != "__pycache__"
                and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MOST_MODULES}
     assert not crowded, crowded
+
+
+def test_every_ui_import_goes_to_its_own_sub_package_or_one_below():
+    up = []
+    for path in (LIB / "ui").rglob("*.py"):
+        parts = path.relative_to(LIB / "ui").parts
+        if len(parts) < 2 or "__pycache__" in parts:
+            continue  # ui/layout.py and ui/__init__.py sit on top
+        mine = UI_ORDER.index(parts[0])
+        for target in _imports(path):
+            t = target.split(".")
+            if t[:2] == ["routerlab", "ui"] and (len(t) == 2 or t[2] not in UI_ORDER or UI_ORDER.index(t[2]) > mine):
+                up.append(f"{_name(path)} -> {target}")
+    assert not up, "\n".join(sorted(up))
+    drawn = (ROOT / "docs" / "architecture.md").read_text()
+    order = re.search(r"ui/ sub-packages, bottom to top: (.*)", drawn)
+    assert order is not None and [s.strip(" `.") for s in order.group(1).split("<")] == [*UI_ORDER, "layout"]

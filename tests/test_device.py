@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from routerlab.bench import gpu_check
+from routerlab.bench.gpu import gpu_check
 from routerlab.bench.speed import kernel_floor, measure_speed
 from routerlab.core.kernels import batch_paths
 from routerlab.core.base.config import RoutingConfig

@@ -98,7 +98,7 @@ def test_sequence_level_drop_equals_mask():
 @pytest.mark.parametrize("policy", ["drop", "kv"])
 def test_skipped_attention_computes_no_query(policy, monkeypatch):
     """Skipped layers never project queries (drop: nothing at all; kv: only keys and values)."""
-    import routerlab.core.decode.engine as eng
+    import routerlab.core.ops.forward as eng
     import routerlab.core.ops.one_token as one
 
     model = tiny_model("llama")

@@ -1,4 +1,4 @@
-"""ui/fields.py: every field a visitor or a client sends, checked by type and range in one place, with a message that
+"""ui/state/fields.py: every field a visitor or a client sends, checked by type and range in one place, with a message that
 names the field and what is allowed; the handlers and the page's components give the same answer for inputs of the wrong kind
 (learning_rate "x", kd_weight "nan" / [1] / {"a": 1} / true, max_new_tokens 2.5, measure_quality "<img>",
 Compare's threshold_1 true, -0.0); messages quote the visitor's own input, never a stripped version."""
@@ -15,8 +15,8 @@ import gradio as gr
 import pytest
 
 from routerlab.core.base.errors import RouterLabError, quote
-from routerlab.ui import fields
-from routerlab.ui.fields import FieldError
+from routerlab.ui.state import fields
+from routerlab.ui.state.fields import FieldError
 
 NOT_NUMBERS = ["0.5", "x", "nan", "", [1], {"a": 1}, True, False, None, math.nan, math.inf, -math.inf]
 
@@ -242,7 +242,7 @@ def _zip(members: dict) -> bytes:
 def test_an_upload_refusal_quotes_the_zip_members_own_name_escaped(tmp_path, member):
     """'<img src=/gradio_api/pxZIP>/../x' was shown as '<img src=pxZIP>x', and '/tmp/router.json' as 'router.json'."""
     from routerlab import ui
-    from routerlab.ui.train_tab import upload_set
+    from routerlab.ui.tabs.train_tab import upload_set
 
     res = _tiny()
     path = tmp_path / "set.zip"
@@ -253,7 +253,7 @@ def test_an_upload_refusal_quotes_the_zip_members_own_name_escaped(tmp_path, mem
 
 
 def test_without_paths_keeps_the_quoted_input_and_cuts_the_servers_paths():
-    from routerlab.ui.session import without_paths
+    from routerlab.ui.state.session import without_paths
 
     text = "The zip holds '/tmp/router.json'; see /srv/app/routerlab/x.py"
     assert without_paths(text, ("'/tmp/router.json'",)) == "The zip holds '/tmp/router.json'; see x.py"

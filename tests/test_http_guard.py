@@ -1,6 +1,6 @@
-"""The page guard (routerlab/ui/http_guard.py) in front of a real Gradio server: a body over the cap is refused
+"""The page guard (routerlab/ui/web/http_guard.py) in front of a real Gradio server: a body over the cap is refused
 without being held, a file field naming a URL is refused before Gradio would fetch it, every answer carries the
-framing headers, plotly.js is served for the page's exports; and the exports' ledger (routerlab/ui/exports.py)
+framing headers, plotly.js is served for the page's exports; and the exports' ledger (routerlab/ui/state/exports.py)
 keeps a session's last runs and a budget in all.
 
 A tiny Blocks (a text box and a File box, each with an API route) stands in for the app, with the guards the app
@@ -18,9 +18,10 @@ import pytest
 
 from test_uploads import free_port
 
-from routerlab.ui import http_guard, uploads
-from routerlab.ui.exports import ExportLedger
-from routerlab.ui.http_guard import PLOTLY_ROUTE, url_in_file_field
+from routerlab.ui.web import http_guard
+from routerlab.ui.state import uploads
+from routerlab.ui.state.exports import ExportLedger
+from routerlab.ui.web.http_guard import PLOTLY_ROUTE, url_in_file_field
 
 MB = 2**20
 LIMIT = 2 * MB

@@ -1,10 +1,10 @@
-"""bench kernels (routerlab/bench/kernels.py): every candidate product is timed and its error measured, on a tiny model."""
+"""bench kernels (routerlab/bench/products/kernels.py): every candidate product is timed and its error measured, on a tiny model."""
 
 from __future__ import annotations
 
 import pytest
 
-from routerlab.bench import kernels
+from routerlab.bench.products import kernels
 from routerlab.core.decode.engine import Engine
 from routerlab.core.model.models import tiny_model
 from routerlab.core.kernels.weights import LowBitPlan

@@ -1,4 +1,4 @@
-"""Links that open the app in a state (ui/links.py): every setting read and written, bad values named, round trips."""
+"""Links that open the app in a state (ui/tabs/links.py): every setting read and written, bad values named, round trips."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from urllib.parse import parse_qsl
 
 import pytest
 
-from routerlab.ui.links import FIELDS, LINK_PROMPT_CHARS, TABS, View, link_query, read_link, router_key
+from routerlab.ui.tabs.links import FIELDS, LINK_PROMPT_CHARS, TABS, View, link_query, read_link, router_key
 
 FULL, UNTRAINED = "full model (no routing)", "attention-token (untrained)"
 LABELS = [FULL, "attention-token (trained)", "mlp-token (trained)", "block-token (my-set)", UNTRAINED]

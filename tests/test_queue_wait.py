@@ -1,5 +1,5 @@
 """A generation that would wait past ROUTERLAB_MAX_WAIT_S is refused as it joins the line, with the wait said
-(routerlab/ui/queue_wait.py), on a real Gradio server: one slot held by a slow run, the next request refused at once
+(routerlab/ui/web/queue_wait.py), on a real Gradio server: one slot held by a slow run, the next request refused at once
 with the message at its first input, while a bad input still gets its own message; with a slot free, or no finished
 run yet to estimate from, nothing is refused."""
 
@@ -14,7 +14,7 @@ import gradio as gr
 import pytest
 from gradio_client import Client
 
-from routerlab.ui.queue_wait import WaitCap, middleware, register, validation_answer
+from routerlab.ui.web.queue_wait import WaitCap, middleware, register, validation_answer
 
 
 class Fn:  # a BlockFunction as the queue keys its times: hashable, with its line

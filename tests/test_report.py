@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from routerlab.__main__ import main
-from routerlab.bench.report import BENCH, RESULTS, results_markdown
+from routerlab.bench.results.report import BENCH, RESULTS, results_markdown
 from routerlab.core.base.paths import ROOT
 
 
@@ -85,7 +85,7 @@ def test_report_of_a_small_set_has_its_rows_and_says_what_was_not_measured(tmp_p
 
 
 def test_an_empty_or_broken_folder_gives_lines_not_errors(tmp_path):
-    from routerlab.bench.report import SOURCES
+    from routerlab.bench.results.report import SOURCES
 
     text = results_markdown(tmp_path / "nothing-here")
     assert text.count("Not measured:") == len(SOURCES) == 18
@@ -119,8 +119,8 @@ def test_bench_report_writes_the_document_and_check_fails_when_it_is_stale(tmp_p
 
 def test_the_train_tabs_random_row_shows_a_skip_probability_not_a_threshold():
     """The job records random skipping's probability in its rows' `threshold` field; the tables say what it is."""
-    from routerlab.bench.report import train_tab_markdown
-    from routerlab.ui.train_plots import result_md
+    from routerlab.bench.results.report import train_tab_markdown
+    from routerlab.ui.figures.train_plots import result_md
 
     rows = {"mine at 0.5": {"threshold": 0.5, "skip_rate": 0.16, "perplexity_increase": 0.1, "kl_full": 0.1, "agreement": 0.8},
             "random at my share": {"threshold": 0.137, "skip_rate": 0.16, "perplexity_increase": 0.4, "kl_full": 0.4, "agreement": 0.7}}
@@ -136,7 +136,7 @@ def test_recorded_commands_are_shown_as_a_reader_types_them():
     which the document printed after a second `python -m routerlab`; load.json names the harness's old module."""
     import shlex
 
-    from routerlab.bench.report import _cli_command, _server_mode
+    from routerlab.bench.results.report import _cli_command, _server_mode
 
     prompt = "Explain in three sentences why the sky is blue."
     old = {"prompt": prompt, "cli_command": f"-m routerlab generate --prompt {prompt} --max-new-tokens 64 --json"}

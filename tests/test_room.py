@@ -376,7 +376,7 @@ def examples_alone_and_in_a_room(engine, new_tokens: int) -> tuple[list, list, i
     the requests, the tokens each wrote alone, how many runs are identical, and where a run departs from its run alone, the alone run's own logit
     gap between the two tokens (its argmax checked to be the token it wrote)."""
     from routerlab.tuning.checkpoint import load_routers
-    from routerlab.ui.resources import ROUTERS_DIR, load_prompts
+    from routerlab.ui.state.resources import ROUTERS_DIR, load_prompts
 
     routers = load_routers(ROUTERS_DIR / "attention-token", engine.model)[0]
     config = GenerateConfig(max_new_tokens=new_tokens, ignore_eos=True)

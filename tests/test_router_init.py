@@ -11,8 +11,8 @@ from routerlab.core.model.models import tiny_model
 from routerlab.core.model.routed import Anatomy
 from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.data import Example
-from routerlab.tuning.router_init import probe_init
-from routerlab.tuning.standin_fit import record_updates
+from routerlab.tuning.head_start.router_init import probe_init
+from routerlab.tuning.head_start.standin_fit import record_updates
 from routerlab.tuning.train import TrainConfig, train_routers
 
 

@@ -1,4 +1,4 @@
-"""The one escaping helper (ui/safe.py): hostile text comes back with nothing a page could read as syntax, and reads the same.
+"""The one escaping helper (ui/figures/safe.py): hostile text comes back with nothing a page could read as syntax, and reads the same.
 
 What Chromium then shows (gr.Markdown, gr.HTML, toasts, plotly) is tested in test_browser_hostile.py.
 """
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from routerlab.ui import safe
+from routerlab.ui.figures import safe
 
 # Hostile payloads (a link, a zip's router.json and member names, a prompt, training text), and their cousins.
 PAYLOADS = [

@@ -1,4 +1,4 @@
-"""ui.served.ready gives a frame's values exactly as Gradio's own postprocessing would send them, so Explore's events
+"""ui.state.served.ready gives a frame's values exactly as Gradio's own postprocessing would send them, so Explore's events
 can be bound postprocess=False without the page seeing any difference."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gradio as gr
 import pytest
 from gradio.components.plot import PlotData
 
-from routerlab.ui import served
+from routerlab.ui.state import served
 
 
 def _gradio_would_send(component, value):

@@ -2,7 +2,7 @@
 free port, driven by Debian's headless Chromium (skips, with the reason, where Chromium or playwright is missing).
 
 Closing the page drops its heartbeat connection; Gradio fires the app's unload event, which ends the tab's Session
-(ui/session.py: its training is abandoned, its sets and temp folder deleted) at once instead of an hour later. An
+(ui/state/session.py: its training is abandoned, its sets and temp folder deleted) at once instead of an hour later. An
 upload over ROUTERLAB_MAX_UPLOAD_MB is refused by Gradio before it is stored. Time bounds are generous (a shared
 2-core machine); the test prints what it measured.
 """
@@ -18,7 +18,7 @@ import pytest
 from test_browser import _free_port, browser  # noqa: F401  (the module's Chromium fixture)
 
 from routerlab import ui
-from routerlab.ui import session as sessions
+from routerlab.ui.state import session as sessions
 
 
 def test_launch_options_cap_uploads_from_the_environment(monkeypatch):

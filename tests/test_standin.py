@@ -242,7 +242,7 @@ def test_the_shipped_set_of_a_granularity_is_the_folder_named_after_it(tmp_path,
 
 
 def test_the_heatmap_marks_cells_that_ran_a_stand_in():
-    from routerlab.ui import plots
+    from routerlab.ui.figures import plots
 
     model = tiny_model("llama")
     engine = Engine(model)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from routerlab.ui.stream import MEASURED_PLOT_SLACK, POLL, Pacer
+from routerlab.ui.state.stream import MEASURED_PLOT_SLACK, POLL, Pacer
 
 
 def run(measuring=True, scoring=False, chunks=0):
@@ -55,7 +55,7 @@ def test_a_finished_pass_redraws_even_without_new_tokens():
 
 def test_frames_come_less_often_for_each_visitor_as_a_room_grows():
     """Up to SHARED_ROWS_PER_PACE generations sharing a step: the usual pace; 8 sharing: twice the intervals."""
-    from routerlab.ui.stream import SHARED_ROWS_PER_PACE
+    from routerlab.ui.state.stream import SHARED_ROWS_PER_PACE
 
     alone, shared = SimpleNamespace(measuring=False, scoring=False, quality_chunks=0, sharing=SHARED_ROWS_PER_PACE), \
         SimpleNamespace(measuring=False, scoring=False, quality_chunks=0, sharing=2 * SHARED_ROWS_PER_PACE)

@@ -180,7 +180,7 @@ def test_evaluation_takes_prompts_and_responses_of_every_count(stepwise):
 
 def test_compare_lockstep_with_quality_finishes_every_column():
     """Compare's ladder: the full model and three thresholds decoded in lockstep, each column metered."""
-    from routerlab.ui.stream import Decoder
+    from routerlab.ui.state.stream import Decoder
 
     engine, rs = _engine("llama", "int4"), _routers("llama")
     controls = [Control(t) for t in (0.5, 0.3, 0.5, 0.7)]

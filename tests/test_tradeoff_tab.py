@@ -1,4 +1,4 @@
-"""The Trade-off tab (ui/tradeoff_tab.py, ui/tradeoff_plots.py): figures from the committed results in
+"""The Trade-off tab (ui/tabs/tradeoff_tab.py, ui/figures/tradeoff_plots.py): figures from the committed results in
 assets/bench/ and from folders that lack some of them, the readable table, and row picking."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import gradio as gr
 import pytest
 
 from routerlab import ui
-from routerlab.ui import tradeoff_plots
+from routerlab.ui.figures import tradeoff_plots
 
 BENCH = ui.BENCH_DIR
 

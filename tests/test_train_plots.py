@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from routerlab.ui import train_plots
+from routerlab.ui.figures import train_plots
 
 ROWS = [{"step": k, "target": 1 - 0.03 * k, "loss": 0.2, "kd": 0.1 / k, "lm": 1.0, "budget": 0.01, "skip": 0.02 * k}
         for k in range(1, 5)]
@@ -30,8 +30,8 @@ def test_a_tick_without_a_new_step_sends_no_figures():
     visitor's training shares, so a tick sends the figures only when a step or a checkpoint has arrived."""
     from types import SimpleNamespace
 
-    from routerlab.ui.session import Session
-    from routerlab.ui.train_tab import train_tick
+    from routerlab.ui.state.session import Session
+    from routerlab.ui.tabs.train_tab import train_tick
 
     snap = {"phase": "training", "rows": ROWS[:2], "checkpoints": [], "layers": [], "elapsed": 5.0, "message": "",
             "steps_planned": 10, "trainable": None, "weights": {}}
@@ -65,7 +65,7 @@ def test_result_and_progress_show_names_and_messages_as_text():
 
 
 def test_a_one_step_curve_is_drawn_and_the_pace_is_said():
-    from routerlab.ui import train_plots
+    from routerlab.ui.figures import train_plots
 
     row = {"step": 1, "steps_planned": 40, "target": 0.9, "skip": 0.05, "seconds": 12.0, "kd": 0.5}
     snap = {"phase": "training", "elapsed": 20.0, "rows": [row], "checkpoints": [], "message": "Training"}
@@ -77,7 +77,7 @@ def test_a_one_step_curve_is_drawn_and_the_pace_is_said():
 
 
 def test_the_progress_line_says_where_a_long_step_is():
-    from routerlab.ui import train_plots
+    from routerlab.ui.figures import train_plots
 
     snap = {"phase": "training", "elapsed": 30.0, "rows": [], "checkpoints": [], "message": "Training", "example": (1, 3, 8)}
     assert "step 1: example 3 of 8 done" in train_plots.progress_html(snap, 180)

@@ -20,7 +20,7 @@ import torch
 from holding import Holding
 
 from routerlab import ui
-from routerlab.ui import heatmap_export
+from routerlab.ui.web import heatmap_export
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.records.trace import Trace
@@ -175,7 +175,7 @@ def test_explore_streams_text_then_final_figures_and_exports(res):
     assert not any(is_skip(v) for o in outs[1:-1] for v in o), "no gr.skip() while streaming (Gradio rebuilds a component per skip)"
     trace = Trace.from_json(file_path(trace_dl).read_text())
     assert trace.generated_steps and trace.meta["granularity"] == "attention-token"
-    # the heatmap's page is made in the browser on the click (ui/heatmap_export.py): the server only shows the button
+    # the heatmap's page is made in the browser on the click (ui/web/heatmap_export.py): the server only shows the button
     assert (html_dl.constructor_args if isinstance(html_dl, gr.Button) else {"value": html_dl})["value"] == heatmap_export.LABEL
     assert [p.name for p in file_path(trace_dl).parent.iterdir()] == ["routerlab-trace.json"]
     assert session.trace is not None and not session.running
@@ -279,7 +279,7 @@ def test_compare_streams_both_and_marks_divergence(res):
     full, routed = session.compare
     assert full.meta["granularity"] == "full" and routed.meta["granularity"] == "attention-token"
     assert "tok/s" in cmp_html and status.startswith("✓")
-    div = ui.plots.first_divergence(full, routed)
+    div = ui.figures.plots.first_divergence(full, routed)
     if div is not None:
         assert "rl-diverge" in routed_html and f"token {div + 1}:" in cmp_html
     assert "applies to the next generation" in ui.threshold_moved(res, 0.2, session)[3]  # the slider never steers a ladder
@@ -290,7 +290,7 @@ def test_a_link_threshold_is_not_announced_twice(res):
     """Opening a link sets the slider: the link's note says so; the slider's change event adds no second line."""
     from types import SimpleNamespace
 
-    from routerlab.ui.links import View, open_link
+    from routerlab.ui.tabs.links import View, open_link
 
     session = ui.Session()
     request = SimpleNamespace(query_params={"threshold": "0.62"})
@@ -306,7 +306,7 @@ def test_a_link_note_names_the_button_of_its_tab(res, tab, button):
     """The Train tab's button is Start training, not Generate; Trade-off, Layers and About have nothing to run first."""
     from types import SimpleNamespace
 
-    from routerlab.ui.links import View, open_link
+    from routerlab.ui.tabs.links import View, open_link
 
     note = open_link(res, View(prompt="Hi", routers=RANDOM), SimpleNamespace(query_params={"tab": tab}), ui.Session())[10].value
     assert note.startswith("✓ Opened a link")
@@ -439,7 +439,7 @@ def test_per_layer_costs_are_measured_and_estimate_a_speedup(res):
     costs = res.measure_costs(contexts=(16, 64), repeat=2)
     assert res.costs_for(None) is costs and costs["step"] > 0 and costs["context"] == 16
     assert costs["long_context"] == 64 and set(costs["per_token"]) == {"attention_full", "attention_kv_only", "step"}
-    assert ui.plots.live_stats(Trace(4, [], {}), costs)["speedup_estimate"] is None  # no decoded token yet
+    assert ui.figures.plots.live_stats(Trace(4, [], {}), costs)["speedup_estimate"] is None  # no decoded token yet
 
 
 def test_build_demo_wires_named_endpoints(res):
@@ -520,7 +520,7 @@ def test_a_long_prompt_shows_how_far_its_reading_is_and_stop_ends_it(res, monkey
 def test_prefill_progress_counts_a_ladders_prompts():
     from types import SimpleNamespace
 
-    from routerlab.ui.stream import prefill_progress
+    from routerlab.ui.state.stream import prefill_progress
 
     run = lambda read, total=1800: SimpleNamespace(prompt_read=read, prompt_tokens=total)  # noqa: E731
     assert prefill_progress([run(512)]) == "reading the prompt: 512 of 1,800 tokens"
@@ -548,7 +548,7 @@ def test_a_typed_threshold_survives_choosing_a_router_set(tmp_path, res):
 def test_a_link_opens_both_prompts_and_names_a_document_in_its_menu(res):
     from types import SimpleNamespace
 
-    from routerlab.ui.links import View, open_link, view_link
+    from routerlab.ui.tabs.links import View, open_link, view_link
 
     from urllib.parse import parse_qsl
 
@@ -565,7 +565,7 @@ def test_a_link_opens_both_prompts_and_names_a_document_in_its_menu(res):
 def test_after_a_run_alone_its_speed_is_measured_beside_the_full_model_and_after_a_shared_one_it_says_why_not(res):
     """The card after each run (ui/side_by_side.after_run): measured where the run had the server to itself; where it
     shared the room's steps, a note naming them and the button; nothing for a stopped run or the full model."""
-    from routerlab.ui.side_by_side import after_run
+    from routerlab.ui.tabs.side_by_side import after_run
 
     session = ui.Session()
     run_all(explore(res, session, max_new=8))
@@ -583,7 +583,7 @@ def test_after_a_run_alone_its_speed_is_measured_beside_the_full_model_and_after
 def test_measured_beside_the_full_model_side_by_side_and_explained(res):
     """The button's measurement: a ratio of two runs decoded one token each in turn, the estimate beside it, and a
     refusal (not a run) for the full model, which is the reference."""
-    from routerlab.ui.side_by_side import measure_beside_full
+    from routerlab.ui.tabs.side_by_side import measure_beside_full
 
     session = ui.Session()
     text, status = measure_beside_full(res, session, "Hello there", 0.5, RANDOM, "kv", res.default_model)

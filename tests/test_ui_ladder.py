@@ -1,4 +1,4 @@
-"""The Compare tab's threshold ladder (ui/compare.py) on a tiny random model with a character tokenizer.
+"""The Compare tab's threshold ladder (ui/tabs/compare.py) on a tiny random model with a character tokenizer.
 
 The full model and up to three thresholds decode one token each in turn; a test that acts on the
 running ladder holds one of its runs (tests/holding.py), and since one thread advances every run
@@ -15,7 +15,7 @@ from test_ui import RANDOM, tiny_resources, run_all
 from routerlab import ui
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.records.trace import Step, Trace
-from routerlab.ui.compare import lockstep_speeds, shared_tokens, step_seconds
+from routerlab.ui.tabs.compare import lockstep_speeds, shared_tokens, step_seconds
 
 LADDER = [0.3, 0.5, 0.7]
 
@@ -129,7 +129,7 @@ def test_every_rung_records_its_quality_pass_per_step(res):
 
 
 def test_the_quick_sweep_decodes_its_runs_side_by_side_over_the_same_tokens(res):
-    from routerlab.ui.tradeoff_tab import HEADERS, tradeoff_sweep
+    from routerlab.ui.tabs.tradeoff_tab import HEADERS, tradeoff_sweep
 
     fig, table, status = tradeoff_sweep(res, "Hello there", RANDOM, "kv", res.default_model, progress=lambda *a, **k: None)
     assert status.startswith("✓") and "side by side" in status and "first " in status
@@ -141,7 +141,7 @@ def test_first_difference_from_the_full_model_is_marked(res):
     session = ui.Session()
     *columns, table, _, _ = run_all(ladder(res, session, max_new=32))[-1]
     full, *rungs = session.compare
-    found = [ui.plots.first_divergence(full, r) for r in rungs]
+    found = [ui.figures.plots.first_divergence(full, r) for r in rungs]
     assert any(j is not None for j in found), "0.7 skips most cells of these routers: its text departs from the full model's"
     for j, column in zip(found, columns[1:]):
         if j is None:
@@ -242,7 +242,7 @@ def test_step_seconds_leave_out_the_last_token_and_a_quality_pass_known_only_for
 def test_a_looping_column_is_flagged_as_explore_flags_it():
     from test_plots import synthetic_trace
 
-    from routerlab.ui.compare import column_html
+    from routerlab.ui.tabs.compare import column_html
 
     full, looping = synthetic_trace(n_gen=40), synthetic_trace(n_gen=40)
     for k, step in enumerate(looping.generated_steps):

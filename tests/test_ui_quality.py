@@ -16,8 +16,8 @@ from test_ui import RANDOM, tiny_resources, figure, heatmap_kind, live_figure, p
 
 from routerlab import ui
 from routerlab.core.records.trace import Step, Trace
-from routerlab.ui import plots
-from routerlab.ui import quality_plots as qp
+from routerlab.ui.figures import plots
+from routerlab.ui.figures import quality_plots as qp
 
 COSTS = {"attention_full": 0.002, "attention_kv_only": 0.0005, "mlp": 0.003, "head": 0.004, "step": 0.05, "context": 64.0}
 
@@ -154,7 +154,7 @@ def _timed_trace(quality: bool) -> Trace:
 def test_explores_decode_rate_leaves_out_the_quality_pass(res):
     """The same decoding with the quality meter on and off shows the same tok/s (4 tokens in 1 s), in the card and in the
     status line, as Compare's decode_speed counts it; a real run's figure is its trace's decode time only."""
-    from routerlab.ui.explore import _done_status
+    from routerlab.ui.tabs.explore import _done_status
 
     on, off = _timed_trace(True), _timed_trace(False)
     assert on.decode_tokens_per_second() < 4.0  # counting the passes, the routed run looked slower

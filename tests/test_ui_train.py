@@ -19,7 +19,7 @@ from test_ui import tiny_resources as _tiny_resources
 from routerlab import ui
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.base.config import GenerateConfig
-from routerlab.ui.train_tab import BUILT_IN, OWN, train_start, train_stop, train_tick, upload_set
+from routerlab.ui.tabs.train_tab import BUILT_IN, OWN, train_start, train_stop, train_tick, upload_set
 
 TEXT = "\n\n".join(f"Paragraph {k}: the quick brown fox jumps over the lazy dog, again and again, {k} times." for k in range(12))
 
@@ -108,7 +108,7 @@ def test_bad_settings_text_and_uploads_are_status_messages_and_touch_no_input(tm
 
 
 def test_a_training_files_name_is_shown_as_text(tmp_path):
-    """The status names the data's source, a visitor's file name: escaped like any text from outside (ui/safe.py)."""
+    """The status names the data's source, a visitor's file name: escaped like any text from outside (ui/figures/safe.py)."""
     import html
 
     name = "<img src=hostile-file>.txt"
@@ -188,7 +188,7 @@ def test_a_visitor_trains_one_set_at_a_time_whatever_tab_they_ask_from():
 
 
 def test_closing_the_tab_stops_the_training():
-    from routerlab.ui.session import _delete_session
+    from routerlab.ui.state.session import _delete_session
 
     res = tiny_resources()
     session = ui.Session()
@@ -235,7 +235,7 @@ def test_a_closed_tab_ends_its_session_at_once_through_the_unload_handler(tmp_pa
     later) is harmless."""
     from types import SimpleNamespace
 
-    from routerlab.ui.session import _delete_session, close_tab, keep_session, open_sessions
+    from routerlab.ui.state.session import _delete_session, close_tab, keep_session, open_sessions
 
     res = tiny_resources()
     session, other = ui.Session(), ui.Session()
@@ -260,7 +260,7 @@ def test_a_closed_tab_ends_its_session_at_once_through_the_unload_handler(tmp_pa
 
 
 def test_the_progress_line_says_when_answering_ends_and_never_claims_time_left_past_the_budget():
-    from routerlab.ui.train_plots import progress_html
+    from routerlab.ui.figures.train_plots import progress_html
 
     answering = {"phase": "answering", "elapsed": 5.0, "message": "The full model answers up to 334 prompts first …",
                  "answered": 8, "to_answer": 334, "answer_until": 12.0, "rows": []}
@@ -315,7 +315,7 @@ def test_stop_during_the_steps_and_during_the_calibration_frees_the_page_at_once
     up to STOP_WAIT = 1.5 s, then the page's chained tick frees Start), the routers are kept as they were,
     uncalibrated (router.json without a calibration, 0.5 the training gate) and said so; Start works again."""
     from routerlab.tuning.checkpoint import read_config
-    from routerlab.ui.train_tab import STOP_WAIT
+    from routerlab.ui.tabs.train_tab import STOP_WAIT
 
     res = tiny_resources()
     session = ui.Session()

@@ -1,4 +1,4 @@
-"""The upload guard (routerlab/ui/uploads.py) in front of a real Gradio server: uploads stay within their budget on
+"""The upload guard (routerlab/ui/state/uploads.py) in front of a real Gradio server: uploads stay within their budget on
 disk, per visitor and for the server; another site's page cannot upload; what the app reads is deleted; a public
 root URL set by the operator is what /config says, whatever Host a request claims.
 
@@ -19,9 +19,10 @@ import httpx
 import pytest
 
 from routerlab import ui
-from routerlab.ui import http_guard, uploads
-from routerlab.ui.train_tab import upload_set
-from routerlab.ui.uploads import Ledger, UploadBudget
+from routerlab.ui.web import http_guard
+from routerlab.ui.state import uploads
+from routerlab.ui.tabs.train_tab import upload_set
+from routerlab.ui.state.uploads import Ledger, UploadBudget
 
 KB = 1024
 # These tests stand in for visitors behind a proxy: each "visitor" is an X-Forwarded-For value from 127.0.0.1, trusted.

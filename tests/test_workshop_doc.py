@@ -94,7 +94,7 @@ def test_the_lesson_shows_every_figure_the_command_wrote():
 def test_the_about_tabs_lesson_links_are_the_lessons():
     import re
 
-    from routerlab.ui.about import ABOUT_MD
+    from routerlab.ui.tabs.about import ABOUT_MD
 
     about = re.findall(r"\]\((\?[^)]+)\)", ABOUT_MD)
     assert len(about) == 3

@@ -138,7 +138,7 @@ def context_benchmark(model_spec: str | None = None, contexts=CONTEXTS, threshol
                       log=print) -> dict:
     from routerlab.bench.speed import cpu_model
     from routerlab.tuning.checkpoint import load_routers
-    from routerlab.ui.resources import load_prompts
+    from routerlab.ui.state.resources import load_prompts
 
     start, load = time.perf_counter(), os.getloadavg()[0]  # others sharing the cores show here
     if threads:

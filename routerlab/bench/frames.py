@@ -1,5 +1,5 @@
 """What Gradio itself costs the web process per streamed frame, with its own postprocessing and with frames made ready
-by the handler (ui/served.py), side by side.
+by the handler (ui/state/served.py), side by side.
 
     python -m routerlab.bench.frames [--frames 300] [--rounds 2]
 
@@ -26,7 +26,7 @@ def _serve(postprocess: bool, port: int) -> None:
     import gradio as gr
     from gradio.components.plot import PlotData
 
-    from routerlab.ui import served
+    from routerlab.ui.state import served
 
     text = "<span class='rl-tok'>a token</span>" * 200  # a streamed text of about 200 tokens
     plot = PlotData(type="plotly", plot=json.dumps({"data": [{"z": [[0.5] * 200] * 30, "type": "heatmap"}], "layout": {}}))

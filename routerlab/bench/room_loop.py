@@ -59,7 +59,7 @@ def run(engine, routers, prompts: list[str], n: int, mode: str, new_tokens: int 
 def main(argv: list[str] | None = None) -> int:
     from routerlab.core.model.models import load_model
     from routerlab.tuning.checkpoint import load_routers
-    from routerlab.ui.resources import ROUTERS_DIR, load_prompts
+    from routerlab.ui.state.resources import ROUTERS_DIR, load_prompts
 
     p = argparse.ArgumentParser(prog="python -m routerlab.bench.room_loop", description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="8,32", help="requests at once, comma-separated")

@@ -24,7 +24,7 @@ LONG = [("full", ["--granularity", "full"]), ("kv 0.7", ["--threshold", "0.7", "
 def prompts(long_tokens: int) -> dict[str, str]:
     from routerlab.core.base.documents import cut_to_tokens, load_documents
     from routerlab.core.model.models import load_model
-    from routerlab.ui.resources import load_prompts
+    from routerlab.ui.state.resources import load_prompts
 
     documents = load_documents()
     tok = load_model(device="cpu").tokenizer

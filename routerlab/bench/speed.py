@@ -390,7 +390,7 @@ def speed_benchmark(model_spec: str | None = None, *, prompt_tokens: int = 512, 
             "engine_vs_llama_cpp": ratio(long_runs, long_peer),
         }
     if is_cuda(engine.device):  # the host's waits for the GPU per decoded token (docs/method.md, "Routing on a GPU")
-        from routerlab.bench.syncs import decode_syncs
+        from routerlab.bench.gpu.syncs import decode_syncs
 
         result["syncs_per_token"] = {"full": decode_syncs(engine, ids, None, 32),
                                      "never_skip": decode_syncs(engine, ids, never, 32)}  # one more per routed layer

@@ -179,7 +179,7 @@ def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, l
             f"graph {entry['graph_vs_engine']:.2f}x the engine; first {same} of {new_tokens} greedy tokens the same")
     if peer is not None:
         peer.close()
-    from routerlab.ui.resources import load_prompts
+    from routerlab.ui.state.resources import load_prompts
 
     first = loaded.tokenizer.apply_chat_template([{"role": "user", "content": load_prompts()[0]}], add_generation_prompt=True, tokenize=True)
     first = list(first["input_ids"] if hasattr(first, "keys") else first)

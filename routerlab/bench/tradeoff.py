@@ -199,7 +199,7 @@ def granularity_table(rows: list[dict], limits=(0.02, 0.05, 0.10)) -> list[dict]
 
 
 def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
-    from routerlab.ui import tradeoff_plots
+    from routerlab.ui.figures import tradeoff_plots
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out / "tradeoff.csv", "json": out / "tradeoff.json", "html": out / "tradeoff.html",
@@ -210,7 +210,7 @@ def write_outputs(result: dict, out: Path = OUT, log=print) -> dict[str, Path]:
         writer.writerows(result["rows"] + result["context_scaling"])  # context rows: same columns, longer prompts
     result = {**result, "granularity_table": granularity_table(result["rows"])}
     paths["json"].write_text(json.dumps(result, indent=1, default=str))
-    from routerlab.bench.report import markdown
+    from routerlab.bench.results.report import markdown
 
     paths["md"] = out / "tradeoff.md"
     paths["md"].write_text(markdown(result))

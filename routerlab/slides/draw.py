@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 
 from routerlab.core.records.trace import Trace
 from routerlab.slides.export import HEIGHT, WIDTH
-from routerlab.ui import plots
+from routerlab.ui.figures import plots
 
 FONT_PX, TICK_PX, TITLE_PX = 24, 20, 38  # body text, tick labels, title (px at 1920 wide)
 INK, MUTED = "#111827", "#4b5563"

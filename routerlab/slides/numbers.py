@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 from routerlab.core.records.trace import Trace, savings
-from routerlab.ui import plots
-from routerlab.ui.compare import decode_speed, ladder_rows, lockstep_speeds, shared_tokens
+from routerlab.ui.figures import plots
+from routerlab.ui.tabs.compare import decode_speed, ladder_rows, lockstep_speeds, shared_tokens
 
 
 def _first_difference(full: Trace | None, trace: Trace) -> dict:

@@ -278,7 +278,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
 
     probe = None
     if cfg.init == "probe":  # a head start: each router fitted to its sub-layer's update sizes at full depth
-        from routerlab.tuning.router_init import probe_init
+        from routerlab.tuning.head_start.router_init import probe_init
 
         probe = probe_init(anatomy, routers, examples, skip=1.0 - cfg.target)
         if seconds is not None:  # the fit is part of training: it comes out of the time budget
@@ -287,7 +287,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
             print(f"probe init: {probe['tokens']} tokens, {probe['seconds']} s", flush=True)
     fit = None
     if cfg.adapter_fit:  # a head start: each stand-in fitted to its sub-layer's update at full depth
-        from routerlab.tuning.standin_fit import fit_standins
+        from routerlab.tuning.head_start.standin_fit import fit_standins
 
         fit = fit_standins(anatomy, routers, examples, steps=cfg.adapter_fit,
                            log=lambda m: progress and accelerator.is_local_main_process and print(m, flush=True))

@@ -52,7 +52,7 @@ def read_text(pasted: str | None, path: str | Path | None, max_chars: int = MAX_
         path = Path(path)
         if path.suffix.lower() not in (".txt", ".jsonl", ".json", ".md"):
             raise RouterLabError(f"{path.name} is not a .txt or .jsonl file.", "Upload plain text (.txt) or JSON lines (.jsonl).")
-        if not path.is_file():  # a full server makes room by deleting the oldest uploads (ui/uploads.py)
+        if not path.is_file():  # a full server makes room by deleting the oldest uploads (ui/state/uploads.py)
             raise RouterLabError(f"{path.name} is no longer on the server: uploads are deleted to make room when the server is full.",
                                  "Upload it again, then press Start.")
         size = path.stat().st_size

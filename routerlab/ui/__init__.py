@@ -26,16 +26,16 @@ Sharing rules (one model serves every visitor):
     `Control`s and last Trace. A slider event reaches the running generation only through it.
 
 The constants re-exported here are copies: to change one (a test, a benchmark), set it on the
-module that defines it, e.g. `routerlab.ui.stream.HEATMAP_INTERVAL`.
+module that defines it, e.g. `routerlab.ui.state.stream.HEATMAP_INTERVAL`.
 """
 
-from routerlab.ui import plots
-from routerlab.ui.about import ABOUT_MD, DIAGRAM
-from routerlab.ui.compare import LADDER, column_html, compare_run, decode_speed, ladder_html, ladder_rows, ladder_thresholds
-from routerlab.ui.explore import STATS_INTERVAL, explore_run, show_last, stop_run, threshold_moved
-from routerlab.ui.checked_inputs import NumberSlider
+from routerlab.ui.figures import plots
+from routerlab.ui.tabs.about import ABOUT_MD, DIAGRAM
+from routerlab.ui.tabs.compare import LADDER, column_html, compare_run, decode_speed, ladder_html, ladder_rows, ladder_thresholds
+from routerlab.ui.tabs.explore import STATS_INTERVAL, explore_run, show_last, stop_run, threshold_moved
+from routerlab.ui.web.checked_inputs import NumberSlider
 from routerlab.ui.layout import CSS_FILE, EXPORT_TTL, WHAT_IF_PREVIEW_JS, build_demo, enable_queue, launch_options, router_set_chosen, theme
-from routerlab.ui.resources import (
+from routerlab.ui.state.resources import (
     FALLBACK_PROMPTS,
     FULL,
     PROMPTS_FILE,
@@ -48,10 +48,10 @@ from routerlab.ui.resources import (
     load_prompts,
     operator_router_sets,
 )
-from routerlab.ui.session import Session, plot_data
-from routerlab.ui.stream import HEATMAP_INTERVAL, TEXT_INTERVAL, Decoder, snapshot
-from routerlab.ui.uploads import UploadBudget
-from routerlab.ui.tradeoff_tab import BENCH_COLUMNS, BENCH_DIR, bench_summary, bench_table, load_bench, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
+from routerlab.ui.state.session import Session, plot_data
+from routerlab.ui.state.stream import HEATMAP_INTERVAL, TEXT_INTERVAL, Decoder, snapshot
+from routerlab.ui.state.uploads import UploadBudget
+from routerlab.ui.tabs.tradeoff_tab import BENCH_COLUMNS, BENCH_DIR, bench_summary, bench_table, load_bench, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
 
 __all__ = [
     "ABOUT_MD",

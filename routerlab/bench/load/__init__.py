@@ -35,10 +35,10 @@ from __future__ import annotations
 from routerlab.bench.load.cli import DEFAULT_OUT, build_parser, main, run_all
 from routerlab.bench.load.driver import (LONG_PROMPT, POLICIES, PROMPTS, THRESHOLDS, client, decision_errors, forget,
                                          probe, submit, tokens_shown, trace_of, wait_done, wait_tokens, wait_until)
-from routerlab.bench.load.faults import exception_test, fault_tests, interrupt_test, token_cap_test
-from routerlab.bench.load.flood import upload_flood_test
-from routerlab.bench.load.fuzz import fuzz_router_loading, safe_loading_checks
-from routerlab.bench.load.inputs import UNCLEAR, bad_input_cases, bad_input_test, queue_cap_test
+from routerlab.bench.load.probes.faults import exception_test, fault_tests, interrupt_test, token_cap_test
+from routerlab.bench.load.probes.flood import upload_flood_test
+from routerlab.bench.load.probes.fuzz import fuzz_router_loading, safe_loading_checks
+from routerlab.bench.load.probes.inputs import UNCLEAR, bad_input_cases, bad_input_test, queue_cap_test
 from routerlab.bench.load.report import summary, verdict, within_a_step
 from routerlab.bench.load.server import (BROKEN_LABEL, FAULT_MARKER, READY, Server, WatchedEngine, build_server,
                                          free_port, malloc_trim, rss_bytes, serve, spawn)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from routerlab.bench.load.driver import forget
-from routerlab.bench.load.faults import fault_tests
-from routerlab.bench.load.fuzz import fuzz_router_loading, safe_loading_checks
-from routerlab.bench.load.inputs import bad_input_test, queue_cap_test
+from routerlab.bench.load.probes.faults import fault_tests
+from routerlab.bench.load.probes.fuzz import fuzz_router_loading, safe_loading_checks
+from routerlab.bench.load.probes.inputs import bad_input_test, queue_cap_test
 from routerlab.bench.load.report import summary, verdict
 from routerlab.bench.load.server import _serve_forever, serve, spawn
 from routerlab.bench.load.soak import soak_test
@@ -157,12 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _step_costs() -> dict:
     """The batched step itself, in this (main) thread: ms per step and per step's products at 1-32 rows."""
-    from routerlab.bench.batch import batch_steps
+    from routerlab.bench.products.batch import batch_steps
     from routerlab.core.kernels import batch_paths
     from routerlab.core.decode.engine import Engine
     from routerlab.core.model.models import load_model
     from routerlab.tuning.checkpoint import load_routers
-    from routerlab.ui.resources import ROUTERS_DIR
+    from routerlab.ui.state.resources import ROUTERS_DIR
 
     engine = Engine.from_loaded(load_model(device="cpu"))
     routers = load_routers(ROUTERS_DIR / "attention-token", engine.model)[0]

@@ -166,7 +166,7 @@ def build_server(engine, limits=None, router_sets=None, workdir: Path | None = N
     import gradio as gr
 
     from routerlab import ui
-    from routerlab.ui.uploads import upload_folder
+    from routerlab.ui.state.uploads import upload_folder
 
     limits = limits or ui.Limits.from_env()
     watched = WatchedEngine(engine)

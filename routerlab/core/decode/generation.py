@@ -208,7 +208,7 @@ class Generation:
 
     def _quality_of_step(self, seconds: float) -> None:
         """Per generated step, the quality pass's share of its seconds: a speed over some of the steps takes out
-        exactly theirs (ui.compare.decode_speed over the steps every column of a ladder ran)."""
+        exactly theirs (ui.tabs.compare.decode_speed over the steps every column of a ladder ran)."""
         if self.meter is not None:
             self.trace.meta.setdefault("quality_seconds_by_step", []).append(seconds)
 

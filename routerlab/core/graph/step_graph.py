@@ -30,10 +30,9 @@ import numpy as np
 import torch
 
 from routerlab.core.graph import graph_forms
-from routerlab.core.kernels import nbits
 from routerlab.core.graph.own_entries import OwnEntries
+from routerlab.core.kernels import nbits
 from routerlab.core.routing.router import logit, sigmoid
-
 
 # Caches hold a multiple of ALIGN entries: MLAS's one-row products (attention, `_groups`) treat a last partial block of
 # 16 keys their own way, so a query's numbers would change with the capacity (a request alone, in a room) without it.
@@ -44,7 +43,7 @@ DECODES = "the step graph (one onnxruntime run a step)"  # a trace's meta["decod
 
 
 def why_not(an) -> str | None:
-    """Why an anatomy (core/routed.Anatomy, an engine's `anatomy`) cannot decode through a step graph, or None."""
+    """Why an anatomy (core/model/routed.Anatomy, an engine's `anatomy`) cannot decode through a step graph, or None."""
     if not nbits.available():
         return "onnxruntime is not installed"
     if an.lowbit is None or an.lowbit.codes is None:
@@ -382,7 +381,7 @@ def copied(t: torch.Tensor) -> torch.Tensor:
 
 
 def _held(cache) -> torch.Tensor:
-    """The positions a layer's cache (core/cache.LayerCache) holds, on the CPU (none yet: empty)."""
+    """The positions a layer's cache (core/model/cache.LayerCache) holds, on the CPU (none yet: empty)."""
     return torch.zeros(0, dtype=torch.int64) if cache.pos is None else cache.pos[: cache.n].to(device="cpu", dtype=torch.int64)
 
 
@@ -418,7 +417,7 @@ class StepGraph:
         self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
         self.sessions = (self.session,) if self.plain is None else (self.session, self.plain)
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
-        self.busy = False  # a request is decoding through it (core/engine.Engine._step_graph)
+        self.busy = False  # a request is decoding through it (core/decode/engine.Engine._step_graph)
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode
             self.h = torch.zeros(1, an.config.hidden_size)
@@ -503,7 +502,7 @@ class StepGraph:
         return b
 
     def load(self, caches, new_tokens: int, threshold: float = 0.5, tokens: int | None = None) -> None:
-        """Take over the engine's KV caches (core/cache.LayerCache, one per layer) after its prefill of `tokens`
+        """Take over the engine's KV caches (core/model/cache.LayerCache, one per layer) after its prefill of `tokens`
         tokens (default: what the first layer holds), with room for `new_tokens` more: every layer holds positions
         0..n-1 (the full model, `kv` and `mask` write every token at every layer), but for a routed layer under
         `drop`, which holds the positions that ran it. `threshold`: where a routed layer's score runs its attention
@@ -551,7 +550,7 @@ class StepGraph:
         return row
 
     def store(self, caches) -> None:
-        """Give the rows decoded since `load` back to the engine's caches (core/cache.LayerCache, in their dtype), so
+        """Give the rows decoded since `load` back to the engine's caches (core/model/cache.LayerCache, in their dtype), so
         they hold what the request wrote, as if the engine had decoded it."""
         first, n = self.loaded, self.n
         if n > first:

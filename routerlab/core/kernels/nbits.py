@@ -9,7 +9,7 @@ each block's input sum, the rest in 8 bits (`product_nodes`; centred codes, so t
 amplified by a large minimum cancelling against it); Q8_0 (w = d * q) exactly, as 8-bit codes with zero point 128.
 
 Each map is a session of its own, with a pool of its own that does not spin while idle: measured on a 2-core Xeon
-(`python -m routerlab.bench.nbits`), sessions sharing onnxruntime's global pool made decode 0.37x as fast, and
+(`python -m routerlab.bench.products.nbits`), sessions sharing onnxruntime's global pool made decode 0.37x as fast, and
 spinning pools on 2 cores far worse. A one-row call (a decode step's product) reuses its thread's binding and buffers:
 measured on that Xeon (one-off, q|k|v of one layer, 5,000 calls), the call took 25.4 us when it built a binding,
 bound fresh tensors and converted the input each time, of which 14-15 us were the session's run itself.
@@ -161,7 +161,7 @@ class NBits:
     """A low-bit copy (the interface of weights.Int4) whose product runs in an onnxruntime session.
 
     `per_session`: the session has a pool of its own (`threads`, not spinning while idle); False: it uses the
-    process's global pool (bench/nbits.py measures both ways)."""
+    process's global pool (bench/products/nbits.py measures both ways)."""
 
     def __init__(self, codes, threads: int, per_session: bool = True):
         import onnxruntime as ort

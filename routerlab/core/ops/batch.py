@@ -45,7 +45,7 @@ def batchable(an: Anatomy, row: Row) -> bool:
 @torch.inference_mode()
 def step_rows(an: Anatomy, rows: list[Row], graphs=None) -> tuple[torch.Tensor, list[list[float]]]:
     """Each row's next-token logits (B, V) and router scores (B lists of L floats, NaN where unrouted). `graphs`: a
-    plan -> its step graph or None (core/engine.Engine.graph_for): the rows it gives one decode through it together,
+    plan -> its step graph or None (core/decode/engine.Engine.graph_for): the rows it gives one decode through it together,
     alone or not (core/graph/graph_rows.py), as they would alone."""
     from routerlab.core.ops.forward import forward
 

@@ -97,7 +97,7 @@ class QualityMeter:
         self.read_ahead = max(1, int(READ_AHEAD if read_ahead is None else read_ahead))
         self.last_chunk_seconds = 0.0
         # True while a chunk is scored (a full-depth forward on the decoding thread), read by other
-        # threads: a UI sharing the machine holds its redraws meanwhile (ui/stream.py).
+        # threads: a UI sharing the machine holds its redraws meanwhile (ui/state/stream.py).
         self.scoring = False
         # True while a room scores this meter's passes itself, packed with other rows' (core/serve/room.py): `pump` leaves
         # them to it. `flush` still scores everything.

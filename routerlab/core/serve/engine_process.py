@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 COALESCE_S = 0.015  # how long the sender lets Steps gather before it sends them (and diffs every run's records) ...
 ROWS_PER_COALESCE = 4  # ... for up to this many requests; with more, proportionally longer, up to COALESCE_MAX_S: each
 COALESCE_MAX_S = 0.12  # send wakes the web process's threads, and on 2 cores each wake takes a core from the loop's
-# OpenMP threads mid-step (a crowd's pages draw every few seconds anyway, ui/stream.py's SHARED_ROWS_PER_PACE)
+# OpenMP threads mid-step (a crowd's pages draw every few seconds anyway, ui/state/stream.py's SHARED_ROWS_PER_PACE)
 POLL_S = 0.05  # with no new Step, the sender still looks this often for quality passes starting or ending
 _END = object()
 

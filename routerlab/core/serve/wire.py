@@ -188,7 +188,7 @@ _MISSING = object()
 
 class MeterView:
     """What the web side knows of a run's quality meter in the engine process: the fields `Control.measuring`,
-    `Control.scoring` and `Control.quality_chunks` read (ui/stream.py paces frames with them)."""
+    `Control.scoring` and `Control.quality_chunks` read (ui/state/stream.py paces frames with them)."""
 
     def __init__(self, measuring: bool = False, scoring: bool = False, chunks: int = 0):
         self.full_forward = True if measuring else None  # Control.measuring: "a full-depth pass exists"

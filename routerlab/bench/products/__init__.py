@@ -1,0 +1,1 @@
+"""The products and the precision measured alone: which kernel each map takes (bench kernels), MatMulNBits against torch (bench nbits), the base's float type (bench precision), a batched step's products (bench batch)."""

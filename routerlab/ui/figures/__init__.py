@@ -1,0 +1,1 @@
+"""The page's figures and HTML fragments: pure plotly and HTML, no Gradio, no tensors (the heatmap, the quality strip and cards, the text view, the Trade-off and Train tabs' plots), and the one escaping helper they all use (safe)."""

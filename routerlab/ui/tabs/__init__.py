@@ -1,0 +1,1 @@
+"""The tabs' handlers: Explore (and its side-by-side speed), Compare, Trade-off, Train, About, and the links that open the page in a state. No tensors: they call Resources, the engine and the figures."""
