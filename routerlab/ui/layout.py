@@ -432,6 +432,7 @@ def build_demo(res: Resources) -> gr.Blocks:
                      concurrency_limit=1, concurrency_id="lockstep", show_progress="minimal")
         for trigger in (go_btn.click, prompt.submit, regen_btn.click):  # a new run: the last run's measurement is no longer its
             trigger(lambda: side_by_side.RUN_NOTE, None, vs_text, api_name=False, queue=False, show_progress="hidden")
+        stop_btn.click(side_by_side.stopped, [session], vs_text, api_name=False, queue=False, show_progress="hidden")
         for evt in (gen_evt, prompt_evt, regen_evt):  # the speed card after each routed run that had the server to itself
             evt.success(_after_run, measure_inputs, [vs_text, status], api_name=False, concurrency_limit=1, concurrency_id="lockstep", show_progress="hidden")
         html_dl.click(None, js=heatmap_export.EXPORT_HEATMAP_JS)  # made in the browser: the server keeps no page

@@ -31,7 +31,9 @@ LABEL = "Measure against the full model, side by side"
 FIRST_NOTE = ("The cards time a run alone; on a busy machine two runs' tok/s do not compare. After a routed run, the full model "
               "and the routed model decode one token each in turn and this line says how their speeds compare; the button "
               "measures again, with more tokens.")
-RUN_NOTE = "After this run: the routed model's speed against the full model's, both decoding in turn."
+RUN_NOTE = ("When this run ends, if it had the server to itself, the routed model's speed against the full model's, "
+            "both decoding in turn.")
+STOPPED_NOTE = "A stopped run is not measured here: press the button to time the routed model against the full model, side by side."
 
 
 def after_run(res: Resources, session: Session, prompt, threshold, router_label, kv_policy, model_name) -> tuple:
@@ -39,8 +41,10 @@ def after_run(res: Resources, session: Session, prompt, threshold, router_label,
     each) where the run had the server to itself and ended by itself; else what the card should say instead.
     (the measurement's text, the status line)."""
     trace = session.trace if isinstance(session, Session) else None
-    if trace is None or router_label in (None, "", FULL) or trace.meta.get("stop_reason") == "stopped":
+    if trace is None or router_label in (None, "", FULL):
         return gr.skip(), gr.skip()
+    if trace.meta.get("stop_reason") == "stopped":
+        return STOPPED_NOTE, gr.skip()
     shared = trace.meta.get("room", {}).get("shared_steps", 0)
     if shared:
         most = trace.meta["room"].get("largest_batch", 2)
@@ -49,6 +53,11 @@ def after_run(res: Resources, session: Session, prompt, threshold, router_label,
                 "model and the routed model one token each in turn, so both meet the same load."), gr.skip()
     text, said = measure_beside_full(res, session, prompt, threshold, router_label, kv_policy, model_name, AFTER_RUN_ROUNDS)
     return text, gr.skip()  # the run's own status line stays; a refusal leaves the card as it was
+
+
+def stopped(session: Session):
+    """The card when Stop is pressed during a run (a cancelled run has no `after_run`)."""
+    return STOPPED_NOTE if isinstance(session, Session) and session.running else gr.skip()
 
 
 def measure_beside_full(res: Resources, session: Session, prompt, threshold, router_label, kv_policy, model_name, rounds: int = ROUNDS) -> tuple:
