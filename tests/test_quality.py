@@ -101,7 +101,7 @@ def test_full_top_token_is_set_exactly_where_the_top_tokens_differ(engine):
         assert step.full_top_token == (f if d else None)
         assert (step.full_top_text is not None) == d
         if d:
-            assert step.full_top_text == engine._token_text(f)
+            assert step.full_top_text == engine.token_text(f)
     assert trace.agreement() == pytest.approx(1 - sum(differ) / len(differ))
 
 

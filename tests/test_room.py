@@ -409,7 +409,7 @@ def _alone_logits(engine, ids, routers, config) -> list[torch.Tensor]:
             gen.begin()
             if gen.feed is None:
                 return out
-            logits, scores = engine._forward([gen.feed[0]], gen.feed[1], gen.caches, gen.plan)
+            logits, scores = engine.forward_tokens([gen.feed[0]], gen.feed[1], gen.caches, gen.plan)
             gen.end(logits, scores[0])
 
 

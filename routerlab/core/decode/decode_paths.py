@@ -81,7 +81,7 @@ def measure(engine) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"torch": [], "graph": []}
     for _ in range(ROUNDS):
         caches = engine.new_caches(PROMPT + STEPS + 1)
-        engine._forward(ids, 0, caches, plan)  # the prefill, as a request's
+        engine.forward_tokens(ids, 0, caches, plan)  # the prefill, as a request's
         graph.load(caches, STEPS)  # the graph's own buffers: torch's steps go on writing `caches`
         for k in range(STEPS):
             for path in ("torch", "graph") if k % 2 == 0 else ("graph", "torch"):
@@ -89,7 +89,7 @@ def measure(engine) -> dict[str, list[float]]:
                 if path == "graph":
                     graph.step(k + 1)
                 else:
-                    engine._forward([k + 1], PROMPT + k, caches, plan)  # torch's decode step, as Engine._steps takes it
+                    engine.forward_tokens([k + 1], PROMPT + k, caches, plan)  # torch's decode step, as Engine._steps takes it
                 times[path].append(time.perf_counter() - start)
     return times
 

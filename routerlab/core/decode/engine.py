@@ -1,7 +1,7 @@
 """The engine: one loaded model serving every request, each with its own routing, with real skipping.
 
 `Engine.generate` / `generate_ids` take a prompt, a router set, a GenerateConfig and a Control and yield one Step per
-token: through the room's loop where one serves (core/serve/room.py), else alone (`_loop`: a Generation's prefill,
+token: through the room's loop where one serves (core/serve/room.py), else alone (`alone`: a Generation's prefill,
 then each token's forward through torch's layer, core/ops/forward.py, or the step graph, core/graph/step_graph.py,
 whichever decode_paths measured faster at start-up). The engine also owns what requests share: the anatomy
 (`routed.Anatomy`, the model's own weights), the kernels chosen for its products, the step graphs built per router
@@ -169,7 +169,8 @@ class Engine:
             return list(tok(text, add_special_tokens=False)["input_ids"])
         return list(tok(prompt)["input_ids"])
 
-    def _token_text(self, token_id: int) -> str:
+    def token_text(self, token_id: int) -> str:
+        """One token as the text it adds (the quality meter names the full model's top token with it)."""
         if self.tokenizer is None:
             return f"<{token_id}>"
         return self.tokenizer.convert_tokens_to_string([self.tokenizer.convert_ids_to_tokens(token_id)])
@@ -182,7 +183,9 @@ class Engine:
         return [LayerCache(p.attn, capacity, self.dtype, self.device) for p in self.anatomy.layers]
 
     @torch.inference_mode()
-    def _forward(self, ids: list[int], start: int, caches: list[LayerCache], plan: Plan) -> tuple[torch.Tensor, list]:
+    def forward_tokens(self, ids: list[int], start: int, caches: list[LayerCache], plan: Plan) -> tuple[torch.Tensor, list]:
+        """torch's forward over `ids` at positions start.. with `caches` under `plan`: (logits of the last position,
+        the score table as host lists). A Generation's prefill chunks and torch's decode steps take it."""
         t = torch.tensor([ids], device=self.device)
         positions = torch.arange(start, start + len(ids), device=self.device)
         logits, scores = forward(self.anatomy, t, positions, caches, plan, top=start + len(ids) - 1,
@@ -229,7 +232,7 @@ class Engine:
         trace = self.new_trace(ids, routers, config, control)
         if self.room is not None:
             return self.room.submit(ids, routers, config, control, trace)
-        return self._loop(ids, routers, config, control, trace)
+        return self.alone(ids, routers, config, control, trace)
 
     def new_trace(self, ids: list[int], routers: RouterSet | None, config: GenerateConfig, control: Control) -> Trace:
         """Check a request (a RouterLabError names what is wrong) and give its run a Trace (also `control.trace`): what
@@ -252,7 +255,9 @@ class Engine:
                 "Load routers trained for this model, or train new ones with `python -m routerlab train`.")
         check_kv_policy(config.kv_policy)
 
-    def _loop(self, ids, routers, config, control, trace) -> Iterator[Step]:
+    def alone(self, ids, routers, config, control, trace) -> Iterator[Step]:
+        """A request decoded by itself on the calling thread, its own forward a token (a room's solo runs: Compare's
+        columns, whose speeds are compared, take it too)."""
         gen = Generation(self, ids, routers, config, control, trace)
         try:
             yield from self._steps(gen)
@@ -276,7 +281,7 @@ class Engine:
                     return
                 token, position = gen.feed
                 if graph is None:
-                    logits, scores = self._forward([token], position, gen.caches, gen.plan)
+                    logits, scores = self.forward_tokens([token], position, gen.caches, gen.plan)
                     yield gen.end(logits, scores[0])
                 else:
                     graph.set_threshold(gen.plan.threshold)
@@ -360,9 +365,9 @@ class Engine:
         if not config.quality:
             return None
         if routers is None:
-            return QualityMeter(ids, None, self._token_text)
+            return QualityMeter(ids, None, self.token_text)
         full_forward = FullDepth(self.anatomy, self.new_caches(len(ids) + config.max_new_tokens))  # its own cache
-        return QualityMeter(ids, full_forward, self._token_text, chunk=config.quality_chunk,
+        return QualityMeter(ids, full_forward, self.token_text, chunk=config.quality_chunk,
                             refresh_seconds=config.quality_refresh)
 
     @staticmethod

@@ -110,7 +110,7 @@ class Generation:
         for start, end in zip(bounds, bounds[1:]):
             if start and control.stop_requested:
                 break
-            self.logits, scores = self.engine._forward(ids[start:end], start, self.caches, self.plan)
+            self.logits, scores = self.engine.forward_tokens(ids[start:end], start, self.caches, self.plan)
             rows.extend(scores)
             self.positions = control.prompt_read = end
             yield end
@@ -143,7 +143,7 @@ class Generation:
         self.trace.meta["prefill_seconds"] = seconds
         if self.positions < total:
             self.trace.meta["prefill_stopped_at"] = self.positions
-        text = self.engine._token_text
+        text = self.engine.token_text
         self._prompt_steps = [self._record(p, tid, text(tid), True, row, seconds / len(rows))
                               for p, (tid, row) in enumerate(zip(ids, rows))]
 

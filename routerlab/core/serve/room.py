@@ -331,7 +331,7 @@ class Room:
             ids, routers, config, control, trace = entry.args
             if not config.shared:
                 self._waiting.remove(entry)
-                entry.solo = self.engine._loop(ids, routers, config, control, trace)
+                entry.solo = self.engine.alone(ids, routers, config, control, trace)
                 self._solos.append(entry)
                 continue
             if gathering:
