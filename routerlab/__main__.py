@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from routerlab.core.base.config import DECAYS, GRANULARITIES, KV_POLICIES
@@ -312,6 +313,8 @@ def _train_job(args) -> int:
     loaded = load_model(dtype=args.dtype, device=args.device)
     shipped = shipped_routers().get(settings.granularity)
     job = TrainJob(loaded.model, loaded.tokenizer, settings, Path(args.out), data=data, shipped=shipped)
+    started, first = time.perf_counter(), []
+    job.watch(lambda changes: "rows" in changes and not first and first.append(time.perf_counter() - started))
     job.run()
     snap = job.snapshot()
     if snap["phase"] not in ("done", "stopped"):
@@ -319,7 +322,8 @@ def _train_job(args) -> int:
     result = snap["result"]
     out = {"out": args.out, "steps": result["steps"], "seconds": result["seconds"], "elapsed": round(snap["elapsed"], 1),
            "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."), "machine": _machine(),
-           "heldout_slice": result["heldout"]}
+           "heldout_slice": result["heldout"],
+           "first_point_s": round(first[0], 1) if first else None}  # from the job's start to the Train tab's first curve point
     if check is not None:
         examples = encode_all(check, loaded.tokenizer)
         out["check"] = {"data": args.check_data, "split": args.check_split, "examples": len(examples),
