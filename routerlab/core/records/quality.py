@@ -36,7 +36,7 @@ BUDGET = 0.2
 # A partial chunk due on time waits up to this share of the refresh longer when, at the pace its tokens
 # arrived, the chunk would fill by then: one chunk's fixed cost instead of two. Near 16 tok/s a 32-token
 # chunk fills in about 2 s, and without the grace a run decoding a little slower paid an extra, partial
-# chunk (docs/method.md, "Streaming overhead"). A token still waits at most (1 + FILL_GRACE) x the refresh.
+# chunk (docs/measurements.md, "Streaming overhead, measured"). A token still waits at most (1 + FILL_GRACE) x the refresh.
 FILL_GRACE = 0.25
 # A pass reads at most about this many tokens the full model has not read: a long prompt (a document) is read ahead in
 # passes of this size, one per call, before its first scored chunk. One full-depth forward over a 2,000-token document
