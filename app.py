@@ -28,8 +28,8 @@ import time
 
 from routerlab.core.base.device import ENV as DEVICE_ENV, choose_device
 from routerlab.core.base.errors import RouterLabError
-from routerlab.core.model.models import check_quantize
 from routerlab.core.base.precision import check_dtype, env_dtype
+from routerlab.core.model.models import check_quantize
 
 
 def load_engine(spec: str | None, dtype: str = "auto", quantize: str = "auto"):

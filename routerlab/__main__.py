@@ -11,14 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+from routerlab.bench.context_cli import add_context_parser
 from routerlab.core.base.config import DECAYS, GRANULARITIES, KV_POLICIES
-from routerlab.tuning.data import SPLITS
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.base.precision import CHOICES as DTYPE_CHOICES
 from routerlab.core.kernels.weights import FORMATS as WEIGHT_FORMATS
-from routerlab.bench.context_cli import add_context_parser
-from routerlab.tuning.calibrate_cli import add_calibrate_parser
 from routerlab.figures import add_command as add_figures_command
+from routerlab.tuning.calibrate_cli import add_calibrate_parser
+from routerlab.tuning.data import SPLITS
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -313,7 +313,7 @@ def _train_job(args) -> int:
     loaded = load_model(dtype=args.dtype, device=args.device)
     shipped = shipped_routers().get(settings.granularity)
     job = TrainJob(loaded.model, loaded.tokenizer, settings, Path(args.out), data=data, shipped=shipped)
-    started, first = time.perf_counter(), []
+    started, first = time.perf_counter(), []  # first: seconds from the job's start to the Train tab's first curve point
     job.watch(lambda changes: "rows" in changes and not first and first.append(time.perf_counter() - started))
     job.run()
     snap = job.snapshot()
@@ -322,8 +322,7 @@ def _train_job(args) -> int:
     result = snap["result"]
     out = {"out": args.out, "steps": result["steps"], "seconds": result["seconds"], "elapsed": round(snap["elapsed"], 1),
            "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."), "machine": _machine(),
-           "heldout_slice": result["heldout"],
-           "first_point_s": round(first[0], 1) if first else None}  # from the job's start to the Train tab's first curve point
+           "heldout_slice": result["heldout"], "first_point_s": round(first[0], 1) if first else None}
     if check is not None:
         examples = encode_all(check, loaded.tokenizer)
         out["check"] = {"data": args.check_data, "split": args.check_split, "examples": len(examples),
@@ -504,11 +503,11 @@ def _bench_precision(args) -> int:
 def _bench_tradeoff(args) -> int:
     from pathlib import Path
 
-    from routerlab.tuning.checkpoint import load_routers, shipped_routers
-    from routerlab.core.base.config import check_threshold
-    from routerlab.tuning.data import encode_all, load_records
-    from routerlab.core.model.models import load_model
     from routerlab.bench.tradeoff import OUT, run_tradeoff, write_outputs
+    from routerlab.core.base.config import check_threshold
+    from routerlab.core.model.models import load_model
+    from routerlab.tuning.checkpoint import load_routers, shipped_routers
+    from routerlab.tuning.data import encode_all, load_records
 
     try:
         thresholds = tuple(check_threshold(float(t)) for t in args.thresholds.split(",")) if args.thresholds else None

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.kernels import batch_paths
-from routerlab.core.ops.batch import step_rows
 from routerlab.core.base.config import GenerateConfig
 from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.decode.generation import Generation
+from routerlab.core.decode.rows import step_rows
+from routerlab.core.kernels import batch_paths
+from routerlab.core.kernels.weights import LowBitPlan
 from routerlab.core.model.models import tiny_model
 from routerlab.core.records.trace import Trace
-from routerlab.core.kernels.weights import LowBitPlan
 
 
 def test_the_crossing_is_the_fewest_rows_from_which_the_copy_always_wins():

@@ -277,11 +277,11 @@ def long_run_url(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_ui import char_tokenizer, random_routers  # noqa: E402
 
-    from routerlab.tuning.checkpoint import save_routers
     from routerlab.core.base.config import RoutingConfig
     from routerlab.core.decode.engine import Engine
     from routerlab.core.model.models import tiny_model
     from routerlab.core.routing.router import RouterSet
+    from routerlab.tuning.checkpoint import save_routers
 
     model = tiny_model("llama", num_hidden_layers=30, max_position_embeddings=1024)
     routers = RouterSet.zeros(model, RoutingConfig.from_granularity("attention-token", range(1, 29)))

@@ -15,8 +15,8 @@ import pytest
 from test_browser import SHOTS, _free_port, browser  # noqa: F401 (browser: the module-scoped Chromium fixture)
 
 from routerlab import ui
-from routerlab.ui.tabs.links import _documents, View, _defaults, read_link
 from routerlab.ui.state.resources import FULL, UNTRAINED
+from routerlab.ui.tabs.links import _documents, View, _defaults, read_link
 
 LESSON = Path(__file__).resolve().parent.parent / "docs" / "workshop.md"
 LESSON_HOST = "http://127.0.0.1:7860/"

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
-from routerlab.core.decode.engine import Control, Engine
-from routerlab.core.routing.gates import Plan
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.model.models import tiny_model
+from routerlab.core.routing.gates import Plan
 from routerlab.core.routing.router import IDENTITY, Calibration, RouterSet, logit, sigmoid
 from routerlab.tuning.calibrate import HIGH, fit_calibration, quantile, raw_default_of, skip_fraction
 from routerlab.tuning.checkpoint import CONFIG, load_routers, read_config, resolve_routers, save_routers, write_calibration

@@ -6,11 +6,11 @@ import random
 import pytest
 import torch
 
-from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, load_routers, read_config, resolve_routers, save_routers
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.model.models import tiny_model
 from routerlab.core.routing.router import RouterSet
+from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, load_routers, read_config, resolve_routers, save_routers
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, encode_all, examples_of, load_records, long_examples, read_jsonl, read_prompts, record_from_row, split_of
 from routerlab.core.base.errors import RouterLabError
+from routerlab.tuning.data import DATA_DIR, DEFAULT, PROMPTS, Record, encode, encode_all, examples_of, load_records, long_examples, read_jsonl, read_prompts, record_from_row, split_of
 
 
 class _Tok:

@@ -9,8 +9,8 @@ import pytest
 from routerlab import spin
 from routerlab.core.decode import decode_paths
 from routerlab.core.decode.engine import Engine
-from routerlab.core.routing.gates import Plan
 from routerlab.core.model.models import tiny_model
+from routerlab.core.routing.gates import Plan
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")

@@ -11,15 +11,15 @@ import torch
 
 from routerlab.bench.gpu import gpu_check
 from routerlab.bench.speed import kernel_floor, measure_speed
-from routerlab.core.kernels import batch_paths
 from routerlab.core.base.config import RoutingConfig
-from routerlab.core.decode.costs import cost_breakdown
 from routerlab.core.base.device import SyncCounter, choose_device, now
-from routerlab.core.decode.engine import Control
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.decode.costs import cost_breakdown
+from routerlab.core.decode.engine import Control
+from routerlab.core.kernels import batch_paths
 from routerlab.core.model.models import load_model, tiny_model
-from routerlab.core.serve.room import Room, measured_thread_choice
 from routerlab.core.routing.router import RouterSet
+from routerlab.core.serve.room import Room, measured_thread_choice
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
-from routerlab.core.decode.engine import Control, Engine
-from routerlab.core.routing.gates import Plan
-from routerlab.core.ops.forward import forward
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
 from routerlab.core.routing.router import RouterSet
 
 GRANULARITIES = ["attention-token", "mlp-token", "block-token", "attention-sequence"]

@@ -140,9 +140,9 @@ def test_sweep_scores_tuned_random_and_static_on_the_same_tokens_and_logs_kl(set
 def test_stepwise_forward_matches_the_teacher_forced_forward(granularity, policy):
     """One decode step per response token computes what one teacher-forced forward does (fp32, dense)."""
     from routerlab.core.base.config import RoutingConfig
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.model.models import tiny_model
     from routerlab.core.model.routed import Anatomy
+    from routerlab.core.routing.gates import Plan
     from routerlab.core.routing.router import RouterSet
     from routerlab.tuning.forward import stepwise_forward, student_forward
 

@@ -63,8 +63,8 @@ def graph(embedded):
 def test_a_kv_graph_measured_its_forms_and_a_step_takes_either_with_the_same_numbers(graph):
     """Two requests from the same prefill at 0.7: one every step with `If`s, one switching form at every step; the
     same logits, router logits and caches to the bit."""
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.ops.forward import forward
+    from routerlab.core.routing.gates import Plan
 
     engine, routers, g = graph
     assert g.plain is not None and len(g.sessions) == 2

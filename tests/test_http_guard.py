@@ -18,9 +18,9 @@ import pytest
 
 from test_uploads import free_port
 
-from routerlab.ui.web import http_guard
 from routerlab.ui.state import uploads
 from routerlab.ui.state.exports import ExportLedger
+from routerlab.ui.web import http_guard
 from routerlab.ui.web.http_guard import PLOTLY_ROUTE, url_in_file_field
 
 MB = 2**20

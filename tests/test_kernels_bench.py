@@ -6,8 +6,8 @@ import pytest
 
 from routerlab.bench.products import kernels
 from routerlab.core.decode.engine import Engine
-from routerlab.core.model.models import tiny_model
 from routerlab.core.kernels.weights import LowBitPlan
+from routerlab.core.model.models import tiny_model
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])

@@ -6,12 +6,12 @@ greedy tokens, rows of a batch the same as a row alone, and the label that says 
 import pytest
 import torch
 
-from routerlab.core.kernels import low_paths
 from routerlab.core.decode.engine import Engine
-from routerlab.core.routing.gates import Plan
-from routerlab.core.ops.forward import forward
-from routerlab.core.model.models import tiny_model
+from routerlab.core.kernels import low_paths
 from routerlab.core.kernels.nbits import NBits
+from routerlab.core.model.models import tiny_model
+from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
 
 
 def test_choose_takes_onnxruntime_only_where_it_wins_by_the_margin():

@@ -8,8 +8,8 @@ import zipfile
 import pytest
 import torch
 
-from routerlab.core.model import models
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.model import models
 from routerlab.core.model.models import EMBEDDED_HUB_ID, EMBEDDED_NAME, load_model, model_identity, tiny_model
 
 

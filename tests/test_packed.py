@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from routerlab.core.decode.engine import Engine
-from routerlab.core.ops.forward import forward
-from routerlab.core.routing.gates import Plan
 from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.ops.forward import forward
 from routerlab.core.ops.packed import Segment, forward_packed
+from routerlab.core.routing.gates import Plan
 from random_routers import random_routers
 
 # (prompt, chunks fed after it): sequences of other lengths, some fed twice, as quality meters feed them

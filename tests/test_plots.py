@@ -11,8 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from routerlab.ui.figures import plots, tradeoff_plots
 from routerlab.core.records.trace import Step, Trace
+from routerlab.ui.figures import plots, tradeoff_plots
 
 COSTS = {"q": 10.0, "k": 5.0, "v": 5.0, "o": 10.0, "mlp": 60.0, "score_per_ctx": 1.0, "kv_bytes": 256.0}
 

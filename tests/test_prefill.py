@@ -4,13 +4,13 @@ on the run's Control. Driven step by step from the test's thread: nothing here d
 import pytest
 import torch
 
-from routerlab.core.decode import generation
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.decode import generation
 from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.decode.generation import Generation
 from routerlab.core.model.models import TINY_FAMILIES, tiny_model
-from routerlab.core.routing.router import RouterSet
 from routerlab.core.records.trace import Trace
+from routerlab.core.routing.router import RouterSet
 
 PROMPT = [(7 * j + 3) % 128 for j in range(70)]  # 70 tokens: 5 chunks of 14 at a chunk size of 16
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
-from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.model.models import tiny_model
 from routerlab.core.records.quality import QualityMeter, kl_top_k
-from routerlab.core.routing.router import RouterSet
 from routerlab.core.records.trace import Step, Trace
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.data import Example
 from routerlab.tuning.evaluate import evaluate_examples, full_depth, kl_to_full
 
@@ -79,8 +79,8 @@ def test_kl_equals_evaluate_on_the_same_tokens(engine, threshold, scale):
     assert trace.mean_kl() == pytest.approx(ref["kl_full"], rel=1e-4, abs=1e-6)
     assert trace.agreement() == pytest.approx(ref["agreement"])
     # token by token: the routed logits evaluate scores are the ones each token was sampled from
-    from routerlab.tuning.forward import student_forward
     from routerlab.core.routing.gates import Plan
+    from routerlab.tuning.forward import student_forward
 
     ids = torch.tensor([ex.ids])
     logits, _ = student_forward(engine.anatomy, ids, ex.start, Plan(rs, threshold, "kv"))

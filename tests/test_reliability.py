@@ -21,8 +21,8 @@ import httpx
 import pytest
 from holding import WAIT_S, Holding
 
-from routerlab.bench import load as lt
 from routerlab import ui
+from routerlab.bench import load as lt
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.records.trace import Step, Trace, savings
 

@@ -22,13 +22,13 @@ import pytest
 import torch
 
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
-from routerlab.core.decode.engine import Control
-from routerlab.core.serve.engine_process import EngineSpec, tiny_engine
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.decode.engine import Control
+from routerlab.core.records.trace import Trace
+from routerlab.core.routing.router import Calibration, RouterSet
+from routerlab.core.serve.engine_process import EngineSpec, tiny_engine
 from routerlab.core.serve.remote import RemoteRoom
 from routerlab.core.serve.room import Room
-from routerlab.core.routing.router import Calibration, RouterSet
-from routerlab.core.records.trace import Trace
 
 SPEC = EngineSpec("routerlab.core.serve.engine_process:tiny_engine", {"seed": 0})
 SCORE_TOL = 1e-4  # as tests/test_room.py: rows of a batch against rows of another batch (float32)

@@ -15,9 +15,9 @@ import torch
 
 from routerlab.core.base.config import GenerateConfig
 from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.kernels.weights import LowBitPlan
 from routerlab.core.model.models import TINY_FAMILIES, tiny_model
 from routerlab.core.serve.room import Room
-from routerlab.core.kernels.weights import LowBitPlan
 from random_routers import random_routers
 
 SCORE_TOL = 1e-4  # a row's scores in the batch against alone (float32; products of n rows may round differently)

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from routerlab.core.model import slots as slots_mod
-from routerlab.core.ops.batch import step_rows
-from routerlab.core.model.cache import LayerCache, release
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.decode.engine import Engine
+from routerlab.core.decode.rows import step_rows
+from routerlab.core.model import slots as slots_mod
+from routerlab.core.model.cache import LayerCache, release
+from routerlab.core.model.models import tiny_model
 from routerlab.core.ops.forward import forward
 from routerlab.core.routing.gates import Plan
-from routerlab.core.model.models import tiny_model
 from routerlab.core.routing.router import RouterSet
 
 TOL = 1e-4  # fp32: n rows' products may round differently from one row's

@@ -11,13 +11,13 @@ from test_engine import run  # prefill, then decode one token at a time: logits 
 from torch import nn
 
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
+from routerlab.core.base.errors import RouterLabError
 from routerlab.core.decode.costs import ideal_speedup, saved_per_cell
 from routerlab.core.decode.engine import Engine
-from routerlab.core.routing.gates import Plan
-from routerlab.core.base.errors import RouterLabError
 from routerlab.core.model.models import tiny_model
-from routerlab.core.routing.router import RouterSet
 from routerlab.core.records.trace import savings
+from routerlab.core.routing.gates import Plan
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.checkpoint import load_routers, save_routers
 from routerlab.tuning.data import Example
 from routerlab.tuning.forward import student_forward

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from routerlab.core.decode.engine import Engine
-from routerlab.core.routing.gates import Plan
 from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -107,8 +107,8 @@ def test_the_queries_scaling_as_a_node_gives_what_it_gives_folded_into_their_cod
 
 
 def test_models_without_file_codes_or_of_another_family_say_why():
-    from routerlab.core.model.models import tiny_model
     from routerlab.core.graph.step_graph import StepGraph, why_not
+    from routerlab.core.model.models import tiny_model
 
     plain = Engine(tiny_model("llama"))  # random weights, no GGUF file: no codes to multiply
     assert "no file codes" in why_not(plain.anatomy)
@@ -264,8 +264,8 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 def test_routing_it_cannot_do_is_refused_with_a_reason(engine, embedded):
     from routerlab.core.base.config import RoutingConfig
-    from routerlab.core.routing.router import RouterSet
     from routerlab.core.graph.step_graph import StepGraph, routing_why_not
+    from routerlab.core.routing.router import RouterSet
 
     mlp = RouterSet.zeros(embedded.model, RoutingConfig.from_granularity("mlp-token", (2, 3)))
     assert "mlp-token routers" in routing_why_not(mlp)

@@ -17,11 +17,11 @@ import torch
 
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
 from routerlab.core.decode.engine import Control, Engine
-from routerlab.core.routing.gates import Plan
-from routerlab.core.ops.forward import forward
-from routerlab.core.model.models import TINY_FAMILIES, tiny_model
-from routerlab.core.routing.router import RouterSet
 from routerlab.core.kernels.weights import FEW_ROWS, Codes, Weight, quantize_int4, quantize_int8
+from routerlab.core.model.models import TINY_FAMILIES, tiny_model
+from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
+from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.data import Example
 from routerlab.tuning.evaluate import evaluate_examples
 

@@ -5,11 +5,11 @@ import math
 
 import torch
 
+from routerlab.bench.tradeoff import COLUMNS, granularity_table, run_tradeoff, write_outputs
 from routerlab.core.base.config import RoutingConfig
-from routerlab.tuning.data import Example
 from routerlab.core.model.models import LoadedModel, tiny_model
 from routerlab.core.routing.router import RouterSet
-from routerlab.bench.tradeoff import COLUMNS, granularity_table, run_tradeoff, write_outputs
+from routerlab.tuning.data import Example
 
 
 def test_sweep_on_a_tiny_model_writes_complete_rows(tmp_path):
@@ -57,9 +57,9 @@ def test_long_examples_prepend_other_examples_whole():
 
 def test_lockstep_timing_runs_every_configuration_to_the_end():
     """Configurations decoded in lockstep produce the same generations as solo runs."""
+    from routerlab.bench.speed import measure_speed
     from routerlab.core.base.config import GenerateConfig
     from routerlab.core.decode.engine import Engine
-    from routerlab.bench.speed import measure_speed
 
     model = tiny_model("llama")
     engine = Engine(model)

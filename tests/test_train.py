@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from routerlab.tuning.checkpoint import load_routers, save_routers
-from routerlab.tuning.data import Example
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.model.models import tiny_model
 from routerlab.core.model.routed import Anatomy
+from routerlab.tuning.checkpoint import load_routers, save_routers
+from routerlab.tuning.data import Example
 from routerlab.tuning.train import TrainConfig, example_losses, parse_layers, router_parameters_only, train_routers
 
 
@@ -107,8 +107,8 @@ def test_cosine_decay_peaks_after_warmup_and_falls_towards_zero():
 _JOB = """
 import json, sys, torch
 from accelerate import Accelerator
-from routerlab.tuning.data import Example
 from routerlab.core.model.models import tiny_model
+from routerlab.tuning.data import Example
 from routerlab.tuning.train import TrainConfig, train_routers
 
 folder = sys.argv[1]

@@ -20,10 +20,10 @@ import torch
 from holding import Holding
 
 from routerlab import ui
-from routerlab.ui.web import heatmap_export
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.records.trace import Trace
+from routerlab.ui.web import heatmap_export
 
 RANDOM = "attention-token (random, test)"
 
@@ -564,7 +564,8 @@ def test_a_link_opens_both_prompts_and_names_a_document_in_its_menu(res):
 
 def test_after_a_run_alone_its_speed_is_measured_beside_the_full_model_and_after_a_shared_one_it_says_why_not(res):
     """The card after each run (ui/side_by_side.after_run): measured where the run had the server to itself; where it
-    shared the room's steps, a note naming them and the button; for a stopped run, the button; nothing for the full model."""
+    shared the room's steps, a note naming them and the button; for a stopped run, the button; the full model is the
+    reference; nothing before any run."""
     from routerlab.ui.tabs.side_by_side import after_run
 
     session = ui.Session()
@@ -578,7 +579,9 @@ def test_after_a_run_alone_its_speed_is_measured_beside_the_full_model_and_after
     session.trace.meta["stop_reason"] = "stopped"
     text, status = after_run(res, session, "Hello there", 0.5, RANDOM, "kv", res.default_model)
     assert "stopped run is not measured" in text and "press the button" in text and is_skip(status)
-    assert all(is_skip(x) for x in after_run(res, ui.Session(), "Hello there", 0.5, ui.FULL, "kv", res.default_model))
+    assert all(is_skip(x) for x in after_run(res, ui.Session(), "Hello there", 0.5, RANDOM, "kv", res.default_model))  # no run yet
+    text, _ = after_run(res, session, "Hello there", 0.5, ui.FULL, "kv", res.default_model)
+    assert "full model" in text and "reference" in text
 
 
 def test_measured_beside_the_full_model_side_by_side_and_explained(res):

@@ -17,8 +17,8 @@ import pytest
 from test_ui import tiny_resources as _tiny_resources
 
 from routerlab import ui
-from routerlab.core.base.errors import RouterLabError
 from routerlab.core.base.config import GenerateConfig
+from routerlab.core.base.errors import RouterLabError
 from routerlab.ui.tabs.train_tab import BUILT_IN, OWN, train_start, train_stop, train_tick, upload_set
 
 TEXT = "\n\n".join(f"Paragraph {k}: the quick brown fox jumps over the lazy dog, again and again, {k} times." for k in range(12))

@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 from routerlab import ui
-from routerlab.ui.web import http_guard
 from routerlab.ui.state import uploads
-from routerlab.ui.tabs.train_tab import upload_set
 from routerlab.ui.state.uploads import Ledger, UploadBudget
+from routerlab.ui.tabs.train_tab import upload_set
+from routerlab.ui.web import http_guard
 
 KB = 1024
 # These tests stand in for visitors behind a proxy: each "visitor" is an X-Forwarded-For value from 127.0.0.1, trusted.

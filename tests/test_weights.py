@@ -9,11 +9,11 @@ import torch
 
 from routerlab.core.base.config import GenerateConfig, RoutingConfig
 from routerlab.core.decode.engine import Engine
-from routerlab.core.routing.gates import Plan
-from routerlab.core.ops.forward import forward
-from routerlab.core.model.models import _unpermute_order, read_gguf_codes, tiny_model
-from routerlab.core.routing.router import RouterSet
 from routerlab.core.kernels.weights import FEW_ROWS, Codes, LowBitPlan, Weight, int4_packable, quantize_int4, quantize_int8, read_q4_1, read_q8_0
+from routerlab.core.model.models import _unpermute_order, read_gguf_codes, tiny_model
+from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
+from routerlab.core.routing.router import RouterSet
 
 
 def _q4_1_row(d: list[float], m: list[float], codes: np.ndarray) -> np.ndarray:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.serve import wire
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.routing.router import Calibration, RouterSet
+from routerlab.core.serve import wire
 
 
 def _set(seed: int = 0, standin_rank: int = 0) -> RouterSet:

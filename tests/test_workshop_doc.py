@@ -76,8 +76,8 @@ def test_the_lesson_states_every_claim_and_each_holds_on_every_kernel_path_we_ra
 
 
 def test_the_shipped_room_sheet_is_the_shipped_runs():
-    from routerlab.slides.sheet import room_sheet
     from routerlab.slides.numbers import rounded
+    from routerlab.slides.sheet import room_sheet
 
     sheet = (FIGURES / "room-sheet.md").read_text()
     assert sheet == room_sheet(rounded(_json(FIGURES / "numbers.json"))), "rerun `make figures` (room-sheet.md is stale)"

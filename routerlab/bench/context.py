@@ -31,12 +31,12 @@ from types import SimpleNamespace
 import torch
 
 from routerlab.core.base.config import GenerateConfig
-from routerlab.core.decode.costs import cost_line, ideal_speedup
 from routerlab.core.base.documents import cut_to_tokens, load_documents
-from routerlab.core.decode.engine import Control, Engine
-from routerlab.core.serve.lockstep import lockstep
-from routerlab.core.model.models import load_model
 from routerlab.core.base.paths import ASSETS
+from routerlab.core.decode.costs import cost_line, ideal_speedup
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.model.models import load_model
+from routerlab.core.serve.lockstep import lockstep
 
 CONTEXTS = (128, 512, 1024, 2048, 4096)
 QUICK_CONTEXTS = (128, 512)

@@ -3,9 +3,9 @@ tide-mill document: full model and attention-token 0.7 drop, 64 new tokens, gree
 import dataclasses
 
 from routerlab import ui
+from routerlab.core.base.documents import load_documents
 from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.model.models import load_model
-from routerlab.core.base.documents import load_documents
 
 
 def main() -> None:

@@ -29,11 +29,11 @@ import time
 import torch
 
 from routerlab.core.base.config import GenerateConfig
-from routerlab.core.decode.engine import Control, Engine
-from routerlab.core.serve.lockstep import in_turn
-from routerlab.core.model.models import load_model
 from routerlab.core.base.precision import describe
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.model.models import load_model
 from routerlab.core.records.quality import CHUNK, REFRESH_SECONDS
+from routerlab.core.serve.lockstep import in_turn
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

@@ -19,9 +19,9 @@ import platform
 import statistics
 import time
 
-from routerlab.core.kernels import batch_paths, low_paths
 from routerlab.core.base.config import GenerateConfig
 from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.kernels import batch_paths, low_paths
 from routerlab.core.routing.gates import Plan
 from routerlab.core.serve.room import Room
 

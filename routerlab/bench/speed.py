@@ -20,18 +20,18 @@ import torch
 from torch.nn import functional as F
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from routerlab.core.decode import decode_paths
-from routerlab.core.kernels import low_paths
 from routerlab.core.base.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.base.device import is_cuda, now
+from routerlab.core.decode import decode_paths
+from routerlab.core.kernels import low_paths
 from routerlab.core.decode.costs import cost_breakdown, ideal_speedup, seconds_per_call  # noqa: F401 (re-exported: the cost model lives in core)
-from routerlab.core.decode.engine import Control, Engine
-from routerlab.core.routing.gates import Plan
-from routerlab.core.ops.forward import forward
-from routerlab.core.serve.lockstep import in_turn
-from routerlab.core.model.models import load_model
 from routerlab.core.base.precision import cpu_matrix_flags, cpu_vector_unit, dtype_name, machine_kind
+from routerlab.core.decode.engine import Control, Engine
+from routerlab.core.model.models import load_model
+from routerlab.core.ops.forward import forward
+from routerlab.core.routing.gates import Plan
 from routerlab.core.routing.router import RouterSet
+from routerlab.core.serve.lockstep import in_turn
 
 # A fixed English passage, repeated to any length: deterministic prompts without a data file.
 PASSAGE = (

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from routerlab.core.base.config import RoutingConfig
+from routerlab.core.base.errors import RouterLabError
 from routerlab.core.decode.costs import cost_breakdown, ideal_speedup, saved_per_cell, standin_seconds
 from routerlab.core.decode.engine import Engine
-from routerlab.core.base.errors import RouterLabError
 from routerlab.tuning.evaluate import evaluate_examples, full_depth, response_scores, score_quantile
 
 RATES = (0.05, 0.1, 0.2, 0.3)  # shares of all the target's cells (every layer)

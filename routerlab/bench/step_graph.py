@@ -23,8 +23,8 @@ import torch
 
 def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
     """The engine's greedy decode of `n` tokens after a prefill of `ids`: seconds a token (decode only), the tokens."""
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.ops.forward import forward
+    from routerlab.core.routing.gates import Plan
 
     an = engine.anatomy
     caches = engine.new_caches(len(ids) + n + 1)
@@ -42,8 +42,8 @@ def _engine_decode(engine, ids: list[int], n: int) -> tuple[float, list[int]]:
 def _prefilled(engine, graph, ids: list[int], n: int, routers=None, threshold: float = 0.5) -> int:
     """The engine's prefill of `ids` (under the routers and the graph's KV policy where given), its caches loaded into
     `graph` with room for `n` tokens; the first greedy token."""
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.ops.forward import forward
+    from routerlab.core.routing.gates import Plan
 
     caches = engine.new_caches(len(ids) + 1)
     plan = Plan(routers, threshold, graph.policy) if routers is not None else Plan(None)
@@ -129,10 +129,10 @@ def routing(engine, loaded, prompts: dict[str, list[int]], new_tokens: int, roun
 
 def run(contexts: list[int], new_tokens: int, rounds: int, peers: bool = True, log=print) -> dict:
     from routerlab.bench.speed import _llama_cpp, bench_prompt, cpu_model
-    from routerlab.core.decode.engine import Engine
-    from routerlab.core.model.models import load_model
     from routerlab.core.base.precision import cpu_matrix_flags, machine_kind
+    from routerlab.core.decode.engine import Engine
     from routerlab.core.graph.step_graph import StepGraph, why_not
+    from routerlab.core.model.models import load_model
 
     loaded = load_model(device="cpu")
     engine = Engine.from_loaded(loaded)

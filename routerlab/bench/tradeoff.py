@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from routerlab.core.base.paths import ASSETS
 from routerlab.bench.speed import cost_breakdown, measure_speed
+from routerlab.core.base.paths import ASSETS
 from routerlab.core.decode.costs import ideal_speedup
 from routerlab.core.decode.engine import Engine
 from routerlab.tuning.evaluate import (STATIC_THRESHOLD, RandomRouterSet, evaluate_examples, full_depth, layer_importance,

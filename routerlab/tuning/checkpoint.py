@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from routerlab.core.base.paths import ASSETS
 from routerlab.core.base.config import GRANULARITIES, RoutingConfig, check_kv_policy, check_threshold, default_layers
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.paths import ASSETS
 from routerlab.core.model.models import model_identity
 from routerlab.core.routing.router import IDENTITY, Calibration, RouterSet
 from routerlab.core.routing.standin import ACTIVATION

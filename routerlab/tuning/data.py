@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from routerlab.core.base.paths import ASSETS
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.base.paths import ASSETS
 
 log = logging.getLogger(__name__)
 

@@ -166,8 +166,8 @@ def kl_to_full(full: _Full, logp: torch.Tensor) -> torch.Tensor:
 def full_depth(anatomy, examples, top: int = KL_TOP, stepwise: bool = False) -> list[_Full]:
     """The full model's figures on each example; `stepwise`: one decode step per response token
     (tuning.forward.stepwise_forward), as generation computes them."""
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.ops.forward import forward
+    from routerlab.core.routing.gates import Plan
     from routerlab.tuning.forward import response_slice, stepwise_forward
 
     out = []
@@ -320,10 +320,10 @@ def _row(name: str, r: dict) -> str:
 
 def run_eval(args) -> dict:
     """`python -m routerlab eval`: one JSON-able dict (with a `_text` rendering for the terminal)."""
-    from routerlab.tuning.checkpoint import resolve_routers
-    from routerlab.tuning.data import examples_of, load_records
     from routerlab.core.model.models import load_model
     from routerlab.core.model.routed import Anatomy
+    from routerlab.tuning.checkpoint import resolve_routers
+    from routerlab.tuning.data import examples_of, load_records
 
     if args.granularity != "full":
         RoutingConfig.from_granularity(args.granularity)

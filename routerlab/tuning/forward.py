@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.routing.gates import ALL, Plan
 from routerlab.core.ops.forward import attention_part, forward, mlp_part
+from routerlab.core.routing.gates import ALL, Plan
 
 
 def response_slice(start: int) -> slice:

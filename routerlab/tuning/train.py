@@ -473,10 +473,10 @@ def run_training(args) -> dict | None:
     """`python -m routerlab train`: data -> routers -> calibrated threshold -> checkpoint folder."""
     from accelerate import Accelerator
 
-    from routerlab.tuning.checkpoint import save_routers
-    from routerlab.tuning.data import DEFAULT, build_default, examples_of, load_records
     from routerlab.core.model.models import load_model
     from routerlab.core.model.routed import Anatomy
+    from routerlab.tuning.checkpoint import save_routers
+    from routerlab.tuning.data import DEFAULT, build_default, examples_of, load_records
 
     overrides = {k: getattr(args, k) for k in ("steps", "batch_size", "lr", "lm_weight", "kd_weight", "target",
                                                "budget_weight", "ramp", "warmup", "decay", "seed", "adapters", "adapter_lr", "adapter_fit", "init") if getattr(args, k, None) is not None}

@@ -30,11 +30,11 @@ module that defines it, e.g. `routerlab.ui.state.stream.HEATMAP_INTERVAL`.
 """
 
 from routerlab.ui.figures import plots
+from routerlab.ui.layout import CSS_FILE, EXPORT_TTL, WHAT_IF_PREVIEW_JS, build_demo, enable_queue, launch_options, router_set_chosen, theme
 from routerlab.ui.tabs.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.tabs.compare import LADDER, column_html, compare_run, decode_speed, ladder_html, ladder_rows, ladder_thresholds
 from routerlab.ui.tabs.explore import STATS_INTERVAL, explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.web.checked_inputs import NumberSlider
-from routerlab.ui.layout import CSS_FILE, EXPORT_TTL, WHAT_IF_PREVIEW_JS, build_demo, enable_queue, launch_options, router_set_chosen, theme
 from routerlab.ui.state.resources import (
     FALLBACK_PROMPTS,
     FULL,

@@ -16,23 +16,23 @@ from routerlab.core.base.config import GRANULARITIES, KV_POLICIES
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.base.paths import ASSETS
 from routerlab.tuning.job import JobSettings
-from routerlab.ui.state import fields, served
 from routerlab.ui.figures import plots, safe
+from routerlab.ui.figures import tradeoff_plots, train_plots
+from routerlab.ui.state import fields, served
+from routerlab.ui.state.resources import UNTRAINED, Limits, Resources
+from routerlab.ui.state.session import Session, _delete_session, _status, _warn, close_tab, keep_session
+from routerlab.ui.tabs import side_by_side
 from routerlab.ui.tabs.about import ABOUT_MD, DIAGRAM
 from routerlab.ui.tabs.compare import HEAT_EMPTY, LADDER, column_html, compare_run
 from routerlab.ui.tabs.explore import explore_run, show_last, stop_run, threshold_moved
 from routerlab.ui.tabs.links import COPY_LINK_JS, TABS, View, link_note_done, open_link, view_link
-from routerlab.ui.state.resources import UNTRAINED, Limits, Resources
-from routerlab.ui.state.session import Session, _delete_session, _status, _warn, close_tab, keep_session
-from routerlab.ui.figures import tradeoff_plots, train_plots
-from routerlab.ui.tabs.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.tabs.tradeoff_tab import bench_summary, bench_table, column_widths, load_results, tradeoff_figures, tradeoff_pick, tradeoff_sweep
+from routerlab.ui.tabs.train_tab import BUILT_IN, OWN, STARTS, TRAIN_INTRO, own_set, train_start, train_stop, train_tick, upload_set
 from routerlab.ui.web import heatmap_export, queue_wait
-from routerlab.ui.tabs import side_by_side
 from routerlab.ui.web.checked_inputs import (CheckedCheckbox, CheckedDropdown, CheckedRadio, CheckedTextbox, LadderNumber,
                                          UploadedFile, checked, examples as example_list, field_number, field_slider)
-from routerlab.ui.web.http_guard import body_limit, middleware as page_guard
 from routerlab.ui.state.uploads import UploadBudget, middleware as upload_guard, visitor_of_request
+from routerlab.ui.web.http_guard import body_limit, middleware as page_guard
 
 CSS_FILE = ASSETS / "css" / "app.css"
 THRESHOLD_INFO = "a routed layer runs when its score ≥ threshold; move it during a run to steer, after a run for a what-if view"

@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-from routerlab.core.base.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.bench.gpu.syncs import decode_syncs
+from routerlab.core.base.config import GenerateConfig, RoutingConfig, default_layers
 from routerlab.core.base.device import SyncCounter, choose_device, is_cuda, now, peak_memory_bytes
+from routerlab.core.base.precision import dtype_name, resolve_dtype
 from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.model.models import tiny_model
-from routerlab.core.base.precision import dtype_name, resolve_dtype
-from routerlab.core.serve.room import Room
 from routerlab.core.routing.router import RouterSet
+from routerlab.core.serve.room import Room
 
 # The embedded model's shape (SmolLM2-135M: 30 layers, hidden 576, 9 query / 3 KV heads), random weights: a step
 # costs what the real model's does, with nothing to download.
@@ -119,8 +119,8 @@ NEAR_TIE = 0.5
 def first_departure(engine: Engine, ids: list[int], routers: RouterSet, kv_ids: list[int], mask_ids: list[int]) -> dict | None:
     """Where kv's tokens first differ from mask's (None: nowhere): the index, and the gap between the two tokens in mask's
     logits there (one forward over the prompt and the tokens both decoded before it, under mask)."""
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.ops.forward import forward
+    from routerlab.core.routing.gates import Plan
 
     k = next((j for j, (a, b) in enumerate(zip(kv_ids, mask_ids)) if a != b), None)
     if k is None:

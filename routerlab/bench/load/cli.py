@@ -158,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _step_costs() -> dict:
     """The batched step itself, in this (main) thread: ms per step and per step's products at 1-32 rows."""
     from routerlab.bench.products.batch import batch_steps
-    from routerlab.core.kernels import batch_paths
     from routerlab.core.decode.engine import Engine
+    from routerlab.core.kernels import batch_paths
     from routerlab.core.model.models import load_model
     from routerlab.tuning.checkpoint import load_routers
     from routerlab.ui.state.resources import ROUTERS_DIR

@@ -120,9 +120,9 @@ def malloc_trim() -> bool:
 
 def _broken_router_set(engine, folder: Path):
     """A router set with a valid router.json and a truncated weights file: choosing it must fail cleanly."""
-    from routerlab.tuning.checkpoint import WEIGHTS, save_routers
     from routerlab.core.base.config import RoutingConfig, default_layers
     from routerlab.core.routing.router import RouterSet
+    from routerlab.tuning.checkpoint import WEIGHTS, save_routers
     from routerlab.ui import RouterSetInfo
 
     routers = RouterSet.zeros(engine.model, RoutingConfig.from_granularity("attention-token", default_layers(engine.n_layers)))
@@ -137,9 +137,9 @@ def _random_router_set(engine, folder: Path, granularity: str, seed: int):
     Written and read back through the real checkpoint path (safetensors + validated JSON)."""
     import torch
 
-    from routerlab.tuning.checkpoint import read_config, save_routers
     from routerlab.core.base.config import RoutingConfig, default_layers
     from routerlab.core.routing.router import RouterSet
+    from routerlab.tuning.checkpoint import read_config, save_routers
     from routerlab.ui import RouterSetInfo
 
     routers = RouterSet.zeros(engine.model, RoutingConfig.from_granularity(granularity, default_layers(engine.n_layers)))
@@ -281,8 +281,8 @@ def spawn(port: int | None = None, env: dict | None = None, timeout: float = 600
 def _serve_forever(port: int) -> int:
     from routerlab import ui
     from routerlab.core.decode.engine import Engine
-    from routerlab.core.serve.engine_process import EngineSpec
     from routerlab.core.model.models import load_model
+    from routerlab.core.serve.engine_process import EngineSpec
     from routerlab.core.serve.remote import RemoteRoom
     from routerlab.core.serve.room import run_where_fastest, where_to_run
 

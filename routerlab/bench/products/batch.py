@@ -16,8 +16,8 @@ from torch.nn import functional as F
 
 from routerlab.core.base.config import GenerateConfig
 from routerlab.core.decode.engine import Control
-from routerlab.core.ops.batch import step_rows
 from routerlab.core.decode.generation import Generation
+from routerlab.core.decode.rows import step_rows
 from routerlab.core.records.trace import Trace
 
 SIZES = (1, 2, 4, 8, 16, 32)

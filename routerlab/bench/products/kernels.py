@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from routerlab.core.kernels.batch_paths import kinds
 from routerlab.core.base.precision import cpu_vector_unit
+from routerlab.core.kernels.batch_paths import kinds
 from routerlab.core.kernels.weights import Int4, Int8, quantize_int8
 
 KINDS = ("qkv", "o", "gate_up", "down", "head")

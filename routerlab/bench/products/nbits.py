@@ -109,8 +109,8 @@ def alone(maps: list, lows: list, hidden: torch.Tensor) -> dict:
 @torch.inference_mode()
 def decode_rate(engine, ids: list[int], new_tokens: int) -> tuple[float, list[int]]:
     """Greedy decode tokens/s after a prefill of `ids` (the engine's one-token forward), and the tokens."""
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.ops.forward import forward
+    from routerlab.core.routing.gates import Plan
 
     an = engine.anatomy
     caches = engine.new_caches(len(ids) + new_tokens + 8)

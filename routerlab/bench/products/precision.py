@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from routerlab.core.kernels import low_paths
-from routerlab.core.routing.gates import Plan
-from routerlab.core.model.models import load_model
 from routerlab.core.base.precision import describe, dtype_name
+from routerlab.core.kernels import low_paths
+from routerlab.core.model.models import load_model
 from routerlab.core.model.routed import Anatomy
+from routerlab.core.routing.gates import Plan
 from routerlab.tuning.checkpoint import resolve_routers
 from routerlab.tuning.data import encode_all, load_records
 from routerlab.tuning.evaluate import evaluate_examples, full_depth

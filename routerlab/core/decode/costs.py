@@ -53,8 +53,8 @@ def cost_breakdown(engine, ids: list[int], context: int, repeat: int = 30) -> di
 
     from routerlab.core.base.config import RoutingConfig
     from routerlab.core.base.device import now
-    from routerlab.core.routing.gates import Plan
     from routerlab.core.ops.forward import forward
+    from routerlab.core.routing.gates import Plan
     from routerlab.core.routing.router import RouterSet
 
     an = engine.anatomy

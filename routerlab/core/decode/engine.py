@@ -26,23 +26,23 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from routerlab.core.decode import decode_paths
-from routerlab.core.kernels import low_paths
-from routerlab.core.graph import step_graph
-from routerlab.core.model.cache import LayerCache
 from routerlab.core.base.config import GenerateConfig, check_kv_policy, check_threshold
 from routerlab.core.base.device import prepare
 from routerlab.core.base.errors import RouterLabError
+from routerlab.core.decode import decode_paths
+from routerlab.core.graph import step_graph
+from routerlab.core.kernels import low_paths
+from routerlab.core.model.cache import LayerCache
 from routerlab.core.routing.gates import ALL, NONE, Gate, Plan, Scores, decide, score_table  # noqa: F401 (Plan, NONE: re-exported)
 from routerlab.core.decode.generation import Generation, sample  # noqa: F401 (sample: re-exported)
 from routerlab.core.ops.forward import FullDepth, attention_part, forward, mlp_part, run_layer, standin_add  # noqa: F401 (re-exported)
-from routerlab.core.ops.packed import Segment, forward_shared
 from routerlab.core.base.precision import describe, dtype_name
-from routerlab.core.records.quality import QualityMeter
-from routerlab.core.model.routed import Anatomy, LayerParts
-from routerlab.core.routing.router import RouterSet
-from routerlab.core.records.trace import Step, Trace
 from routerlab.core.kernels.weights import LowBitPlan
+from routerlab.core.model.routed import Anatomy, LayerParts
+from routerlab.core.ops.packed import Segment, forward_shared
+from routerlab.core.records.quality import QualityMeter
+from routerlab.core.records.trace import Step, Trace
+from routerlab.core.routing.router import RouterSet
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ run's Control (`prompt_read` of `prompt_tokens`), where a UI in another thread r
 decode step except the forward itself: `begin` scores a due quality chunk, honours Stop, samples the next token,
 handles end of text and the last token, and says what to feed (`feed`); `end` records the forward's scores and
 logits. So the same request decodes alone (`Engine._steps`: its own one-token forward) or as a row of a shared
-batch (`core/serve/room.py`: `batch.step_rows` over many rows), with the same tokens and records either way.
+batch (`core/serve/room.py`: `rows.step_rows` over many rows), with the same tokens and records either way.
 Knows nothing about threads, batches or the UI.
 """
 
@@ -21,10 +21,10 @@ import torch
 
 from routerlab.core.model.cache import release
 from routerlab.core.base.config import GREEDY_BELOW, GenerateConfig  # noqa: F401 (GREEDY_BELOW: re-exported)
-from routerlab.core.routing.gates import Plan
 from routerlab.core.ops.packed import Segment, packable
-from routerlab.core.routing.router import RouterSet
 from routerlab.core.records.trace import Step, Trace
+from routerlab.core.routing.gates import Plan
+from routerlab.core.routing.router import RouterSet
 
 
 # Prompt tokens per prefill forward: a long prompt is read in chunks, so Stop is honoured and progress shown between

@@ -18,8 +18,8 @@ import math
 import torch
 
 from routerlab.core.graph import graph_forms
-from routerlab.core.model.slots import Slots
 from routerlab.core.graph.step_graph import ALIGN, CACHE, DECODES, bind, copied
+from routerlab.core.model.slots import Slots
 
 
 def graph_ok(row) -> bool:

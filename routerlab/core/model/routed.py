@@ -19,10 +19,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from routerlab.core.base.errors import RouterLabError
-from routerlab.core.kernels.rotary import rope_tables
 from routerlab.core.base.precision import needs_upcast
-from routerlab.core.routing.router import Router, RouterSet
+from routerlab.core.kernels.rotary import rope_tables
 from routerlab.core.kernels.weights import LowBitPlan, Weight, fuse_linears
+from routerlab.core.routing.router import Router, RouterSet
 
 # Families whose decoder layer is pre-norm: h += attn(ln1(h)); h += mlp(ln2(h)).
 PRE_NORM = {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "mixtral"}

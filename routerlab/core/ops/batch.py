@@ -8,9 +8,9 @@ the slots of one `Slots` (core/model/slots.py) while they step together: at each
 that writes are stored in one indexed write, each at its own length, and the attention of every row that attends is
 one call over the slots, masked by each row's length there (`drop` keeps each layer's own positions: its holes).
 
-`step_rows` covers what `one_token.run_layer_one` covers (plain layers, hard gates, no stand-ins); a row that
-needs more (`mask`, stand-ins, another family's layers) takes the engine's own forward alone, in the same step, and
-so does a batch of one (the engine's one-token step, fewer tensor ops than a batch needs). Knows nothing about sampling, traces, threads or the UI.
+`step` covers what `one_token.run_layer_one` covers (plain layers, hard gates, no stand-ins: `batchable`); which rows
+take it, the step graph or the forward alone is decided by core/decode/rows.py. Knows nothing about sampling, traces,
+threads or the UI.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from typing import Protocol
 import torch
 from torch.nn import functional as F
 
-from routerlab.core.graph import graph_rows
-from routerlab.core.model.cache import LayerCache
-from routerlab.core.routing.gates import ALL, Plan, decide
 from routerlab.core.kernels.rotary import rope
-from routerlab.core.ops.one_token import one_token_ok
+from routerlab.core.model.cache import LayerCache
 from routerlab.core.model.routed import Anatomy, AttentionParts, LayerParts
 from routerlab.core.model.slots import Slots
+from routerlab.core.ops.one_token import one_token_ok
+from routerlab.core.routing.gates import ALL, Plan, decide
 
 
 class Row(Protocol):
@@ -39,48 +38,12 @@ class Row(Protocol):
 
 
 def batchable(an: Anatomy, row: Row) -> bool:
+    """Whether torch's batched layer covers the row's plan (what the one-token layer covers)."""
     return one_token_ok(an, row.plan)
 
 
 @torch.inference_mode()
-def step_rows(an: Anatomy, rows: list[Row], graphs=None) -> tuple[torch.Tensor, list[list[float]]]:
-    """Each row's next-token logits (B, V) and router scores (B lists of L floats, NaN where unrouted). `graphs`: a
-    plan -> its step graph or None (core/decode/engine.Engine.graph_for): the rows it gives one decode through it together,
-    alone or not (core/graph/graph_rows.py), as they would alone."""
-    from routerlab.core.ops.forward import forward
-
-    logits: list[torch.Tensor | None] = [None] * len(rows)
-    scores: list[list[float] | None] = [None] * len(rows)
-    by_graph: dict[int, tuple] = {}  # id(graph) -> (graph, its rows)
-    for b, row in enumerate(rows if graphs is not None else []):
-        graph = graphs(row.plan) if graph_rows.graph_ok(row) else None
-        if graph is not None:
-            by_graph.setdefault(id(graph), (graph, []))[1].append(b)
-    on_graph = {b for _, bs in by_graph.values() for b in bs}
-    together = [b for b, r in enumerate(rows) if b not in on_graph and batchable(an, r)]
-    if len(together) == 1:  # a batch of one takes the engine's one-token step: nobody alone is slower than before
-        together = []
-    for graph, bs in by_graph.values():
-        out, table = graph_rows.step(graph, [rows[b] for b in bs])
-        for j, b in enumerate(bs):
-            logits[b], scores[b] = out[j], table[j]
-    for b, row in enumerate(rows):  # rows the batched layers do not cover: the engine's forward, one at a time
-        if b not in together and b not in on_graph:
-            token, position = row.feed
-            device = an.embed.weight.device
-            out, table = forward(an, torch.tensor([[token]], device=device), torch.tensor([position], device=device),
-                                 row.caches, row.plan, top=position, scores_on="cpu")
-            logits[b], scores[b] = out[0, -1], table[0].tolist()
-    if together:
-        out, table = _step(an, [rows[b] for b in together])
-        for j, b in enumerate(together):
-            logits[b], scores[b] = out[j], table[j]
-    if on_graph:  # the graph's logits are fp32
-        return torch.stack([x.float() for x in logits]), scores
-    return torch.stack(logits), scores
-
-
-def _step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]]:
+def step(an: Anatomy, rows: list[Row]) -> tuple[torch.Tensor, list[list[float]]]:
     slots = Slots.of([r.caches for r in rows])  # the rows' caches in slots 0..B-1
     where = [r.caches[0].slot for r in rows]
     rows = sorted(rows, key=lambda r: r.caches[0].slot)  # computed in slot order: row b is slot b

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from routerlab.core.model.cache import LayerCache
-from routerlab.core.routing.gates import ALL, Plan, Scores, decide
 from routerlab.core.kernels.rotary import rope
+from routerlab.core.model.cache import LayerCache
 from routerlab.core.model.routed import AttentionParts, LayerParts
+from routerlab.core.routing.gates import ALL, Plan, Scores, decide
 
 
 def one_token_ok(an, plan: Plan) -> bool:

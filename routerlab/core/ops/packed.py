@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from routerlab.core.model.cache import LayerCache
-from routerlab.core.routing.gates import ALL, Gate, Plan, decide, score_table
 from routerlab.core.model.routed import Anatomy, LayerParts
 from routerlab.core.ops.sublayers import attend_heads, run_mlp, split_kv, split_q, split_qkv
+from routerlab.core.routing.gates import ALL, Gate, Plan, decide, score_table
 
 
 @dataclass

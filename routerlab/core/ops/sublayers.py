@@ -10,8 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from routerlab.core.kernels.rotary import rope
-from routerlab.core.model.routed import AttentionParts, LayerParts
 from routerlab.core.kernels.weights import wants_upcast
+from routerlab.core.model.routed import AttentionParts, LayerParts
 
 
 def _heads(y: torch.Tensor, norm: nn.Module | None, head_dim: int) -> torch.Tensor:

@@ -22,8 +22,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from routerlab.core.serve.room import END
 from routerlab.core.records.trace import Step
+from routerlab.core.serve.room import END
 from routerlab.core.serve.wire import RouterCache, TraceWatch, pack_error
 
 log = logging.getLogger(__name__)

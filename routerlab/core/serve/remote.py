@@ -41,10 +41,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from routerlab.core.serve.engine_process import EngineSpec, main
 from routerlab.core.base.errors import RouterLabError
-from routerlab.core.serve.room import _END, MAX_BATCH, Room, run_where_fastest
 from routerlab.core.records.trace import Step, Trace
+from routerlab.core.serve.engine_process import EngineSpec, main
+from routerlab.core.serve.room import _END, MAX_BATCH, Room, run_where_fastest
 from routerlab.core.serve.wire import SentKeys, apply_change, pack_routers, unpack_error
 
 _log = logging.getLogger(__name__)

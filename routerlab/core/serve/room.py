@@ -37,17 +37,17 @@ from typing import Iterator
 
 import torch
 
-from routerlab.core.kernels import batch_paths
-from routerlab.core.decode import generation
-from routerlab.core.graph import step_graph
-from routerlab.core.ops.batch import step_rows
 from routerlab.core.base.device import is_cuda, now
+from routerlab.core.decode import generation
 from routerlab.core.decode.generation import Generation
-from routerlab.core.serve.lockstep import in_turn
+from routerlab.core.decode.rows import step_rows
+from routerlab.core.graph import step_graph
+from routerlab.core.kernels import batch_paths
 from routerlab.core.ops.packed import forward_shared
 from routerlab.core.records.quality import score_together
-from routerlab.core.serve.threads import ThreadTuner
 from routerlab.core.records.trace import Step, Trace
+from routerlab.core.serve.lockstep import in_turn
+from routerlab.core.serve.threads import ThreadTuner
 
 log = logging.getLogger(__name__)
 

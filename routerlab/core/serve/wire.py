@@ -19,8 +19,8 @@ import torch
 
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.base.errors import RouterLabError
-from routerlab.core.routing.router import Calibration, RouterSet
 from routerlab.core.records.trace import Step, Trace
+from routerlab.core.routing.router import Calibration, RouterSet
 
 SENT_KEYS = 32  # router sets the web side remembers having sent to the engine (sent again once forgotten)
 CACHED_SETS = 64  # router sets the engine keeps: more than SENT_KEYS, and both see the same keys in the same order, so

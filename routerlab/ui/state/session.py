@@ -25,8 +25,8 @@ from typing import Any, Callable
 import gradio as gr
 
 from routerlab.core.records.trace import Trace
-from routerlab.ui.state import exports
 from routerlab.ui.figures import safe
+from routerlab.ui.state import exports
 from routerlab.ui.state.uploads import upload_folder
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
-from routerlab.core.serve.lockstep import in_turn
 from routerlab.core.records.trace import Trace
+from routerlab.core.serve.lockstep import in_turn
 
 # Streaming frame rates. Every frame costs Python time in this process, and Python time here is
 # GIL time the decoder thread waits for; in the browser each heatmap frame is a plotly redraw, CPU a

@@ -21,11 +21,11 @@ import statistics
 
 import gradio as gr
 
-from routerlab.core.records.divergence import repetition
 from routerlab.core.base.errors import RouterLabError, quote
+from routerlab.core.records.divergence import repetition
 from routerlab.core.records.trace import Trace
-from routerlab.ui.state import fields
 from routerlab.ui.figures import plots, safe
+from routerlab.ui.state import fields
 from routerlab.ui.state.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.state.session import Session, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.state.stream import Decoder, prefill_progress

@@ -18,14 +18,14 @@ import gradio as gr
 
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.records.trace import Trace
-from routerlab.ui.state import fields
 from routerlab.ui.figures import plots
 from routerlab.ui.figures import quality_plots as qp
 from routerlab.ui.figures import safe
-from routerlab.ui.web.heatmap_export import LABEL
+from routerlab.ui.state import fields
 from routerlab.ui.state.resources import Resources
 from routerlab.ui.state.session import Session, _export, _shown, _status, _warn, plot_data, without_paths
 from routerlab.ui.state.stream import Decoder, prefill_progress
+from routerlab.ui.web.heatmap_export import LABEL
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ import gradio as gr
 
 from routerlab.core.base.errors import RouterLabError
 from routerlab.ui.figures import plots, safe
-from routerlab.ui.tabs.compare import lockstep_speeds, lockstep_traces
 from routerlab.ui.state.resources import FULL, Resources
 from routerlab.ui.state.session import Session, _status, _warn
+from routerlab.ui.tabs.compare import lockstep_speeds, lockstep_traces
 
 ROUNDS = 32  # tokens each run decodes: enough rounds for a median that one slow spell does not move
 AFTER_RUN_ROUNDS = 16  # after a run: half the button's tokens (two short decodes), still a median over 16 rounds
@@ -33,6 +33,7 @@ FIRST_NOTE = ("The cards time a run alone; on a busy machine two runs' tok/s do 
               "measures again, with more tokens.")
 RUN_NOTE = ("When this run ends, if it had the server to itself, the routed model's speed against the full model's, "
             "both decoding in turn.")
+FULL_NOTE = "This run is the full model: the reference the routed runs' speeds are measured against."
 STOPPED_NOTE = "A stopped run is not measured here: press the button to time the routed model against the full model, side by side."
 
 
@@ -41,8 +42,10 @@ def after_run(res: Resources, session: Session, prompt, threshold, router_label,
     each) where the run had the server to itself and ended by itself; else what the card should say instead.
     (the measurement's text, the status line)."""
     trace = session.trace if isinstance(session, Session) else None
-    if trace is None or router_label in (None, "", FULL):
+    if trace is None:
         return gr.skip(), gr.skip()
+    if router_label in (None, "", FULL):
+        return FULL_NOTE, gr.skip()
     if trace.meta.get("stop_reason") == "stopped":
         return STOPPED_NOTE, gr.skip()
     shared = trace.meta.get("room", {}).get("shared_steps", 0)

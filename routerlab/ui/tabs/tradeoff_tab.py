@@ -22,9 +22,9 @@ import gradio as gr
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.base.paths import ASSETS
 from routerlab.ui.figures import plots, safe, tradeoff_plots
-from routerlab.ui.tabs.compare import lockstep_speeds, lockstep_traces, shared_tokens
 from routerlab.ui.state.resources import FULL, UNTRAINED, Resources
 from routerlab.ui.state.session import _status, _warn
+from routerlab.ui.tabs.compare import lockstep_speeds, lockstep_traces, shared_tokens
 
 log = logging.getLogger(__name__)
 

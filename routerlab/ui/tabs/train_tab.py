@@ -19,8 +19,8 @@ import gradio as gr
 
 from routerlab.core.base.errors import RouterLabError
 from routerlab.tuning.job import FINAL
-from routerlab.ui.state import fields
 from routerlab.ui.figures import safe, train_plots
+from routerlab.ui.state import fields
 from routerlab.ui.state.resources import FULL, Resources, RouterSetInfo
 from routerlab.ui.state.session import Session, _status, _warn
 

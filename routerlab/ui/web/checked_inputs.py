@@ -19,8 +19,8 @@ import gradio as gr
 from gradio.data_classes import FileData, ListFiles
 
 from routerlab.core.base.errors import RouterLabError
-from routerlab.ui.state import fields
 from routerlab.ui.figures import safe
+from routerlab.ui.state import fields
 
 
 class _Checked:

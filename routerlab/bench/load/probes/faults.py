@@ -14,8 +14,8 @@ from typing import Any
 
 from routerlab.bench.load.driver import (LONG_PROMPT, PROMPTS, _drop_stream, _fn_index, client, probe, submit, trace_of,
                                          wait_done, wait_tokens, wait_until)
-from routerlab.bench.load.probes.public import public_host_tests
 from routerlab.bench.load.probes.flood import upload_flood_test
+from routerlab.bench.load.probes.public import public_host_tests
 from routerlab.bench.load.server import BROKEN_LABEL, FAULT_MARKER
 
 

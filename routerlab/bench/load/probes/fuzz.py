@@ -20,11 +20,11 @@ def fuzz_router_loading(cases: int = 60, seed: int = 0) -> dict:
     """Random, truncated and bit-flipped router folders through the app's own path (`Resources.routers_for`,
     `available_router_sets`): only RouterLabError (a clean message), never another exception."""
     from routerlab import ui
-    from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, save_routers
     from routerlab.core.base.config import RoutingConfig
     from routerlab.core.decode.engine import Engine
     from routerlab.core.model.models import tiny_model
     from routerlab.core.routing.router import RouterSet
+    from routerlab.tuning.checkpoint import CONFIG, WEIGHTS, save_routers
 
     rng = random.Random(seed)
     model = tiny_model("llama")
@@ -101,8 +101,8 @@ def safe_loading_checks() -> dict:
     """Static and environment checks: no trust_remote_code by default, the allow-list, the caps from env."""
     import inspect
 
-    from routerlab.core.model import models
     from routerlab import ui
+    from routerlab.core.model import models
 
     default_trc = inspect.signature(models.load_model).parameters["trust_remote_code"].default
     env = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("ROUTERLAB_")}
