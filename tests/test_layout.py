@@ -1,4 +1,5 @@
-"""The package layout holds: no import circle, each layer imports only the layers below it, no huge module.
+"""The package layout holds: no import circle, each layer imports only the layers below it, inside core/ and ui/ each
+sub-package only itself and those below it (the order docs/architecture.md states), no huge module, no crowded folder.
 
 Walks every `import` in `routerlab/` (module level and inside functions) with `ast`, so a lazy import
 cannot hide a circle.
@@ -20,6 +21,10 @@ ALLOWED = {
     "slides": {"core", "tuning", "ui", "bench"},  # the workshop's figures: the app's own plots, the benchmarks' machine line
 }
 MAX_LINES = 600
+MOST_MODULES = 12  # modules directly in one folder
+# Bottom to top: a sub-package imports its own modules and those of the sub-packages before it, never after.
+CORE_ORDER = ("base", "kernels", "routing", "model", "graph", "ops", "records", "decode", "serve")
+UI_ORDER = ("figures", "state", "web", "tabs")  # then ui/layout.py, which builds the page from them all
 
 
 def module_name(path: Path) -> str:
@@ -94,6 +99,43 @@ def test_each_layer_imports_only_the_layers_below_it():
             if theirs is not None and theirs != mine and theirs not in ALLOWED[mine]:
                 bad.append(f"{m} imports {d}")
     assert not bad, "layering broken:\n" + "\n".join(sorted(bad))
+
+
+def _upward(package: str, order: tuple[str, ...]) -> list[str]:
+    """Imports from a sub-package of routerlab.`package` to a later one, or to a module directly in `package`."""
+    def rank(parts: list[str]) -> int:
+        return order.index(parts[2]) if len(parts) > 2 and parts[2] in order else len(order)
+
+    bad = []
+    for m, deps in GRAPH.items():
+        parts = m.split(".")
+        if parts[:2] != ["routerlab", package] or rank(parts) == len(order):
+            continue  # outside the package, or on top of its sub-packages
+        bad += [f"{m} imports {d}" for d in deps if d.split(".")[:2] == ["routerlab", package] and rank(d.split(".")) > rank(parts)]
+    return bad
+
+
+def _stated_order(package: str) -> list[str]:
+    import re
+
+    drawn = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    found = re.search(rf"{package}/ sub-packages, bottom to top: (.*)", drawn)
+    return [] if found is None else [x.strip(" `.") for x in found.group(1).split("<")]
+
+
+def test_core_and_ui_sub_packages_import_only_downward_in_the_documented_order():
+    core = PACKAGE / "core"
+    assert sorted(p.name for p in core.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(CORE_ORDER)
+    assert [p.name for p in core.glob("*.py")] == ["__init__.py"], "every core module sits in a sub-package"
+    assert _stated_order("core") == list(CORE_ORDER) and _stated_order("ui") == [*UI_ORDER, "layout"]
+    bad = _upward("core", CORE_ORDER) + _upward("ui", UI_ORDER)
+    assert not bad, "an import runs up:\n" + "\n".join(sorted(bad))
+
+
+def test_no_library_folder_holds_more_than_12_modules():
+    crowded = {str(d.relative_to(PACKAGE.parent)): n for d in [PACKAGE, *PACKAGE.rglob("*")] if d.is_dir() and d.name != "__pycache__"
+               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MOST_MODULES}
+    assert not crowded, crowded
 
 
 def test_no_library_module_over_600_lines():

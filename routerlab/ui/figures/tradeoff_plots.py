@@ -31,7 +31,8 @@ BASELINES = ("random", "static")
 FLOOR = 0.001  # a perplexity rise below 0.1% (or a fall) is drawn at 0.1% on the log axis; the hover has the value
 
 
-def _num(x) -> float | None:
+def finite(x) -> float | None:
+    """x as a finite float, or None (a missing, malformed or non-finite value in a result file)."""
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -67,10 +68,10 @@ def _groups(rows: list[dict], x: str) -> dict[str, list[dict]]:
     """Rows by series, each in order of `x`; the full model's row and rows without `x` left out."""
     out: dict[str, list[dict]] = {}
     for row in rows:
-        if _kind(row) == "full" or _num(row.get(x)) is None:
+        if _kind(row) == "full" or finite(row.get(x)) is None:
             continue
         out.setdefault(series_name(row), []).append(row)
-    return {k: sorted(v, key=lambda r: _num(r.get(x))) for k, v in out.items()}
+    return {k: sorted(v, key=lambda r: finite(r.get(x))) for k, v in out.items()}
 
 
 def _base_layout(fig: go.Figure, title: str, height: int) -> go.Figure:
@@ -96,8 +97,8 @@ def quality_vs_skip(rows: list[dict] | None, heldout: dict | None, heldout_name:
     seen: set[str] = set()
 
     def add(name: str, group: list[dict], y: str, col: int, scale: float, floor: float | None = None) -> None:
-        xs = [100 * _num(r["skip_rate_all_layers"]) for r in group]
-        raw = [_num(r.get(y)) for r in group]
+        xs = [100 * finite(r["skip_rate_all_layers"]) for r in group]
+        raw = [finite(r.get(y)) for r in group]
         ys = [None if v is None else max(scale * v, floor) if floor else scale * v for v in raw]
         text = [f"threshold {safe.text(r.get('threshold', '–'))}" if _kind(r) not in BASELINES else _baseline_setting(r) for r in group]
         unit = "%" if scale == 100 else " nats"
@@ -110,13 +111,13 @@ def quality_vs_skip(rows: list[dict] | None, heldout: dict | None, heldout_name:
 
     if curve:
         for kind in ("tuned", *BASELINES):
-            group = [dict(r, method=kind) for r in curve.get(kind, []) if isinstance(r, dict) and _num(r.get("kl_full")) is not None and _num(r.get("skip_rate_all_layers")) is not None]
+            group = [dict(r, method=kind) for r in curve.get(kind, []) if isinstance(r, dict) and finite(r.get("kl_full")) is not None and finite(r.get("skip_rate_all_layers")) is not None]
             if group:
-                add(series_name(group[0]), sorted(group, key=lambda r: _num(r["skip_rate_all_layers"])), "kl_full", 1, 1.0)
+                add(series_name(group[0]), sorted(group, key=lambda r: finite(r["skip_rate_all_layers"])), "kl_full", 1, 1.0)
     else:
         fig.add_annotation(text="no held-out result (heldout_sampled.json)", showarrow=False, x=0.5, y=0.5, xref="x domain", yref="y domain", font=dict(color="#6b7280"), row=1, col=1)
     # the official code's masking skips nothing: its quality is the tuned kv rows' own (it belongs in the speed figure)
-    groups = _groups([r for r in rows if _num(r.get("perplexity_increase")) is not None and _kind(r) != "official-mask"], "skip_rate_all_layers")
+    groups = _groups([r for r in rows if finite(r.get("perplexity_increase")) is not None and _kind(r) != "official-mask"], "skip_rate_all_layers")
     for name, group in groups.items():
         add(name, group, "perplexity_increase", 2, 100.0, floor=100 * FLOOR)
     if not groups:
@@ -131,7 +132,7 @@ def quality_vs_skip(rows: list[dict] | None, heldout: dict | None, heldout_name:
 
 def _baseline_setting(row: dict) -> str:
     if _kind(row) == "random":
-        p = _num(row.get("p", row.get("threshold")))
+        p = finite(row.get("p", row.get("threshold")))
         return f"each cell skipped with probability {p:.3f}" if p is not None else "random cells skipped"
     k = row.get("k")
     return f"{k} whole layer(s) dropped" if k is not None else "the least important layers dropped"
@@ -142,18 +143,18 @@ def measured_vs_ideal(rows: list[dict] | None, speed: dict | None = None) -> go.
     """Measured speedup (y) against the ideal one (x) for every sweep row, with y = x: a point on the
     line turned all the skipped work into time; below it, overheads ate part of it. speed.json's
     'attention off on the deep layers' runs (one per KV policy) are added as large markers."""
-    rows = [r for r in rows or [] if isinstance(r, dict) and _num(r.get("speedup")) is not None and _num(r.get("ideal_speedup")) is not None]
+    rows = [r for r in rows or [] if isinstance(r, dict) and finite(r.get("speedup")) is not None and finite(r.get("ideal_speedup")) is not None]
     deep = _deep_points(speed)
     if not rows and not deep:
         return _empty_figure("No speed results in assets/bench/ (tradeoff.csv with ideal_speedup, speed.json): run `make tradeoff` and `make bench`.", height=420)
     fig = go.Figure()
     values = [1.0]
     for name, group in _groups(rows, "ideal_speedup").items():
-        xs, ys = [_num(r["ideal_speedup"]) for r in group], [_num(r["speedup"]) for r in group]
+        xs, ys = [finite(r["ideal_speedup"]) for r in group], [finite(r["speedup"]) for r in group]
         values += xs + ys
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="markers", name=safe.text(name), marker=dict(size=10, color=_style(group[0])["line"]["color"], symbol=_point_symbol(group[0]), opacity=0.85, line=dict(width=1, color="white")),
-            customdata=[[f"{100 * (_num(r.get('skip_rate_all_layers')) or 0):.1f}%", safe.text(r.get("threshold", "–"))] for r in group],
+            customdata=[[f"{100 * (finite(r.get('skip_rate_all_layers')) or 0):.1f}%", safe.text(r.get("threshold", "–"))] for r in group],
             hovertemplate=f"<b>{safe.text(name)}</b><br>ideal %{{x:.3f}}×, measured %{{y:.3f}}×<br>skipped %{{customdata[0]}} · threshold %{{customdata[1]}}<extra></extra>",
         ))
     for policy, (ideal, measured, label) in deep.items():
@@ -187,7 +188,7 @@ def _deep_points(speed: dict | None) -> dict[str, tuple[float, float, str]]:
     n = len(speed.get("skipped_layers") or [])
     out = {}
     for policy in ("mask", "kv", "drop"):
-        measured, ideal = _num(speed["speedup"].get(policy)), _num(speed["ideal_speedup"].get(policy))
+        measured, ideal = finite(speed["speedup"].get(policy)), finite(speed["ideal_speedup"].get(policy))
         if measured is not None and ideal is not None:
             out[policy] = (ideal, measured, f"attention off on {n} deep layers, {policy} (bench speed)")
     return out
@@ -196,7 +197,7 @@ def _deep_points(speed: dict | None) -> dict[str, tuple[float, float, str]]:
 # -- 3. where the time goes ----------------------------------------------------------------------------
 def _layers(costs: dict) -> int | None:
     """The layer count behind a cost breakdown (overhead = step - n * (attention + MLP) - head)."""
-    af, mlp, step, head, over = (_num(costs.get(k)) for k in ("attention_full", "mlp", "step", "head", "overhead"))
+    af, mlp, step, head, over = (finite(costs.get(k)) for k in ("attention_full", "mlp", "step", "head", "overhead"))
     if None in (af, mlp, step, head, over) or af + mlp <= 0:
         return None
     n = round((step - over - head) / (af + mlp))
@@ -212,15 +213,15 @@ def time_pieces(costs: dict | None) -> list[tuple[str, float]] | None:
     n = _layers(costs)
     if n is None:
         return None
-    af, kv, mlp = (_num(costs.get(k)) or 0.0 for k in ("attention_full", "attention_kv_only", "mlp"))
+    af, kv, mlp = (finite(costs.get(k)) or 0.0 for k in ("attention_full", "attention_kv_only", "mlp"))
     kv = min(kv, af)
     return [
         ("attention (queries, scores, output)", n * (af - kv)),
         ("keys & values", n * kv),
         ("MLP", n * mlp),
-        ("LM head", _num(costs["head"])),
-        ("the rest (embedding, norms, residuals, Python)", max(0.0, _num(costs["overhead"]))),
-        ("routing (routers on every layer)", _num(costs.get("routing")) or 0.0),
+        ("LM head", finite(costs["head"])),
+        ("the rest (embedding, norms, residuals, Python)", max(0.0, finite(costs["overhead"]))),
+        ("routing (routers on every layer)", finite(costs.get("routing")) or 0.0),
     ]
 
 
@@ -232,7 +233,7 @@ def ceilings(costs: dict | None) -> list[tuple[str, float]] | None:
         return None
     p = dict(pieces)
     attention, kv, mlp = p["attention (queries, scores, output)"], p["keys & values"], p["MLP"]
-    step = _num(costs["step"])
+    step = finite(costs["step"])
     saved = {"attention, kv policy": attention, "attention, drop policy": attention + kv, "MLP": mlp,
              "block, kv policy": attention + mlp, "block, drop policy": attention + kv + mlp}
     return [(name, step / (step - s)) for name, s in saved.items() if step - s > 0]
@@ -248,7 +249,7 @@ def time_split(speed: dict | None) -> go.Figure:
     pieces, tops = time_pieces(costs), ceilings(costs)
     if pieces is None or tops is None:
         return _empty_figure("No cost breakdown in assets/bench/speed.json (cost_seconds): run `make bench`.", height=420)
-    step = _num(costs["step"])
+    step = finite(costs["step"])
     where = f"{speed.get('model', 'the model')} on {speed.get('device', '?')}, {speed.get('threads', '?')} threads, {speed.get('prompt_tokens', '?')}-token prompt"
     fig = make_subplots(rows=2, cols=1, row_heights=[0.4, 0.6], vertical_spacing=0.27, subplot_titles=(
         f"One decode step of the full model: {1000 * step:.1f} ms ({safe.text(where)}, measured)",
@@ -265,7 +266,7 @@ def time_split(speed: dict | None) -> go.Figure:
             hovertemplate=f"<b>{safe.text(name)}</b><br>%{{x:.2f}} ms per step ({share:.1%})<extra></extra>",
         ), row=1, col=1)
     routing = dict(pieces)["routing (routers on every layer)"]
-    over = _num(costs["overhead"])
+    over = finite(costs["overhead"])
     note = ("attention: queries, scores, output projection · the rest: embedding, norms, residual adds, Python\nrouting: "
             + (f"{1000 * routing:+.1f} ms measured (routers on every layer), within the noise" if routing <= 0
                else f"+{1000 * routing:.1f} ms per step with routers on every layer (on top of this step)")
@@ -293,14 +294,14 @@ THRESHOLD_COLORS = ("#f59f00", "#c92a2a", "#862e9c")
 def context_curve(result: dict | None) -> go.Figure:
     """`bench context` (assets/bench/context.json): measured speedup against context length for each threshold and KV
     policy (lockstep, against the full model), the ideal dashed beside each, KL and agreement in the hover."""
-    points = [p for p in (result or {}).get("points", []) if isinstance(p, dict) and _num(p.get("context")) is not None]
+    points = [p for p in (result or {}).get("points", []) if isinstance(p, dict) and finite(p.get("context")) is not None]
     if not points:
         return _empty_figure("No context curve in assets/bench/ (context.json): run `make context`.", height=420)
     fig = go.Figure()
     cases = []
     for p in points:
         for r in p.get("runs", []):
-            key = (_num(r.get("threshold")), str(r.get("kv_policy")))
+            key = (finite(r.get("threshold")), str(r.get("kv_policy")))
             if key not in cases:
                 cases.append(key)
     thresholds = sorted({t for t, _ in cases if t is not None})
@@ -308,14 +309,14 @@ def context_curve(result: dict | None) -> go.Figure:
         color = THRESHOLD_COLORS[thresholds.index(t) % len(THRESHOLD_COLORS)] if t in thresholds else "#212529"
         xs, ys, ideal, hover = [], [], [], []
         for p in points:
-            r = next((r for r in p.get("runs", []) if (_num(r.get("threshold")), str(r.get("kv_policy"))) == (t, policy)), None)
-            if r is None or _num(r.get("speedup")) is None:
+            r = next((r for r in p.get("runs", []) if (finite(r.get("threshold")), str(r.get("kv_policy"))) == (t, policy)), None)
+            if r is None or finite(r.get("speedup")) is None:
                 continue
-            xs.append(_num(p["context"]))
-            ys.append(_num(r["speedup"]))
-            ideal.append(_num(r.get("ideal_speedup")))
-            hover.append([f"{100 * (_num(r.get('skip_rate')) or 0):.0f}%", f"{_num(r.get('mean_kl')) or 0:.3f}",
-                          f"{100 * (_num(r.get('agreement')) or 0):.0f}%", f"{_num(r.get('ideal_speedup')) or 0:.2f}"])
+            xs.append(finite(p["context"]))
+            ys.append(finite(r["speedup"]))
+            ideal.append(finite(r.get("ideal_speedup")))
+            hover.append([f"{100 * (finite(r.get('skip_rate')) or 0):.0f}%", f"{finite(r.get('mean_kl')) or 0:.3f}",
+                          f"{100 * (finite(r.get('agreement')) or 0):.0f}%", f"{finite(r.get('ideal_speedup')) or 0:.2f}"])
         name = f"{t:.2f} {safe.text(policy)}"
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="lines+markers", name=f"{name} measured", line=dict(color=color, dash=POLICY_DASH.get(policy, "solid"), width=2.5),

@@ -54,7 +54,7 @@ def after_run(res: Resources, session: Session, prompt, threshold, router_label,
         return (f"This run shared the server's decode steps with up to {most - 1} other generation{'s' if most > 2 else ''}, "
                 "so its tok/s says little about routing. Press the button for a side-by-side measurement: it decodes the full "
                 "model and the routed model one token each in turn, so both meet the same load."), gr.skip()
-    text, said = measure_beside_full(res, session, prompt, threshold, router_label, kv_policy, model_name, AFTER_RUN_ROUNDS)
+    text, _ = measure_beside_full(res, session, prompt, threshold, router_label, kv_policy, model_name, AFTER_RUN_ROUNDS)
     return text, gr.skip()  # the run's own status line stays; a refusal leaves the card as it was
 
 

@@ -119,7 +119,7 @@ def _on_slider(threshold, method, granularity, calibrations: dict[str, dict], co
     """A raw router threshold of a tuned row as the calibrated slider reads it (monotone: the same decisions)."""
     from routerlab.core.routing.router import Calibration
 
-    block, raw = calibrations.get(str(granularity)), _number(threshold)
+    block, raw = calibrations.get(str(granularity)), tradeoff_plots.finite(threshold)
     if raw is None or not isinstance(block, dict) or str(method).split(" ")[0] in BASELINES:
         return threshold
     try:
@@ -139,16 +139,8 @@ def tradeoff_figures(results: dict) -> tuple:
     )
 
 
-def _number(x) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def _cell(column: str, value, row: dict) -> str:
-    v = _number(value)
+    v = tradeoff_plots.finite(value)
     if column in ("method", "granularity", "kv_policy"):
         return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
     if v is None:
@@ -189,7 +181,7 @@ def bench_summary(results: dict) -> str:
     curve = (results.get("heldout") or {}).get("curve") if isinstance(results.get("heldout"), dict) else None
     if not isinstance(curve, dict):
         return ""
-    points = {k: [(_number(r.get("skip_rate_all_layers")), _number(r.get("kl_full"))) for r in curve.get(k, []) if isinstance(r, dict)] for k in ("tuned", "random")}
+    points = {k: [(tradeoff_plots.finite(r.get("skip_rate_all_layers")), tradeoff_plots.finite(r.get("kl_full"))) for r in curve.get(k, []) if isinstance(r, dict)] for k in ("tuned", "random")}
     tuned = [p for p in points["tuned"] if None not in p]
     random = [p for p in points["random"] if None not in p]
     if not tuned or not random:
