@@ -42,7 +42,7 @@ chromium:
 test: dev chromium
 	$(BIN)/python -m pytest -q
 
-# The browser measurements docs/measurements.md quotes ("Streaming overhead, measured"), the Train tab's job watched in the browser
+# The browser measurements docs/results.md quotes ("Streaming overhead, measured", History of measurements), the Train tab's job watched in the browser
 # (docs/experiments.md, "Three minutes") and the app's streaming rate through gradio_client: printed, never asserted
 # (tests marked `report`); ~13 min, ~20 s of it the gradio_client one.
 browser-reports: dev chromium

@@ -4,7 +4,8 @@ After each parallel op, libgomp's workers busy-wait for GOMP_SPINCOUNT turns (30
 these machines) before sleeping. On 2 cores that spinning takes the core onnxruntime's pool needs when the step graph
 (core/graph/step_graph.py) runs next, right after torch's sampling or a quality meter's pass. 30,000 turns keep torch's
 own ops about as fast and leave that core to the graph; compare `GOMP_SPINCOUNT=300000 python -m
-routerlab.bench.room_loop --decode --rows 1` with the same command without it (docs/method.md). A value the user set
+routerlab.bench.room_loop --decode --rows 1` with the same command without it (docs/results.md, "The step graph beside torch:
+spinning"). A value the user set
 (or OMP_WAIT_POLICY) is kept. Imports nothing.
 """
 

@@ -537,15 +537,16 @@ IN_RUN_TOKENS, IN_RUN_RUNS = 192, 4
 WINDOW_S, EDGE_S = 1.5, 0.25  # within-run windows: frames through / held back in turns; steps this near an edge are left out
 
 
-# The reports below measure and print (never assert): minutes of a test run for numbers that docs/measurements.md
-# quotes. They run with `make browser-reports` (ROUTERLAB_BROWSER_REPORTS=1), not in every `make test` (conftest.py).
+# The reports below measure and print (never assert): minutes of a test run for numbers that docs/results.md quotes
+# (History of measurements). They run with `make browser-reports` (ROUTERLAB_BROWSER_REPORTS=1), not in every
+# `make test` (conftest.py).
 
 
 @pytest.mark.report
 def test_report_streaming_overhead_in_the_browser(browser, app, engine, capsys, monkeypatch):
     """Decode tokens/s of a run streamed to a real browser against the same run without streaming, with the
-    quality switch off and on; printed, never asserted (machines are noisy). docs/measurements.md ("Streaming
-    overhead, measured") has the method and the numbers measured. Two measures:
+    quality switch off and on; printed, never asserted (machines are noisy). docs/results.md ("Streaming
+    overhead, measured", in its History of measurements) has the method and the numbers measured. Two measures:
 
     - between runs: the same prompt, router set, threshold and KV policy (read from the page), greedy,
       streamed to the browser or direct (engine.run in a worker thread, as the app decodes); each of
@@ -689,7 +690,8 @@ def _chromium_seconds() -> float:
 
 @pytest.mark.report
 def test_report_where_the_page_time_goes(browser, app, engine, capsys, monkeypatch):
-    """Printed, never asserted: the browser side of docs/measurements.md ("Streaming overhead, measured").
+    """Printed, never asserted: the browser side of docs/results.md ("Streaming overhead, measured: where the
+    page's time goes").
 
     - Chromium's CPU, as a share of one core, over 10 s with the app's page open and idle, and with about:blank;
     - the same over a streamed run of CPU_TOKENS tokens (quality off), all frames vs none until the end;

@@ -170,3 +170,59 @@ def test_machine_kind_names_amx_before_the_vector_unit():
     assert machine_kind("AVX512", ["avx2", "avx512f", "amx_bf16", "amx_int8"]) == "amx"
     assert machine_kind("AVX512", ["avx2", "avx512f", "avx512_bf16"]) == "avx512"
     assert machine_kind("AVX2", ["avx2"]) == "avx2" and machine_kind("SVE256", []) == "sve256"
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_history_of_measurements_renders_every_entry_of_the_committed_file():
+    """assets/bench/history.json (kept by hand) is docs/results.md's last section: every entry's heading, commands,
+    result files, figures (statements and table rows) and conclusion are in the rendered text, and none is malformed."""
+    from routerlab.bench.results.report_history import HISTORY, TITLE, table_markdown
+
+    history = json.loads((BENCH / HISTORY).read_text(encoding="utf-8"))
+    text = results_markdown(BENCH)
+    assert f"\n## {TITLE}\n" in text
+    section = _flat(text.split(f"\n## {TITLE}\n", 1)[1])
+    assert "is malformed" not in section and "could not be read" not in section
+    assert len(history["entries"]) >= 30
+    for entry in history["entries"]:
+        assert f"### {_flat(entry['title'])}" in section, entry["title"]
+        assert all(f"`{c}`" in section for c in entry["commands"]), entry["title"]
+        for path in entry["result_files"]:
+            assert (ROOT / path).is_file() and f"[`{path}`](../{path})" in section, path
+        for figure in entry["figures"]:
+            if isinstance(figure, str):
+                assert _flat(figure) in section, figure
+            else:
+                assert all(_flat(line) in section for line in table_markdown(figure["table"])), entry["title"]
+        assert f"Concluded: {_flat(entry['concluded'])}" in section, entry["title"]
+        if "kept" in entry:
+            assert f"Kept: {_flat(entry['kept'])}." in section
+
+
+def test_a_malformed_history_entry_gives_a_line_and_the_others_still_render(tmp_path):
+    from routerlab.bench.results.report_history import HISTORY
+
+    good = {"title": "A run", "day": "2000-01-02", "machine": "a 2-core test machine", "commands": ["make bench"],
+            "result_files": [], "figures": ["the engine 12.5 tokens/s", {"table": {"columns": ["rows", "tok/s"], "rows": [["8", "99.5"]]}}],
+            "concluded": "kept", "kept": "one-off, not kept"}
+    entries = [good,
+               {k: v for k, v in good.items() if k != "commands"} | {"title": "No commands"},
+               dict(good, title="A short row", figures=[{"table": {"columns": ["a", "b"], "rows": [["only one"]]}}]),
+               "just a string",
+               dict(good, title="Missing file", result_files=["assets/bench/no-such-file.json"])]
+    (tmp_path / HISTORY).write_text(json.dumps({"about": "Test runs.", "entries": entries}))
+    text = results_markdown(tmp_path)  # no traceback
+    assert "### A run" in text and "- Rerun: `make bench`." in text and "- the engine 12.5 tokens/s" in text
+    assert "| 8 | 99.5 |" in text and "Concluded: kept" in text and "- Kept: one-off, not kept." in text
+    assert "Entry 2 (\"No commands\") of `history.json` is malformed (KeyError: 'commands')" in text
+    assert "Entry 3 (\"A short row\") of `history.json` is malformed (ValueError: row 1 of a table has 1 cells for 2 columns)" in text
+    assert "Entry 4 of `history.json` is malformed (TypeError: an entry must be a JSON object)" in text
+    assert "`assets/bench/no-such-file.json` (not in the repository)" in text
+    assert text.count("is malformed") == 3 and "### No commands" not in text
+    (tmp_path / HISTORY).write_text("{not json")
+    assert "`history.json` could not be read (JSONDecodeError" in results_markdown(tmp_path)
+    (tmp_path / HISTORY).unlink()
+    assert "No history: there is no `history.json`" in results_markdown(tmp_path)

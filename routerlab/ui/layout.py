@@ -159,9 +159,9 @@ WHAT_IF_PREVIEW_JS = """
 # The live heatmap: a stream's heatmap frames come through a hidden gr.HTML (`live_heat`) and are drawn with
 # Plotly.react into the heatmap plot already on the page. Through gr.Plot itself, every new figure remounts the
 # plot (a fresh div and a full Plotly draw, Gradio 6's Plot component): a fifth to two fifths more main-thread time
-# per frame than a react on the plot that is there (docs/measurements.md, "Streaming overhead, measured"). A run starts by showing a
-# placeholder figure in gr.Plot and ends by sending its final figure there; a frame is never drawn over a
-# final figure (layout.meta.routerlab), so a late frame cannot cover the finished run.
+# per frame than a react on the plot that is there (docs/results.md, "Streaming overhead, measured: where the page's
+# time goes"). A run starts by showing a placeholder figure in gr.Plot and ends by sending its final figure there; a
+# frame is never drawn over a final figure (layout.meta.routerlab), so a late frame cannot cover the finished run.
 LIVE_HEATMAP_JS = """
 watch('value', () => {
   try {

@@ -2,8 +2,9 @@
 
 `markdown(result)` renders the tables of one `bench tradeoff` result (every run of `bench tradeoff`
 writes them to tradeoff.md next to its CSV). `results_markdown(folder)` renders docs/results.md from
-every file in assets/bench/ (speed, trade-off, held-out evaluations, load/faults); `python -m routerlab
-bench report` writes it and `--check` compares it. Reads JSON only: knows nothing about models, and
+every file in assets/bench/ (speed, trade-off, held-out evaluations, load/faults), then the history of
+measurements from assets/bench/history.json (report_history.py); `python -m routerlab bench report` writes it
+and `--check` compares it. Reads JSON only: knows nothing about models, and
 nothing here measures anything.
 """
 
@@ -13,6 +14,7 @@ import math
 from pathlib import Path
 
 from routerlab.bench.results.report_cells import READ_ERRORS, _cell, _num, _pct, _read
+from routerlab.bench.results.report_history import history_markdown
 from routerlab.bench.results.report_kinds import speed_kinds_markdown
 from routerlab.core.base.paths import ASSETS, ROOT
 
@@ -569,4 +571,5 @@ def results_markdown(folder: Path = BENCH) -> str:
         figures = [f for f in FIGURES.get(name, ()) if (folder / f).is_file()]
         if figures:
             out += ["Files: " + ", ".join(_link(folder, f) for f in figures) + ".", ""]
+    out += history_markdown(folder, label, COMMAND)
     return "\n".join(out).rstrip("\n") + "\n"

@@ -190,7 +190,7 @@ def _heatmap_parts(trace, threshold, what_if, title, live, cache) -> tuple[list[
     common = dict(type="heatmap", x=columns, y=layers, zmin=0.0, zmax=1.0, hoverongaps=False, xgap=0, ygap=0)
     # A live frame is redrawn every 2 s while the browser shares the CPU with decoding: its colour bars keep
     # their titles but draw no numbers, and its x axis half the token labels (an eighth to a fifth of a redraw's
-    # browser time; docs/measurements.md, "Streaming overhead, measured"). The final figure has both.
+    # browser time; docs/results.md, "Streaming overhead, measured: where the page's time goes"). The final figure has both.
     bar = dict(thickness=10, len=0.45, tickfont=dict(size=10), showticklabels=not live)
     data = [
         dict(

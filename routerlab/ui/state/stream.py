@@ -18,7 +18,7 @@ from routerlab.core.serve.lockstep import in_turn
 
 # Streaming frame rates. Every frame costs Python time in this process, and Python time here is
 # GIL time the decoder thread waits for; in the browser each heatmap frame is a plotly redraw, CPU a
-# laptop's decoder also needs (docs/measurements.md, "Streaming overhead, measured"): keep frames few and cheap.
+# laptop's decoder also needs (docs/results.md, "Streaming overhead, measured"): keep frames few and cheap.
 HEATMAP_INTERVAL = 2.0  # seconds between heatmap (and quality strip) redraws while streaming (a redraw: ~0.15 s of browser main thread)
 TEXT_INTERVAL = 0.5  # seconds between text updates while streaming
 # A run that measures its quality redraws the heatmap (and its strip) right after each quality pass,
