@@ -97,59 +97,23 @@ def test_sequence_level_drop_equals_mask():
 
 @pytest.mark.parametrize("policy", ["drop", "kv"])
 def test_skipped_attention_computes_no_query(policy, monkeypatch):
-    """Skipped layers never project queries (drop: nothing at all; kv: only keys and values)."""
-    import routerlab.core.ops.forward as eng
-    import routerlab.core.ops.one_token as one
+    """Skipped layers never project queries (drop: nothing at all; kv: only keys and values), in the prefill and in
+    every decode step (both through torch's one layer)."""
+    import routerlab.core.ops.layer as layer
 
     model = tiny_model("llama")
     engine = Engine(model)
     layer_of = {id(p.attn): i for i, p in enumerate(engine.anatomy.layers)}
-    queries, kv_only, decode_queries, decode_kv = [], [], [], []
-    watched = ((eng, "project_q", queries), (eng, "project_qkv", queries), (eng, "project_kv", kv_only),
-               (one, "attention_one", decode_queries), (one, "keys_values_one", decode_kv))  # prefill, then decode steps
-    for module, name, sink in watched:
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda a, *args, real=real, sink=sink: sink.append(layer_of[id(a)]) or real(a, *args))
+    queries, kv_only = [], []
+    for name, sink in (("split_q", queries), ("split_qkv", queries), ("split_kv", kv_only)):
+        real = getattr(layer, name)
+        monkeypatch.setattr(layer, name, lambda a, *args, real=real, sink=sink: sink.append(layer_of[id(a)]) or real(a, *args))
     config = GenerateConfig(max_new_tokens=5, threshold=0.51, kv_policy=policy)
     list(engine.generate_ids([1, 2, 3], routers(model, "attention-token"), config))
-    assert set(queries) == set(decode_queries) == {0, 3}, "layers 1 and 2 were skipped and must never run their query projection"
-    assert set(kv_only) == set(decode_kv) == ({1, 2} if policy == "kv" else set())
-
-
-def general_decode_step(an, ids, positions, caches, plan):
-    """A one-token forward through `run_layer`, the path every longer forward takes."""
-    from routerlab.core.ops.forward import run_layer
-    from routerlab.core.routing.gates import score_table
-
-    h, scores = an.embed(ids), {}
-    tables = an.rope(h, positions)
-    for i, parts in enumerate(an.layers):
-        h = run_layer(i, parts, h, positions, tables[parts.attn.rope_key], caches[i], plan, scores)
-    return an.logits(h), score_table(scores, 1, an.n_layers, h.device)
-
-
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_one_token_step_computes_what_run_layer_computes(family, dtype):
-    """Decode steps take `run_layer_one` (fewer ops); every routed decision and logit is the general layer's."""
-    model = tiny_model(family).to(dtype)
-    engine = Engine(model)
-    assert engine.anatomy.plain
-    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(7))
-    for granularity in ["attention-token", "mlp-token", "block-token", "attention-sequence"]:
-        for policy in ["kv", "drop"]:
-            plans = [Plan(routers(model, granularity, seed=8), 0.5, policy) for _ in range(2)]  # sequence level: own state
-            caches = [engine.new_caches(12), engine.new_caches(12)]
-            with torch.no_grad():
-                for plan, c in zip(plans, caches):
-                    forward(engine.anatomy, ids[:, :6], torch.arange(6), c, plan)
-                for t in range(6, 12):
-                    step = (ids[:, t : t + 1], torch.tensor([t]))
-                    fast, fast_scores = forward(engine.anatomy, *step, caches[0], plans[0])
-                    slow, slow_scores = general_decode_step(engine.anatomy, *step, caches[1], plans[1])
-                    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0, msg=f"{granularity} {policy} {t}")
-                    torch.testing.assert_close(fast_scores, slow_scores.to(fast_scores.dtype), equal_nan=True)
-            assert [c.n for c in caches[0]] == [c.n for c in caches[1]], "each layer's cache holds the same positions"
+    assert len(queries) == 2 * 5, "layers 0 and 3 run their queries at the prefill and at each of 4 decode steps"
+    assert set(queries) == {0, 3}, "layers 1 and 2 were skipped and must never run their query projection"
+    assert set(kv_only) == ({1, 2} if policy == "kv" else set())
+    assert len(kv_only) == (2 * 5 if policy == "kv" else 0)
 
 
 def test_generate_records_one_step_per_token():

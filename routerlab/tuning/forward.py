@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.ops.forward import attention_part, forward, mlp_part
+from routerlab.core.ops.forward import forward
+from routerlab.core.ops.layer import Seq, Tokens, attention, mlp
 from routerlab.core.routing.gates import ALL, Plan
 
 
@@ -63,12 +64,11 @@ def layer_walk(anatomy, ids: torch.Tensor):
     under no_grad."""
     positions = torch.arange(ids.shape[1], device=ids.device)
     h = anatomy.embed(ids)
-    tables = anatomy.rope(h, positions)
-    plan = Plan(None)
+    tokens = Tokens([Seq(0, ids.shape[1], Plan(None), positions, None, anatomy.rope(h, positions))])
     for i, parts in enumerate(anatomy.layers):
         x_attn = parts.attn_norm(h)
-        mid = attention_part(parts, h, x_attn, ALL, positions, tables[parts.attn.rope_key], None, plan)
+        mid = attention(i, parts, h, x_attn, [ALL], tokens)
         x_mlp = parts.mlp_norm(mid)
-        out = mlp_part(parts, mid, x_mlp, ALL)
+        out = mlp(i, parts, mid, [ALL], tokens)
         yield i, h, x_attn, mid, x_mlp, out
         h = out

@@ -185,6 +185,7 @@ class _RecordingSet:
     def __init__(self, routers: RouterSet, threshold: float, sink: list):
         self.config = routers.config
         self.n_layers, self.hidden_size = routers.n_layers, routers.hidden_size
+        self.standin_rank = routers.standin_rank  # torch's layer adds a skipped cell's stand-in where this is > 0
         self._r = {i: _Recorder(routers.get(i), threshold, sink) for i in routers.config.layers}
         self._standins = routers
 

@@ -35,7 +35,7 @@ from routerlab.core.kernels import low_paths
 from routerlab.core.model.cache import LayerCache
 from routerlab.core.routing.gates import ALL, NONE, Gate, Plan, Scores, decide, score_table  # noqa: F401 (Plan, NONE: re-exported)
 from routerlab.core.decode.generation import Generation, sample  # noqa: F401 (sample: re-exported)
-from routerlab.core.ops.forward import FullDepth, attention_part, forward, mlp_part, run_layer, standin_add  # noqa: F401 (re-exported)
+from routerlab.core.ops.forward import FullDepth, forward
 from routerlab.core.base.precision import describe, dtype_name
 from routerlab.core.kernels.weights import LowBitPlan
 from routerlab.core.model.routed import Anatomy, LayerParts

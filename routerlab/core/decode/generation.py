@@ -21,7 +21,8 @@ import torch
 
 from routerlab.core.model.cache import release
 from routerlab.core.base.config import GREEDY_BELOW, GenerateConfig  # noqa: F401 (GREEDY_BELOW: re-exported)
-from routerlab.core.ops.packed import Segment, packable
+from routerlab.core.ops.layer import hard
+from routerlab.core.ops.packed import Segment
 from routerlab.core.records.trace import Step, Trace
 from routerlab.core.routing.gates import Plan
 from routerlab.core.routing.router import RouterSet
@@ -124,7 +125,7 @@ class Generation:
     def packed_prefill(self) -> Segment | None:
         """The prompt as a segment of a packed forward (core/ops/packed.py), where one forward reads it (at most one
         chunk, any level) and its plan packs; None: read it with `prefill`. After the forward, `prefilled`."""
-        if len(self.ids) > PREFILL_CHUNK or not packable(self.plan):
+        if len(self.ids) > PREFILL_CHUNK or not hard(self.plan):
             return None
         self.control.prompt_tokens, self.control.prompt_read = len(self.ids), 0
         self.trace.meta.update(prompt_tokens=len(self.ids), stop_reason="max_new_tokens")

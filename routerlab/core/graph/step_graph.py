@@ -404,7 +404,7 @@ class StepGraph:
         options.log_severity_level = 3
         options.intra_op_num_threads, options.inter_op_num_threads = threads or torch.get_num_threads(), 1
         # Its pool spins between a step's ~1,000 small nodes (waking a sleeping thread for each: 0.69x llama.cpp at 512
-        # tokens against 0.92x spinning, docs/method.md) and stops spinning when a run ends, so torch's work between
+        # tokens against 0.92x spinning, docs/results.md) and stops spinning when a run ends, so torch's work between
         # steps (sampling, prefills, the quality meter) has the cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.force_spinning_stop", "1")

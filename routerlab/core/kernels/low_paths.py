@@ -2,9 +2,9 @@
 codes, or onnxruntime's `MatMulNBits` on the same codes (core/kernels/nbits.py); measured at start-up, never assumed.
 
 The best one-row kernel differs between machines. On a 2-core Xeon with AMX (2026-12-06) the head alone took
-1.40 ms a call with torch's int4 kernel and 0.64 ms with `MatMulNBits` on the file's Q8_0 codes, and decode ran 1.06x
-faster with the head through it (`python -m routerlab.bench.products.nbits --maps head`); the layers' maps were slower through
-it there (docs/method.md). On an AVX2-only CPU, where torch's int4 kernel is slow, other maps may win: `tune` finds out.
+1.44 ms a call with torch's int4 kernel and 0.62 ms with `MatMulNBits` on the file's Q8_0 codes, and decode ran faster
+with the head through it (`python -m routerlab.bench.products.nbits --maps head`); the layers' maps were slower through
+it there (docs/results.md, "The head alone through onnxruntime on the Xeon with AMX"). On an AVX2-only CPU, where torch's int4 kernel is slow, other maps may win: `tune` finds out.
 
 `tune` times, for each kind of map (`batch_paths.kinds`: the head, q|k|v, q, k|v, the output map, gate|up, down), one
 row through every map of the kind as a step streams them, with each kernel, in alternating rounds; a kind where

@@ -1,1 +1,1 @@
-"""torch's decoder layer: the layer and the forward (forward.py), a one-token step in fewer ops (one_token), many rows at once (batch), packed sequences (packed), and the sub-layers' pieces they share (sublayers)."""
+"""torch's decoder layer, written once (layer), and the forwards over it: one sequence (forward), a room's rows at once (batch), packed sequences (packed); the attention pieces the layer takes (sublayers)."""

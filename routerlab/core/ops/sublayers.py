@@ -1,6 +1,6 @@
-"""The pieces of one sub-layer as every forward computes them: the q|k|v products split into rotated heads, attention
-by positions (caches may have holes), the output map, and the MLP. Shared by the engine's forward (core/decode/engine.py) and
-packed forwards (core/ops/packed.py). Knows nothing about routers, gates, caches or the decode loop.
+"""The pieces of an attention sub-layer on a sequence's own cache: q|k|v products split into rotated heads, and attention
+by positions (caches may have holes), before the output map. Used by torch's layer (core/ops/layer.py). Knows nothing
+about routers, gates, caches or the decode loop.
 """
 
 from __future__ import annotations
@@ -11,10 +11,16 @@ from torch.nn import functional as F
 
 from routerlab.core.kernels.rotary import rope
 from routerlab.core.kernels.weights import wants_upcast
-from routerlab.core.model.routed import AttentionParts, LayerParts
+from routerlab.core.model.routed import AttentionParts
 
 
 def _heads(y: torch.Tensor, norm: nn.Module | None, head_dim: int) -> torch.Tensor:
+    """Heads (1, H, T, hd) of a product y (1, T, H * hd), or of one token's (1, H * hd)."""
+    if y.shape[-2] == 1:  # one token: views, no transpose (a decode step is mostly the fixed cost of each op)
+        y = y.reshape(1, 1, -1, head_dim)
+        if norm is not None:
+            y = norm(y)
+        return y.view(1, -1, 1, head_dim)
     y = y.unflatten(-1, (-1, head_dim))  # (1, T, H, hd)
     if norm is not None:
         y = norm(y)  # Qwen 3 / Gemma 3 normalise each head
@@ -27,8 +33,7 @@ def _kv(a: AttentionParts, y: torch.Tensor, table) -> tuple[torch.Tensor, torch.
     return rope(_heads(k, a.k_norm, a.head_dim), table), _heads(v, None, a.head_dim)
 
 
-def project_q(a: AttentionParts, x: torch.Tensor, table) -> torch.Tensor:
-    return split_q(a, a.q(x, a.upcast), table)
+split_kv = _kv  # keys (rotated) and values from a k|v product
 
 
 def split_q(a: AttentionParts, y: torch.Tensor, table) -> torch.Tensor:
@@ -36,21 +41,9 @@ def split_q(a: AttentionParts, y: torch.Tensor, table) -> torch.Tensor:
     return rope(_heads(y, a.q_norm, a.head_dim), table)
 
 
-def project_kv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, torch.Tensor]:
-    return split_kv(a, a.kv(x, a.upcast), table)
-
-
-split_kv = _kv  # keys (rotated) and values from a k|v product
-
-
-def project_qkv(a: AttentionParts, x: torch.Tensor, table) -> tuple[torch.Tensor, ...]:
-    """Queries, keys and values of the same tokens from one fused product (and, without per-head
-    norms, one rotary pass over the query and key heads together)."""
-    return split_qkv(a, a.qkv(x, a.upcast), table)
-
-
 def split_qkv(a: AttentionParts, y: torch.Tensor, table) -> tuple[torch.Tensor, ...]:
-    """Queries, keys and values (1, H, T, hd), rotated, from the fused product y (1, T, q_size + 2 * kv_size)."""
+    """Queries, keys and values (1, H, T, hd), rotated, from the fused product y (1, T, q_size + 2 * kv_size), or one
+    token's (1, q_size + 2 * kv_size)."""
     if a.q_norm is not None or a.k_norm is not None:
         q = rope(_heads(y[..., : a.q_size], a.q_norm, a.head_dim), table)
         return (q, *_kv(a, y[..., a.q_size :], table))
@@ -59,17 +52,12 @@ def split_qkv(a: AttentionParts, y: torch.Tensor, table) -> tuple[torch.Tensor, 
     return qk[:, : a.n_heads], qk[:, a.n_heads :], heads[:, a.n_heads + a.n_kv_heads :]
 
 
-def attend(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pos: torch.Tensor,
-           later_keys: bool = False) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention by positions, so caches may have holes, through the output map:
-    (1, Tq, D). A single query needs no mask when it is the last position (a decode step); `later_keys` says the
-    keys may hold later positions (some tokens of a longer forward skipped, their keys kept)."""
-    return a.o(attend_heads(a, q, q_pos, k, v, k_pos, later_keys), a.upcast)
-
-
 def attend_heads(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  k_pos: torch.Tensor, later_keys: bool = False) -> torch.Tensor:
-    """`attend` before the output map: the heads' outputs side by side (1, Tq, q_size), in q's dtype."""
+    """Causal (optionally sliding-window) attention by positions, so caches may have holes: the heads' outputs side by
+    side (1, Tq, q_size), in q's dtype, before the output map. A single query needs no mask when it is the last
+    position (a decode step); `later_keys` says the keys may hold later positions (some tokens of a longer forward
+    skipped, their keys kept)."""
     _, hq, tq, hd = q.shape
     g = hq // a.n_kv_heads
     dtype = q.dtype
@@ -90,14 +78,7 @@ def attend_heads(a: AttentionParts, q: torch.Tensor, q_pos: torch.Tensor, k: tor
     qg = q.reshape(1, a.n_kv_heads, g * tq, hd)  # (1, Hkv, G*Tq, hd)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=a.scaling)
     # reshape, not view: CUDA's attention kernels may return another memory layout (a view on a CPU, a copy there)
+    if tq == 1:  # one query: the folded (Hkv, G) heads are the query heads in order
+        return (out if out.dtype == dtype else out.to(dtype)).reshape(1, 1, hq * hd)
     out = out.to(dtype).reshape(1, hq, tq, hd).transpose(1, 2)  # (1, Tq, Hq, hd)
     return out.reshape(1, tq, hq * hd)
-
-
-
-def run_mlp(parts: LayerParts, x: torch.Tensor) -> torch.Tensor:
-    """The MLP on x (1, T, D): gated MLPs as one fused gate|up product, others (MoE) by their own forward."""
-    if parts.gate_up is None:
-        return parts.mlp(x)
-    gate, up = parts.gate_up(x, parts.upcast).chunk(2, dim=-1)  # (1, T, I) each
-    return parts.down(parts.mlp.act_fn(gate) * up, parts.upcast)  # (1, T, D)

@@ -25,7 +25,7 @@ KL_TOP = 256  # full-depth log-probabilities kept per token for the KL; the rest
 # Tokens scored per full-depth forward. A chunk pays a fixed cost (every weight read once; on CPUs
 # without bf16 units, bf16 weights converted to fp32 for a many-row product) plus a little per token,
 # so bigger chunks are cheaper per token; 32 holds 32 x V routed logits (6 MB for a 49k vocabulary).
-# Chosen by `bench quality` (docs/method.md): on 1 thread of a quiet 2-core VM scoring took 29% of decode time at 16, 21% at 32, 16% at 64.
+# Chosen by `bench quality` (docs/results.md, "What the quality meter costs"): scoring took 28.6% of decode time at 16, 20.8% at 32, 16.4% at 64.
 CHUNK = 32
 REFRESH_SECONDS = 2.0  # while streaming, buffered tokens wait at most this long to be scored...
 # ...unless scoring would then take more than this share of the run's time: on a slow machine a
@@ -36,7 +36,7 @@ BUDGET = 0.2
 # A partial chunk due on time waits up to this share of the refresh longer when, at the pace its tokens
 # arrived, the chunk would fill by then: one chunk's fixed cost instead of two. Near 16 tok/s a 32-token
 # chunk fills in about 2 s, and without the grace a run decoding a little slower paid an extra, partial
-# chunk (docs/measurements.md, "Streaming overhead, measured"). A token still waits at most (1 + FILL_GRACE) x the refresh.
+# chunk (docs/results.md, "Streaming overhead, measured"). A token still waits at most (1 + FILL_GRACE) x the refresh.
 FILL_GRACE = 0.25
 # A pass reads at most about this many tokens the full model has not read: a long prompt (a document) is read ahead in
 # passes of this size, one per call, before its first scored chunk. One full-depth forward over a 2,000-token document

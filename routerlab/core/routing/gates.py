@@ -2,7 +2,7 @@
 
 `decide` turns a router's scores into a Gate under the plan (hard 0/1 at inference, straight-through
 in training, a fixed choice per request at sequence level); `score_table` collects a forward's scores.
-Shared by the engine's layers (engine.py) and its one-token step (one_token.py). Knows nothing
+Used by torch's layer (core/ops/layer.py) and the engine's plans. Knows nothing
 about weights, caches or the model beyond a router's input.
 """
 

@@ -6,7 +6,7 @@ output for attention and block, the MLP norm's for mlp). `up` starts at zero, so
 is exactly plain skipping. Rank r: 2 x r x hidden weights, about 4 x r x hidden FLOPs per token.
 
 Stand-ins belong to a RouterSet (trained, saved and loaded with its routers); the engine runs one
-wherever a cell is skipped (`engine.standin_add`). Like routers they are kept in float32 whatever
+wherever a cell is skipped (core/ops/layer.py's `standin_add`). Like routers they are kept in float32 whatever
 the base dtype: they are small, and their update is rounded to the residual stream's dtype once.
 
 Knows nothing about transformers, decoding, training or checkpoints.
