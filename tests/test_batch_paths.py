@@ -8,7 +8,6 @@ import torch
 from routerlab.core.base.config import GenerateConfig
 from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.decode.generation import Generation
-from routerlab.core.decode.rows import step_rows
 from routerlab.core.kernels import batch_paths
 from routerlab.core.kernels.weights import LowBitPlan
 from routerlab.core.model.models import tiny_model
@@ -73,9 +72,9 @@ def test_tune_measures_every_kind_and_a_batch_still_decodes_the_same_tokens():
         return out
 
     with torch.inference_mode():
-        wide, _ = step_rows(engine.anatomy, rows())
+        wide, _ = engine.runtime.step(rows())
         batch_paths.apply(engine.anatomy, {})
-        low, _ = step_rows(engine.anatomy, rows())
+        low, _ = engine.runtime.step(rows())
     assert wide.argmax(-1).tolist() == low.argmax(-1).tolist()
     torch.testing.assert_close(wide, low, atol=0.05, rtol=0.05)  # int4 kernel (bf16 input) against fp32: close, not equal
 

@@ -892,7 +892,7 @@ def test_several_pages_generate_at_once_in_one_room(browser, room_app):
         sheet.save(SHOTS / "room.png")
         assert room.largest >= 2 and thread.is_alive()
         if getattr(room, "engine", None) is not None and room.engine.decode == "graph":  # the pages' rows took the graph
-            assert room.engine._graphs
+            assert room.engine.runtime.graphs
     finally:
         for page in pages:
             page.close()

@@ -1,6 +1,6 @@
 """core/decode/decode_paths.py: which path decodes is measured at start-up, can be forced, and a model the step graph cannot
 take keeps torch's ops with the reason; routerlab/spin.py keeps a user's OpenMP setting and gives a peer libgomp's own.
-Engine.graph_for: which plans a graph takes, looked up once a request."""
+The step seam (core/decode/runtime.py): which plans a graph takes, looked up once a request (a row)."""
 
 import os
 
@@ -61,23 +61,33 @@ def test_a_model_without_file_codes_keeps_torchs_ops_and_says_why(monkeypatch):
     engine = Engine(tiny_model("llama"))
     result = decode_paths.choose(engine)
     assert result["decode"] == "torch" and "no file codes" in result["why"]
-    assert engine.graph_for(Plan(None)) is None
+    assert engine.runtime.graph_for(Plan(None)) is None
 
 
-def test_graph_for_takes_the_plans_the_graph_covers_once_a_request(engine, routers):
+def test_the_seam_takes_the_plans_the_graph_covers_once_a_request(engine, routers):
+    from types import SimpleNamespace
+
+    runtime = engine.runtime
     engine.decode = "graph"
     try:
         full, kv = Plan(None), Plan(routers, 0.5, "kv")
-        assert engine.graph_for(full) is engine.graph(None) and engine.graph_for(kv) is engine.graph(routers)
-        drop = engine.graph_for(Plan(routers, 0.5, "drop"))
-        assert drop is engine.graph(routers, "drop") and drop is not engine.graph(routers) and drop.dropped == drop.routed
-        assert engine.graph_for(Plan(routers, 0.5, "kv", ste=True)) is None  # training's gates
-        assert "training's straight-through gates" in engine.graph_why_not(Plan(routers, 0.5, "kv", ste=True))
-        graph = engine.graph_for(kv)
+        assert runtime.graph_for(full) is runtime.graph(None) and runtime.graph_for(kv) is runtime.graph(routers)
+        drop = runtime.graph_for(Plan(routers, 0.5, "drop"))
+        assert drop is runtime.graph(routers, "drop") and drop is not runtime.graph(routers) and drop.dropped == drop.routed
+        assert runtime.graph_for(Plan(routers, 0.5, "kv", ste=True)) is None  # training's gates
+        assert "training's straight-through gates" in runtime.why_not(Plan(routers, 0.5, "kv", ste=True))
+        row = SimpleNamespace(plan=kv, trace=SimpleNamespace(meta={}))
+        graph = runtime.runtime_of(row)
+        assert graph is runtime.graph(routers) and row.runtime == ("graph", graph)
+        assert row.trace.meta["decode"].startswith("the step graph")
+        row.plan = Plan(None)  # kept for the request: not looked up again while the choice stands
+        assert runtime.runtime_of(row) is graph
         engine.decode = "torch"
-        assert engine.graph_for(kv) is None  # the engine's choice changed: asked again
+        assert runtime.runtime_of(row) is None  # the engine's choice changed: asked again
         engine.decode = "graph"
-        assert engine.graph_for(kv) is graph
+        assert runtime.runtime_of(row) is runtime.graph(None)
+        stand = SimpleNamespace(plan=Plan(routers, 0.5, "kv", ste=True), trace=SimpleNamespace(meta={}))
+        assert runtime.runtime_of(stand) is None and "straight-through" in stand.trace.meta["decode"]
     finally:
         engine.decode = "torch"
 
@@ -85,12 +95,12 @@ def test_graph_for_takes_the_plans_the_graph_covers_once_a_request(engine, route
 def test_a_router_set_changed_in_place_gets_a_graph_of_its_own(engine, routers):
     import torch
 
-    before = engine.graph(routers)
-    assert engine.graph(routers) is before
+    before = engine.runtime.graph(routers)
+    assert engine.runtime.graph(routers) is before
     weight = next(iter(routers.parameters()))
     with torch.no_grad():
         weight.add_(0.0)  # an in-place update: a new version, as an optimizer's step makes
-    assert engine.graph(routers) is not before
+    assert engine.runtime.graph(routers) is not before
 
 
 @pytest.fixture(scope="module")

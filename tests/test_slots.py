@@ -2,7 +2,7 @@
 only, as alone, while rows' lengths differ per layer (drop's holes), rows leave from the middle, join late, and the
 buffers grow and shrink mid-run.
 
-Each test steps the same rows two ways from the test's thread: as one batch (`step_rows`, the slots) and each alone
+Each test steps the same rows two ways from the test's thread: as one batch (the step seam, `Runtime.step`: the slots) and each alone
 through the engine's one-token forward on caches of its own (the reference), feeding the same tokens.
 """
 
@@ -15,7 +15,6 @@ import torch
 
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.decode.engine import Engine
-from routerlab.core.decode.rows import step_rows
 from routerlab.core.model import slots as slots_mod
 from routerlab.core.model.cache import LayerCache, release
 from routerlab.core.model.models import tiny_model
@@ -72,7 +71,7 @@ def _step_both(engine, batch: list[_Row], alone: list[_Row], t: int) -> None:
     lengths at every layer."""
     for j, (b, a) in enumerate(zip(batch, alone)):
         b.feed = a.feed = ((7 * j + 3 * t) % 100 + 1, a.feed[1] + (t > 0))
-    logits, scores = step_rows(engine.anatomy, batch)
+    logits, scores = engine.runtime.step(batch)
     for j, a in enumerate(alone):
         ref, ref_scores = forward(engine.anatomy, torch.tensor([[a.feed[0]]]), torch.tensor([a.feed[1]]), a.caches, a.plan)
         assert torch.allclose(logits[j].float(), ref[0, -1].float(), atol=TOL, rtol=0), f"row {j} at step {t}"

@@ -193,7 +193,7 @@ def compare_decode(engine, routers, prompts: list[str], rows: list[int], rounds:
     """The room's loop with its rows through the step graph against torch's ops (the kernels and products of more rows
     as the engine chose them, the same both ways)."""
     print(batch_paths.describe(batch_paths.tune(engine.anatomy)), flush=True)  # as a served room does before serving
-    reason = engine.graph_why_not(Plan(routers))
+    reason = engine.runtime.why_not(Plan(routers))
     if reason is not None:
         raise SystemExit(f"room_loop --decode: no step graph ({reason})")
 

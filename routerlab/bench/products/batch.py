@@ -17,7 +17,6 @@ from torch.nn import functional as F
 from routerlab.core.base.config import GenerateConfig
 from routerlab.core.decode.engine import Control
 from routerlab.core.decode.generation import Generation
-from routerlab.core.decode.rows import step_rows
 from routerlab.core.records.trace import Trace
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -40,6 +39,14 @@ def _products(engine, n: int, path: str) -> float:
 
 @torch.inference_mode()
 def batch_steps(engine, routers, threshold: float = 0.5, sizes=SIZES, rounds: int = 7) -> dict:
+    decode, engine.decode = engine.decode, "torch"  # torch's batched layer, whatever the engine decodes through
+    try:
+        return _batch_steps(engine, routers, threshold, sizes, rounds)
+    finally:
+        engine.decode = decode
+
+
+def _batch_steps(engine, routers, threshold: float, sizes, rounds: int) -> dict:
     out = {}
     for n in sizes:
         gens = []
@@ -56,7 +63,7 @@ def batch_steps(engine, routers, threshold: float = 0.5, sizes=SIZES, rounds: in
             for g in gens:  # the same token again at the next position: a step's cost, not its text
                 g.feed = (g.feed[0], g.feed[1] + 1)
             t0 = time.perf_counter()
-            step_rows(engine.anatomy, gens)
+            engine.runtime.step(gens)
             times.append(time.perf_counter() - t0)
             low.append(_products(engine, n, "low"))
             dense.append(_products(engine, n, "dense"))

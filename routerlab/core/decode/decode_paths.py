@@ -4,8 +4,8 @@
 Side by side, the full model decodes a few tokens after a short prefill both ways, every token through both paths in
 turn; the graph is chosen where its step (the lower quartile of its steps: a busy moment during the measurement
 cannot lock the slower path in for the process's life) costs at most MARGIN of torch's. Then every request the graph
-can take decodes through it, alone (`Engine._steps`) and as a room's rows (core/graph/graph_rows.py), so a request decodes
-the same either way; the others decode through torch's ops. `ROUTERLAB_DECODE`: auto (default), torch or graph (no
+can take decodes through it, alone (a room of one) and as a room's rows, through the one step seam
+(core/decode/runtime.py), so a request decodes the same either way; the others decode through torch's ops. `ROUTERLAB_DECODE`: auto (default), torch or graph (no
 measurement); the command line's `--decode torch|graph` forces one too (`forced`). Any failure keeps torch's ops and
 says why: never a failed start.
 """
@@ -38,7 +38,7 @@ def choose(engine) -> dict:
         result["why"] = f"{ENV}={mode} is not auto, torch or graph"
     elif mode == "torch":
         result["why"] = f"{ENV}=torch"
-    elif (reason := engine.graph_why_not(Plan(None))) is not None:
+    elif (reason := engine.runtime.why_not(Plan(None))) is not None:
         result["why"] = f"not the step graph: {reason}"
     elif mode == "graph":
         result.update(decode="graph", why=f"{ENV}=graph")
@@ -60,7 +60,7 @@ def forced(engine, decode: str) -> dict:
     the full model; the result `choose` returns, saying so."""
     from routerlab.core.routing.gates import Plan
 
-    reason = engine.graph_why_not(Plan(None)) if decode == "graph" else None
+    reason = engine.runtime.why_not(Plan(None)) if decode == "graph" else None
     if reason is not None:
         result = {"decode": "torch", "why": f"--decode graph asked, but not the step graph: {reason}", "step_ms": {}}
     else:
@@ -76,7 +76,7 @@ def measure(engine) -> dict[str, list[float]]:
     busy moment falls on both alike."""
     from routerlab.core.routing.gates import Plan
 
-    plan, graph = Plan(None), engine.graph(None)
+    plan, graph = Plan(None), engine.runtime.graph(None)
     ids = [k % engine.anatomy.config.vocab_size for k in range(PROMPT)]
     times: dict[str, list[float]] = {"torch": [], "graph": []}
     for _ in range(ROUNDS):
@@ -89,7 +89,7 @@ def measure(engine) -> dict[str, list[float]]:
                 if path == "graph":
                     graph.step(k + 1)
                 else:
-                    engine.forward_tokens([k + 1], PROMPT + k, caches, plan)  # torch's decode step, as Engine._steps takes it
+                    engine.forward_tokens([k + 1], PROMPT + k, caches, plan)  # torch's decode step, as the step seam takes it
                 times[path].append(time.perf_counter() - start)
     return times
 

@@ -2,10 +2,10 @@
 
 `Engine.generate` / `generate_ids` take a prompt, a router set, a GenerateConfig and a Control and yield one Step per
 token: through the room's loop where one serves (core/serve/room.py), else alone (`alone`: a Generation's prefill,
-then each token's forward through torch's layer, core/ops/forward.py, or the step graph, core/graph/step_graph.py,
-whichever decode_paths measured faster at start-up). The engine also owns what requests share: the anatomy
-(`routed.Anatomy`, the model's own weights), the kernels chosen for its products, the step graphs built per router
-set, the quality meters' full-depth passes (`full_passes`).
+then each token's step as a room of one through the one step seam, `runtime.step`, core/decode/runtime.py, which
+chooses the step graph or torch's layer as decode_paths measured at start-up). The engine also owns what requests
+share: the anatomy (`routed.Anatomy`, the model's own weights), the kernels chosen for its products, the runtimes
+(`runtime`, with the step graphs built per router set), the quality meters' full-depth passes (`full_passes`).
 
 The routing of each request (routers, threshold, KV policy) travels in a per-request `Plan`, never as state on shared
 modules: one model serves many generations at once. KV policies for a skipped attention (see config.KV_POLICY_HELP):
@@ -30,7 +30,7 @@ from routerlab.core.base.config import GenerateConfig, check_kv_policy, check_th
 from routerlab.core.base.device import prepare
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.decode import decode_paths
-from routerlab.core.graph import step_graph
+from routerlab.core.decode.runtime import Runtime
 from routerlab.core.kernels import low_paths
 from routerlab.core.model.cache import LayerCache
 from routerlab.core.routing.gates import ALL, NONE, Gate, Plan, Scores, decide, score_table  # noqa: F401 (Plan, NONE: re-exported)
@@ -118,11 +118,8 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.room = None  # a core.serve.room.Room serving this engine: generate_ids then hands requests to its loop
         self.kernels: dict = {}  # what low_paths.tune measured and chose (from_loaded)
-        self.decode = "torch"  # "graph": requests it can take decode through one onnxruntime graph a step (core/graph/step_graph.py)
+        self.runtime = Runtime(self.anatomy, self.max_context)  # the one step seam, and the runtime each row takes
         self.decode_choice: dict = {}  # what decode_paths.choose measured and chose (from_loaded)
-        self._graphs: list = []  # (router set, its state, its StepGraph): `graph`
-        self._graph_lock = threading.Lock()
-        self._graph_reason: str | None = None  # why the model cannot decode through a graph ("": it can), once known
 
     @classmethod
     def from_loaded(cls, loaded, choose_kernels: bool = True) -> Engine:
@@ -134,6 +131,15 @@ class Engine:
             engine.kernels = low_paths.tune(engine.anatomy)
             engine.decode_choice = decode_paths.choose(engine)
         return engine
+
+    @property
+    def decode(self) -> str:
+        """The start-up choice (core/decode/runtime.py): "graph", rows a step graph takes decode through it; "torch"."""
+        return self.runtime.decode
+
+    @decode.setter
+    def decode(self, value: str) -> None:
+        self.runtime.decode = value
 
     @property
     def weights(self) -> str:
@@ -269,91 +275,17 @@ class Engine:
             gen.close()
 
     def _steps(self, gen: Generation) -> Iterator[Step]:
-        """The request alone: its own one-token forward for each token it feeds (or, with `decode` = "graph", one
-        run of the step graph, which then gives the rows it decoded back to the request's caches)."""
-        self.graph_for(gen.plan)  # a router set's first request builds its step graph before its prompt is read
+        """The request alone: a room of one, each token's step through the one seam (`runtime.step`)."""
+        self.runtime.prepare(gen)  # a router set's first request builds its step graph before its prompt is read
         yield from gen.prefill()
-        graph = self._step_graph(gen)
-        try:
-            while True:
-                yield from gen.begin()
-                if gen.feed is None:
-                    return
-                token, position = gen.feed
-                if graph is None:
-                    logits, scores = self.forward_tokens([token], position, gen.caches, gen.plan)
-                    yield gen.end(logits, scores[0])
-                else:
-                    graph.set_threshold(gen.plan.threshold)
-                    # the graph's own buffer: `end` still reads the last step's logits, in the other buffer
-                    yield gen.end(graph.step(token).view(1, 1, -1), graph.score_row())
-        finally:
-            if graph is not None:
-                graph.store(gen.caches)
-                graph.busy = False
+        while True:
+            yield from gen.begin()
+            if gen.feed is None:
+                return
+            logits, scores = self.runtime.step([gen])
+            yield gen.end(logits[0].view(1, 1, -1), scores[0])
 
-    def _step_graph(self, gen: Generation):
-        """The step graph loaded with the request's prefill, where `decode` asks for it and it can take the request
-        (the trace's meta says which path decoded and, if not the graph, why); else None."""
-        if self.decode != "graph":
-            return None
-        meta = gen.trace.meta
-        reason = self.graph_why_not(gen.plan)
-        if reason is None and gen.positions < len(gen.ids):
-            reason = "the prompt's reading was stopped"
-        if reason is not None:
-            meta["decode"] = f"torch ops (not the step graph: {reason})"
-            return None
-        graph = self.graph_for(gen.plan)
-        if graph is None:
-            meta["decode"] = "torch ops (not the step graph: onnxruntime could not build it; the log says why)"
-            return None
-        with self._graph_lock:  # a graph's own buffers hold one request's cache: another at the same time takes a twin
-            graph = graph.twin() if graph.busy else graph
-            graph.busy = True
-        try:
-            graph.load(gen.caches, gen.config.max_new_tokens, gen.plan.threshold, tokens=gen.positions)
-        except BaseException:
-            graph.busy = False
-            raise
-        meta["decode"] = step_graph.DECODES
-        return graph
-
-    def graph_why_not(self, plan: Plan) -> str | None:
-        """Why a request with this plan cannot decode through a step graph (core/graph/step_graph.py), or None."""
-        if self._graph_reason is None:
-            self._graph_reason = step_graph.why_not(self.anatomy) or ""
-        if self._graph_reason:
-            return self._graph_reason
-        return "training's straight-through gates" if plan.ste else step_graph.routing_why_not(plan.routers, plan.policy)
-
-    def graph_for(self, plan: Plan):
-        """The step graph of the plan's router set (or of the full model) where `decode` is "graph" and the graph can
-        take the plan; else None. A room's rows step through it together (core/graph/graph_rows.py). Looked up once a request
-        (its plan): a router set trained in place meanwhile takes effect at the next request."""
-        if plan._graph and plan._graph[0] == self.decode:  # asked at every step: the first answer holds for the request
-            return plan._graph[1]
-        graph = None
-        if self.decode == "graph" and self.graph_why_not(plan) is None:
-            try:
-                graph = self.graph(plan.routers, plan.policy if plan.routers is not None else "kv")
-            except Exception as err:  # a graph onnxruntime cannot build: this request decodes through torch's ops
-                log.warning("no step graph for %s (%s: %s); torch's ops decode it", plan.target or "the full model", type(err).__name__, err)
-        plan._graph[:] = [self.decode, graph]
-        return graph
-
-    def graph(self, routers, policy: str = "kv"):
-        """The step graph of a router set (None: the full model) under a KV policy as it is now: built on first use,
-        and again once the set's weights or calibration changed (a set trained or recalibrated in place)."""
-        state = (routers.state(), policy) if routers is not None else None
-        with self._graph_lock:
-            graph = next((g for r, st, g in self._graphs if r is routers and st == state), None)
-            if graph is None:
-                graph = step_graph.StepGraph(self.anatomy, self.max_context, routers=routers, policy=policy)
-                self._graphs = [*self._graphs[-3:], (routers, state, graph)]  # a few router sets' graphs, the newest kept
-            return graph
-
-    def _piece(self, generated: list[int]) -> str:
+    def piece(self, generated: list[int]) -> str:
         """Text the last token adds, decoded with a few tokens of context (multi-byte characters, spaces)."""
         window = generated[-8:]
         before, after = self._decode(window[:-1]), self._decode(window)

@@ -6,8 +6,9 @@ run's Control (`prompt_read` of `prompt_tokens`), where a UI in another thread r
 `Generation` holds what a request owns (its caches, Plan, sampler, quality meter, trace) and does everything of a
 decode step except the forward itself: `begin` scores a due quality chunk, honours Stop, samples the next token,
 handles end of text and the last token, and says what to feed (`feed`); `end` records the forward's scores and
-logits. So the same request decodes alone (`Engine._steps`: its own one-token forward) or as a row of a shared
-batch (`core/serve/room.py`: `rows.step_rows` over many rows), with the same tokens and records either way.
+logits. The step between them is the one seam's (core/decode/runtime.py, `Runtime.step`), for a request alone (a
+room of one, `Engine.alone`) or as a row of a shared batch (core/serve/room.py), with the same tokens and records
+either way.
 Knows nothing about threads, batches or the UI.
 """
 
@@ -82,6 +83,7 @@ class Generation:
         self.logits: torch.Tensor | None = None  # (1, 1, V): the distribution the next token is drawn from
         self.feed: tuple[int, int] | None = None  # (token, position) the next forward computes
         self.done = False
+        self.runtime = None  # (the engine's choice, the step graph it decodes through or None), set at its first step
         self.positions = 0  # positions the forwards have put through the model (each one a cache entry per layer at full depth)
         self._t0 = 0.0
         self._quality = 0.0  # seconds the quality pass took inside the current step
@@ -166,7 +168,7 @@ class Generation:
         if token in self.engine.eos_ids and not self.config.ignore_eos:
             return self._finish("eos")
         self.generated.append(token)
-        self._piece = self.engine._piece(self.generated)
+        self._piece = self.engine.piece(self.generated)
         position = len(self.ids) + len(self.generated) - 1
         if len(self.generated) == self.config.max_new_tokens:  # the last token is never fed back: no scores for it
             step = self._record(position, token, self._piece, False, [math.nan] * self.engine.n_layers, 0.0)

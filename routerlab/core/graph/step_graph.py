@@ -417,7 +417,6 @@ class StepGraph:
         self.session = ort.InferenceSession(build(an, max_positions, routers, policy), options, providers=["CPUExecutionProvider"])
         self.sessions = (self.session,) if self.plain is None else (self.session, self.plain)
         self.max_positions, self.capacity, self.n = max_positions, 0, 0
-        self.busy = False  # a request is decoding through it (core/decode/engine.Engine._step_graph)
         self.embed, self.layers, self.kv_shape = an.embed, an.n_layers, (an.layers[0].attn.n_kv_heads, an.layers[0].attn.head_dim)
         with torch.inference_mode(False):  # written in place in and out of inference mode
             self.h = torch.zeros(1, an.config.hidden_size)
@@ -456,7 +455,7 @@ class StepGraph:
             twin.slot, twin.threshold = self.slot.clone(), self.threshold.clone()
             twin.logits_of_routers = self.logits_of_routers.clone()
             twin._sample = twin.logits_of_routers.numpy()[:, None]
-        twin.caches, twin.own, twin.binding, twin.busy, twin.capacity, twin.n = [], {}, (), False, 0, 0
+        twin.caches, twin.own, twin.binding, twin.capacity, twin.n = [], {}, (), 0, 0
         twin.history = graph_forms.History(self.layers)
         return twin
 

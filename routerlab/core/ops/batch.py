@@ -9,7 +9,7 @@ are stored in one indexed write, each row at its own length, and the attention o
 over the slots, masked by each row's length there (`drop` keeps each layer's own positions: its holes).
 
 Covers plain layers under hard gates without stand-ins (`batchable`); which rows take it, the step graph or the
-forward alone is decided by core/decode/rows.py. Knows nothing about sampling, traces, threads or the UI.
+forward alone is decided by core/decode/runtime.py. Knows nothing about sampling, traces, threads or the UI.
 """
 
 from __future__ import annotations

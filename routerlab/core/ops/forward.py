@@ -1,7 +1,7 @@
 """torch's forward of one sequence: the embedding, every layer (core/ops/layer.py's `run_layer`, one sequence of T
 tokens: a prefill's, a decode step's one, training's teacher-forced pass) and the head at the positions asked for.
 `FullDepth` is a quality meter's full model over the same forward. Used by the engine (core/decode/engine.py), a
-room's rows alone (core/decode/rows.py), the cost model, training and the benchmarks. Knows nothing about sampling,
+room's lone torch rows (core/decode/runtime.py), the cost model, training and the benchmarks. Knows nothing about sampling,
 traces, threads or the UI.
 """
 

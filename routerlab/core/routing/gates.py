@@ -33,8 +33,6 @@ class Plan:
     # attributes) cost microseconds each: layer -> router, and layer -> its weight as a flat fp32 view (decode scores).
     _by_layer: dict | None = field(default=None, init=False, repr=False, compare=False)
     _flat: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    # The step graph it decodes through (core/decode/engine.Engine.graph_for), looked up at its first step: a list, empty until then
-    _graph: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def router(self, layer: int):
         """The router at `layer`, or None where the layer is not routed (or the plan has no routers)."""

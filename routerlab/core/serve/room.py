@@ -40,7 +40,6 @@ import torch
 from routerlab.core.base.device import is_cuda, now
 from routerlab.core.decode import generation
 from routerlab.core.decode.generation import Generation
-from routerlab.core.decode.rows import step_rows
 from routerlab.core.graph import step_graph
 from routerlab.core.kernels import batch_paths
 from routerlab.core.ops.packed import forward_shared
@@ -355,7 +354,7 @@ class Room:
         for entry in entries:
             try:
                 entry.gen = Generation(self.engine, *entry.args)
-                self.engine.graph_for(entry.gen.plan)  # a router set's first request builds its step graph now, not in its decode
+                self.engine.runtime.prepare(entry.gen)  # a router set's first request builds its step graph now, not in its decode
                 started.append(entry)
             except Exception as err:
                 self._end(entry, err)
@@ -416,7 +415,7 @@ class Room:
         self.steps += 1
         self.largest = max(self.largest, n)
         try:
-            logits, scores = step_rows(self.engine.anatomy, [e.gen for e in rows], self.engine.graph_for)
+            logits, scores = self.engine.runtime.step([e.gen for e in rows])
         except Exception as err:
             log.error("a batched step of %d rows failed", n, exc_info=err)
             for entry in rows:
