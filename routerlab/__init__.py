@@ -8,7 +8,7 @@ from routerlab.core.base.config import GenerateConfig, RoutingConfig, default_la
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.decode.engine import Control, Engine
 from routerlab.core.model.models import load_model, tiny_model
-from routerlab.core.model.routed import attach_routers, detach_routers
+from routerlab.core.model.anatomy import attach_routers, detach_routers
 from routerlab.core.records.trace import Step, Trace, savings
 from routerlab.core.routing.router import Router, RouterSet
 from routerlab.tuning.checkpoint import load_routers, resolve_routers, save_routers

@@ -299,7 +299,7 @@ def _machine() -> str:
 
 def _train_job(args) -> int:
     from routerlab.core.model.models import load_model
-    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.model.anatomy import Anatomy
     from routerlab.tuning.checkpoint import shipped_routers
     from routerlab.tuning.data import encode_all, load_records
     from routerlab.tuning.job import JobSettings, TrainJob, compare

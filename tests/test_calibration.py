@@ -182,7 +182,7 @@ def test_scores_that_cannot_be_spread_are_refused():
 
 def test_evaluation_sees_calibrated_scores():
     model = tiny_model("llama")
-    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.model.anatomy import Anatomy
 
     an = Anatomy(model)
     ids = torch.arange(3, 20)[None]

@@ -13,7 +13,7 @@ from routerlab.tuning.data import Example
 from routerlab.tuning.evaluate import (RandomRouterSet, _Full, baseline_set, calibrate, evaluate_examples, kl_to_full,
                                 layer_importance, static_order, static_routers, thresholds_for_skips)
 from routerlab.core.model.models import tiny_model
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.core.routing.router import RouterSet
 
 
@@ -141,7 +141,7 @@ def test_stepwise_forward_matches_the_teacher_forced_forward(granularity, policy
     """One decode step per response token computes what one teacher-forced forward does (fp32, dense)."""
     from routerlab.core.base.config import RoutingConfig
     from routerlab.core.model.models import tiny_model
-    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.model.anatomy import Anatomy
     from routerlab.core.routing.gates import Plan
     from routerlab.core.routing.router import RouterSet
     from routerlab.tuning.forward import stepwise_forward, student_forward

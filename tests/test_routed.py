@@ -4,7 +4,7 @@ import torch
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.model.models import TINY_FAMILIES, tiny_model
-from routerlab.core.model.routed import RoutedAttention, RoutedBlock, RoutedMLP, attach_routers, detach_routers
+from routerlab.core.model.anatomy import RoutedAttention, RoutedBlock, RoutedMLP, attach_routers, detach_routers
 from routerlab.core.routing.router import RouterSet
 
 

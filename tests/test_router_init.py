@@ -8,7 +8,7 @@ import torch
 from routerlab.core.base.config import RoutingConfig
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.model.models import tiny_model
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.core.routing.router import RouterSet
 from routerlab.tuning.data import Example
 from routerlab.tuning.head_start.router_init import probe_init

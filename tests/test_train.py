@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from routerlab.core.base.errors import RouterLabError
 from routerlab.core.model.models import tiny_model
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.tuning.checkpoint import load_routers, save_routers
 from routerlab.tuning.data import Example
 from routerlab.tuning.train import TrainConfig, example_losses, parse_layers, router_parameters_only, train_routers

@@ -152,7 +152,7 @@ def command_of(args) -> str:
 def run_calibrate(args) -> dict:
     """`python -m routerlab calibrate`: fit, measure, write router.json (unless --dry-run). A JSON-able dict."""
     from routerlab.core.model.models import load_model
-    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.model.anatomy import Anatomy
     from routerlab.tuning.checkpoint import load_routers, read_config, write_calibration
     from routerlab.tuning.data import examples_of, load_records
     from routerlab.tuning.evaluate import response_scores

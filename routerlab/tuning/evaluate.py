@@ -321,7 +321,7 @@ def _row(name: str, r: dict) -> str:
 def run_eval(args) -> dict:
     """`python -m routerlab eval`: one JSON-able dict (with a `_text` rendering for the terminal)."""
     from routerlab.core.model.models import load_model
-    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.model.anatomy import Anatomy
     from routerlab.tuning.checkpoint import resolve_routers
     from routerlab.tuning.data import examples_of, load_records
 

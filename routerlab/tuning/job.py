@@ -223,7 +223,7 @@ class TrainJob:
         return self.settings.minutes * 60 - (time.perf_counter() - self._state["started"])
 
     def _run(self) -> None:
-        from routerlab.core.model.routed import Anatomy
+        from routerlab.core.model.anatomy import Anatomy
         from routerlab.tuning.checkpoint import read_config
         from routerlab.tuning.data import encode_all
         from routerlab.tuning.evaluate import full_depth

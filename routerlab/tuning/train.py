@@ -257,7 +257,7 @@ def train_routers(model: torch.nn.Module, examples: list, cfg: TrainConfig, *, a
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.model.anatomy import Anatomy
 
     accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
     set_seed(cfg.seed)
@@ -475,7 +475,7 @@ def run_training(args) -> dict | None:
     from accelerate import Accelerator
 
     from routerlab.core.model.models import load_model
-    from routerlab.core.model.routed import Anatomy
+    from routerlab.core.model.anatomy import Anatomy
     from routerlab.tuning.checkpoint import save_routers
     from routerlab.tuning.data import DEFAULT, build_default, examples_of, load_records
 

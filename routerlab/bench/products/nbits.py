@@ -46,7 +46,7 @@ MODES = ("own-pools", "shared-pool", "ort-cores")
 
 # -- the file's codes, map by map ---------------------------------------------------------------------------------
 def map_codes(an, codes: dict) -> list[tuple[str, object, object]]:
-    """(kind, Weight, its Codes) for every map a decode step multiplies, stacked as routed.Anatomy stacks them."""
+    """(kind, Weight, its Codes) for every map a decode step multiplies, stacked as anatomy.Anatomy stacks them."""
     from routerlab.core.kernels.weights import Codes
 
     out = []

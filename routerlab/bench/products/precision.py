@@ -23,7 +23,7 @@ import torch
 from routerlab.core.base.precision import describe, dtype_name
 from routerlab.core.kernels import low_paths
 from routerlab.core.model.models import load_model
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.core.routing.gates import Plan
 from routerlab.tuning.checkpoint import resolve_routers
 from routerlab.tuning.data import encode_all, load_records

@@ -4,7 +4,7 @@
 token: through the room's loop where one serves (core/serve/room.py), else alone (`alone`: a Generation's prefill,
 then each token's step as a room of one through the one step seam, `runtime.step`, core/decode/runtime.py, which
 chooses the step graph or torch's layer as decode_paths measured at start-up). The engine also owns what requests
-share: the anatomy (`routed.Anatomy`, the model's own weights), the kernels chosen for its products, the runtimes
+share: the anatomy (`anatomy.Anatomy`, the model's own weights), the kernels chosen for its products, the runtimes
 (`runtime`, with the step graphs built per router set), the quality meters' full-depth passes (`full_passes`).
 
 The routing of each request (routers, threshold, KV policy) travels in a per-request `Plan`, never as state on shared
@@ -38,7 +38,7 @@ from routerlab.core.decode.generation import Generation, sample  # noqa: F401 (s
 from routerlab.core.ops.forward import FullDepth, forward
 from routerlab.core.base.precision import describe, dtype_name
 from routerlab.core.kernels.weights import LowBitPlan
-from routerlab.core.model.routed import Anatomy, LayerParts
+from routerlab.core.model.anatomy import Anatomy, LayerParts
 from routerlab.core.ops.packed import Segment, forward_shared
 from routerlab.core.records.quality import QualityMeter
 from routerlab.core.records.trace import Step, Trace

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from routerlab.core.graph import graph_rows, step_graph
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.core.ops import batch
 from routerlab.core.ops.batch import Row
 from routerlab.core.ops.forward import forward

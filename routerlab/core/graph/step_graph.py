@@ -43,7 +43,7 @@ DECODES = "the step graph (one onnxruntime run a step)"  # a trace's meta["decod
 
 
 def why_not(an) -> str | None:
-    """Why an anatomy (core/model/routed.Anatomy, an engine's `anatomy`) cannot decode through a step graph, or None."""
+    """Why an anatomy (core/model/anatomy.Anatomy, an engine's `anatomy`) cannot decode through a step graph, or None."""
     if not nbits.available():
         return "onnxruntime is not installed"
     if an.lowbit is None or an.lowbit.codes is None:

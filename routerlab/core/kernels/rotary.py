@@ -1,7 +1,7 @@
 """Rotary embeddings, as the engine applies them: tables built once per forward, one fused product.
 
 Linear maps and weight formats live in weights.py. Knows nothing about transformers' module paths
-(routed.Anatomy resolves those), routers or KV policies.
+(anatomy.Anatomy resolves those), routers or KV policies.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ and, optionally, a low-bit copy used for products of at most `FEW_ROWS` rows (a 
 Also the dense products under the precision policy (`linear`, `wants_upcast`: long inputs computed
 in fp32 where bf16 is only emulated) and the fusion of maps that share an input (`fuse_linears`).
 
-Knows nothing about transformers' module paths (routed.Anatomy and models.py name the weights),
+Knows nothing about transformers' module paths (anatomy.Anatomy and models.py name the weights),
 routers, KV policies or files other than a GGUF tensor's raw blocks.
 """
 

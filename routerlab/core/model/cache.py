@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from routerlab.core.model.routed import AttentionParts
+from routerlab.core.model.anatomy import AttentionParts
 
 
 class LayerCache:

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from routerlab.core.model.cache import LayerCache
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.core.model.slots import Slots
 from routerlab.core.ops.layer import Seq, SlotRotary, Tokens, hard, run_layer
 from routerlab.core.routing.gates import Plan

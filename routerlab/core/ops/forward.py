@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from routerlab.core.model.cache import LayerCache
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.core.ops.layer import Seq, Tokens, run_layer
 from routerlab.core.routing.gates import Plan, score_table
 

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from routerlab.core.kernels.rotary import rope
 from routerlab.core.model.cache import LayerCache
-from routerlab.core.model.routed import LayerParts
+from routerlab.core.model.anatomy import LayerParts
 from routerlab.core.model.slots import Slots
 from routerlab.core.ops.sublayers import attend_heads, split_kv, split_q, split_qkv
 from routerlab.core.routing.gates import ALL, NONE, Gate, Plan, decide

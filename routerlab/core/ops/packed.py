@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from routerlab.core.model.cache import LayerCache
-from routerlab.core.model.routed import Anatomy
+from routerlab.core.model.anatomy import Anatomy
 from routerlab.core.ops.layer import Seq, Tokens, hard, run_layer
 from routerlab.core.routing.gates import Plan, score_table
 

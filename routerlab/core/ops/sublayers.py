@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from routerlab.core.kernels.rotary import rope
 from routerlab.core.kernels.weights import wants_upcast
-from routerlab.core.model.routed import AttentionParts
+from routerlab.core.model.anatomy import AttentionParts
 
 
 def _heads(y: torch.Tensor, norm: nn.Module | None, head_dim: int) -> torch.Tensor:
