@@ -100,13 +100,13 @@ class RemoteRoom:
             self._jobs[job.rid] = job
             if self._conn is not None:
                 self._send_job(job)
-        return self._read(job)
+        return self.read(job)
 
     @staticmethod
-    def _read(job: _Job) -> Iterator[Step]:
+    def read(job: _Job) -> Iterator[Step]:
         """The room's own reader: Steps until the end, an error raised, and a reader that stops reading (a closed tab)
         stops its row (the watcher tells the engine)."""
-        return Room._read(job)
+        return Room.read(job)
 
     @property
     def busy(self) -> dict:

@@ -131,10 +131,11 @@ class Room:
             entry.arrived = self._last_arrival = time.perf_counter()
             self._waiting.append(entry)
             self._cond.notify_all()
-        return self._read(entry) if sink is None else None
+        return self.read(entry) if sink is None else None
 
     @staticmethod
-    def _read(entry: _Entry) -> Iterator[Step]:
+    def read(entry: _Entry) -> Iterator[Step]:
+        """A request's Steps from its queue until the end, an error raised (core/serve/remote.py's rooms read theirs so)."""
         try:
             while True:
                 item = entry.out.get()
