@@ -17,6 +17,8 @@ from routerlab.core.model.anatomy import AttentionParts
 def _heads(y: torch.Tensor, norm: nn.Module | None, head_dim: int) -> torch.Tensor:
     """Heads (1, H, T, hd) of a product y (1, T, H * hd), or of one token's (1, H * hd)."""
     if y.shape[-2] == 1:  # one token: views, no transpose (a decode step is mostly the fixed cost of each op)
+        if norm is None and y.is_contiguous():
+            return y.view(1, -1, 1, head_dim)
         y = y.reshape(1, 1, -1, head_dim)
         if norm is not None:
             y = norm(y)
