@@ -77,9 +77,12 @@ class Tokens:
         self.sets: dict[int, tuple[Plan, list[int]]] = {}
         self.each: list[int] = []
         for k, s in enumerate(seqs):
+            if not self.one and not hard(s.plan):  # soft gates and stand-ins are written for one sequence (`_standins`)
+                raise ValueError("a forward of several sequences takes hard gates without stand-ins (not `mask`, "
+                                 "not training)")
             if s.plan.routers is None:
                 continue
-            if self.rows and not self.one and s.plan.level != "sequence" and hard(s.plan):
+            if self.rows and not self.one and s.plan.level != "sequence":
                 self.sets.setdefault(id(s.plan.routers), (s.plan, []))[1].append(k)
             else:
                 self.each.append(k)
@@ -159,15 +162,8 @@ def standin_add(h: torch.Tensor, x: torch.Tensor, gate: Gate, standin) -> torch.
 
 
 def _standins(i: int, h: torch.Tensor, x: torch.Tensor, gates: list[Gate], tokens: Tokens, part: str) -> torch.Tensor:
-    for s, g in zip(tokens.seqs, gates):
-        standin = _standin_of(i, s, part)
-        if standin is None:
-            continue
-        if tokens.one:
-            h = standin_add(h, x, g, standin)
-        else:
-            h = torch.cat([h[:, : s.lo], standin_add(h[:, s.lo : s.hi], x[:, s.lo : s.hi], g, standin), h[:, s.hi :]], 1)
-    return h
+    """The stand-in's update where the sequence skips `part` (a plan with stand-ins is its forward's only sequence)."""
+    return standin_add(h, x, gates[0], _standin_of(i, tokens.seqs[0], part))
 
 
 class _Pick:
@@ -195,7 +191,7 @@ class _Pick:
             self.which.append(s.lo)
             n = s.hi - s.lo
             if gate.kind == "soft":
-                self.soft.append((self.n, self.n + n, gate.mult))
+                self.soft.append(gate.mult)
         self.end = s.hi
         self.spans[k] = (self.n, self.n + n)
         self.n += n
@@ -222,14 +218,8 @@ class _Pick:
 
     def add_to(self, h: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         """h (1, N, D) plus update (1, n, D) or (n, D) on these rows, each soft row's update times its gate."""
-        if self.soft:
-            if len(self.soft) == 1 and self.soft[0][:2] == (0, self.n):
-                mult = self.soft[0][2]
-            else:
-                mult = torch.ones(self.n, dtype=update.dtype, device=update.device)
-                for start, end, m in self.soft:
-                    mult = torch.cat([mult[:start], m.to(update.dtype), mult[end:]])
-            update = update * mult.to(update.dtype)[None, :, None]
+        if self.soft:  # a soft-gated plan is its forward's only sequence (Tokens): its gate covers every row here
+            update = update * self.soft[0].to(update.dtype)[None, :, None]
         if self.whole:
             return h + update
         return h.index_add(1, self.index(h.device), update if update.dim() == 3 else update[None])
@@ -247,7 +237,6 @@ def _product(weight, x: torch.Tensor, upcast: bool, tokens: Tokens) -> torch.Ten
 # -- attention -------------------------------------------------------------------------------------------------------
 def attention(i: int, parts: LayerParts, h: torch.Tensor, x: torch.Tensor, gates: list[Gate], tokens: Tokens) -> torch.Tensor:
     """h plus the attention update of the tokens that run it (x: h normed); caches appended as each policy says."""
-    a = parts.attn
     if tokens.slots is not None:
         h = _slot_attention(i, parts, h, x, gates, tokens)
     else:
