@@ -116,12 +116,11 @@ class Runtime:
             elif graph is not None and getattr(row, "trace", None) is not None:  # its caches miss positions before it
                 row.trace.meta["decode"] = "torch ops (not the step graph: the prompt's reading was stopped)"
         on_graph = {b for _, bs in by_graph.values() for b in bs}
+        if len(by_graph) == 1 and len(on_graph) == len(rows):  # every row through one graph: its logits as they come
+            return graph_rows.step(next(iter(by_graph.values()))[0], rows)
         together = [b for b, r in enumerate(rows) if b not in on_graph and batch.batchable(an, r)]
         if len(together) == 1:  # a batch of one takes the one-sequence forward: nobody alone is slower than before
             together = []
-        if len(by_graph) == 1 and len(on_graph) == len(rows):  # every row through one graph: its logits as they come
-            graph, bs = next(iter(by_graph.values()))
-            return graph_rows.step(graph, rows)
         for graph, bs in by_graph.values():
             out, table = graph_rows.step(graph, [rows[b] for b in bs])
             for j, b in enumerate(bs):
